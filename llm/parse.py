@@ -86,13 +86,20 @@ def parse_json(text: str, schema: type[BaseModel]) -> BaseModel:
         raise InvalidOutput(f"{schema.__name__}: {e.error_count()} validation errors") from None
 
 
-_VERDICT = re.compile(r"\b(not\s+correct|incorrect|correct)\b", re.I)
+# Leading markup a model may wrap its verdict in: whitespace, markdown emphasis / code / heading / quote marks,
+# quotation marks and opening brackets. The verdict word must not run on into a letter, digit or hyphen ("Correctly" is no verdict).
+_LEADING_VERDICT = re.compile(r"[\s*_`#>\"'\u201c\u2018(\[]*(incorrect|correct)(?![^\W_]|-)", re.I)
 
 
 def parse_accuracy(text: str) -> bool:
-    """E.4 literal verdict. The *last* verdict word decides; ``Incorrect`` and ``not correct`` are matched as
-    whole phrases first, so they are never read as ``correct``. No verdict word at all is invalid output."""
-    found = _VERDICT.findall(text)
-    if not found:
-        raise InvalidOutput("no Correct / Incorrect verdict in reply")
-    return found[-1].lower() == "correct"
+    """E.4 literal verdict: the reply's *leading* word decides, ``Correct`` -> True, ``Incorrect`` -> False.
+
+    Case, surrounding whitespace / punctuation and markdown emphasis are ignored (``**Correct**``, ``correct.``,
+    ``  INCORRECT:``); whatever follows the verdict word (an explanation that says "the correct answer is ...")
+    is not read. A reply that does not start with a verdict word (an explanation only, "The answer is correct",
+    an empty reply) is invalid output: retried, then a recorded failure (``value=None``), never "correct".
+    """
+    m = _LEADING_VERDICT.match(text)
+    if m is None:
+        raise InvalidOutput(f"reply does not start with Correct / Incorrect ({len(text)} chars)")
+    return m.group(1).lower() == "correct"

@@ -23,7 +23,7 @@ VERSIONS = {
     "induction_unlabeled": "induction_unlabeled.v1",
     "consolidation": "consolidation.v1",
     "pairwise": "pairwise.v1",
-    "accuracy": "accuracy.v1",
+    "accuracy": "accuracy.v2",
     "rar_rubrics": "rar_rubrics.v1",
     "rar_rate": "rar_rate.v1",
 }
@@ -124,7 +124,7 @@ def pairwise_messages(question: str, shown_a: Trajectory, shown_b: Trajectory, r
 
 
 def accuracy_messages(question: str, golds: Sequence[str], prediction: str | None) -> tuple[str, Messages]:
-    """E.4: any golden alias counts; the reply is the literal word Correct or Incorrect."""
+    """E.4: any golden alias counts; the reply leads with the literal word Correct or Incorrect (v2: verdict first)."""
     version = VERSIONS["accuracy"]
     return version, render(version, question=escape_block(question), golds=_golds(golds),
                            prediction=escape_block(prediction or "(no answer)"))

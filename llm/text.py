@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from dataclasses import dataclass, field
 
-from tasks.format import check_format
+from tasks.format import _TRAILING_EOS, BOXED, check_format
 from tasks.reward import normalize_answer
 
 __all__ = ["normalize_answer", "escape_block", "estimate_tokens", "parse_trajectory", "structure_valid",
-           "compact_trajectory", "PROMPT_TAGS"]
+           "compact_trajectory", "elision_marker", "min_judge_budget", "PROMPT_TAGS"]
 
 TAGS = ("think", "search", "result", "answer")
 _BLOCK = re.compile(r"<(think|search|result|answer)>(.*?)</\1>", re.S)
@@ -88,50 +89,152 @@ def structure_valid(text: str) -> bool:
     return check_format(text).valid
 
 
-def _tail(text: str, n_chars: int) -> str:
-    if len(text) <= n_chars:
-        return text
-    omitted = len(text) - n_chars
-    return f"[... {omitted} chars omitted ...]" + text[len(text) - n_chars :]
+# ---- compaction (issue 11) -------------------------------------------------------------------------------------
+
+_PROTOCOL_TAG = re.compile(r"<(/?)(think|search|result|answer)>")  # the checker's tag pattern (tasks.format)
+_EOS = re.compile("|".join(re.escape(e) for e in _TRAILING_EOS))
+_ANSWER_BRACE = re.compile(re.escape(BOXED) + r"|[{}]")
+# elision order: result bodies first, then reasoning and stray text, queries and answers last
+_TIER = {"result": 0, "think": 1, "other": 1, "search": 2, "answer": 2}
+_N_TIERS = 3
+
+
+def elision_marker(n_chars: int) -> str:
+    """The visible stand-in for ``n_chars`` elided characters; it holds no tag, brace, ``<`` or ``&``."""
+    return f"[... {math.ceil(n_chars / 4)} tokens elided ...]"
+
+
+def min_judge_budget(max_response_tokens: int, max_result_blocks: int) -> int:
+    """The smallest ``judge.max_judge_tokens`` under which compaction keeps every non-result character of a
+    response whose non-result text is ``max_response_tokens`` estimated tokens: that text plus one worst-case
+    (5-digit) elision marker per result block (docs/decisions.md, issue 11)."""
+    marker = len(elision_marker(4 * 99_999))
+    return max_response_tokens + math.ceil(max_result_blocks * marker / 4)
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _skeleton(text: str) -> tuple[list[tuple[int, int]], list[int], list[str]]:
+    """Spans that compaction must keep verbatim, and the block state (what body we are in) after every tag.
+
+    Kept: every protocol tag (paired or not); outside result bodies every ``\\boxed{`` and end-of-turn marker
+    (the checker ignores the latter after ``</answer>``, so cutting one would change its verdict); inside each
+    ``<answer> ... </answer>`` region every ``\\boxed{``, every brace, and the whole content of each balanced
+    ``\\boxed{...}``. Returns the merged spans, the end offsets of the tags and the state after each tag.
+    """
+    tags = list(_PROTOCOL_TAG.finditer(text))
+    state = "think" if tags and tags[0].group(0) == "</think>" else "other"  # the template's implicit <think>
+    ends, states = [0], [state]
+    for m in tags:
+        closing, name = m.group(1) == "/", m.group(2)
+        if state == "result":  # result bodies are opaque: only </result> ends them (tasks.format)
+            if closing and name == "result":
+                state = "other"
+        else:
+            state = "other" if closing else name
+        ends.append(m.end())
+        states.append(state)
+    spans = [m.span() for m in tags]
+    for m in [*_EOS.finditer(text), *re.finditer(re.escape(BOXED), text)]:
+        if states[bisect.bisect_right(ends, m.start()) - 1] != "result":
+            spans.append(m.span())
+    for m in re.finditer(re.escape("<answer>"), text):  # the regions tasks.format.extract_answer reads
+        start, end = m.end(), text.find("</answer>", m.end())
+        if end == -1:
+            continue
+        region = text[start:end]
+        spans += [(start + b.start(), start + b.end()) for b in _ANSWER_BRACE.finditer(region)]
+        i = region.find(BOXED)
+        while i != -1:  # the final answer itself stays whole (same scan as tasks.format.find_boxed)
+            depth, j = 1, i + len(BOXED)
+            while j < len(region) and depth:
+                depth += {"{": 1, "}": -1}.get(region[j], 0)
+                j += 1
+            if depth:
+                break
+            spans.append((start + i, start + j))
+            i = region.find(BOXED, j)
+    return _merge(spans), ends, states
+
+
+def _cost(length: int, cap: int) -> tuple[int, int]:
+    """(kept chars, output chars) of a body of ``length`` chars allowed ``cap`` chars besides its marker."""
+    if length <= cap + len(elision_marker(max(length - cap, 0))):
+        return length, length  # eliding would not make it shorter
+    return cap, cap + len(elision_marker(length - cap))
+
+
+def _fill(lengths: list[int], room: int) -> int:
+    """Water-filling: the largest per-body cap whose total output fits ``room`` chars (0 if none does)."""
+    lo, hi = 0, max(lengths, default=0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(_cost(n, mid)[1] for n in lengths) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def compact_trajectory(text: str, max_tokens: int) -> str:
-    """Fit a trajectory into ``max_tokens`` (estimate_tokens) before judging. Policy (docs: llm/README.md):
+    """Fit a trajectory into ``max_tokens`` (``estimate_tokens``, chars / 4) before judging (App. E; issue 11).
 
-    1. under budget: unchanged;
-    2. otherwise every ``<search>`` query and the final ``<answer>`` are kept whole (the question travels in its
-       own prompt block), and the remaining budget is shared by water-filling among the other segments
-       (``<result>``, ``<think>``, stray text), each keeping its *tail* (results end with the passage the agent
-       read last; reasoning ends with its conclusion) behind an ``[... N chars omitted ...]`` marker;
-    3. if the kept parts alone exceed the budget they are still kept: queries and answer are never cut.
+    1. Under budget: unchanged.
+    2. The *skeleton* is never touched: every protocol tag, paired or not, in order (so an unclosed, stray,
+       nested or misplaced tag still shows), the answer's ``\\boxed{...}`` and braces, end-of-turn markers
+       after the answer. Only the text runs between skeleton pieces are cut; whitespace-only runs stay as they
+       are (free text between blocks is legal, text between ``</search>`` and ``<result>`` is not), so
+       ``tasks.format.check_format`` gives the compacted text the same verdict, reason and answer.
+    3. A cut run keeps its head and tail around ``[... N tokens elided ...]``. Runs are cut tier by tier:
+       result bodies first, then reasoning and stray text, then queries and answer text; a tier is touched only
+       once every run of the tiers before it is down to its marker. Inside a tier the room is water-filled (short
+       runs stay whole, long ones share the rest equally).
+    4. If even the skeleton with every run elided is over budget, that is what the judge gets.
     """
     if estimate_tokens(text) <= max_tokens:
         return text
-    p = parse_trajectory(text)
-    keep = {"search", "answer"}
-    budget_chars = max_tokens * 4
-    overhead = sum(len(f"<{s.kind}></{s.kind}>") for s in p.segments if s.kind != "other")
-    fixed = sum(len(s.text) for s in p.segments if s.kind in keep) + overhead
-    free = max(0, budget_chars - fixed)
-    flex = [i for i, s in enumerate(p.segments) if s.kind not in keep]
-    # water-filling: short segments keep everything, the rest share what is left equally
-    alloc: dict[int, int] = {}
-    remaining = sorted(flex, key=lambda i: len(p.segments[i].text))
-    while remaining:
-        share = free // len(remaining)
-        i = remaining[0]
-        need = len(p.segments[i].text)
-        if need <= share:
-            alloc[i] = need
-            free -= need
-            remaining.pop(0)
-        else:
-            marker = 32  # room for the omission marker
-            for j in remaining:
-                alloc[j] = max(0, share - marker)
+    spans, ends, states = _skeleton(text)
+    runs: list[tuple[int, int, int]] = []  # (start, end, tier) of every cuttable text run
+    pos = 0
+    for a, b in [*spans, (len(text), len(text))]:
+        if a > pos and text[pos:a].strip():
+            runs.append((pos, a, _TIER[states[bisect.bisect_right(ends, pos) - 1]]))
+        pos = max(pos, b)
+    fixed = len(text) - sum(b - a for a, b, _ in runs)
+    by_tier = [[i for i, r in enumerate(runs) if r[2] == t] for t in range(_N_TIERS)]
+    lengths = [b - a for a, b, _ in runs]
+    caps: dict[int, int] = {}
+    spent = 0  # output chars of the tiers already cut
+    for t in range(_N_TIERS):
+        later = sum(lengths[i] for u in range(t + 1, _N_TIERS) for i in by_tier[u])
+        room = max_tokens * 4 - fixed - spent - later
+        mine = [lengths[i] for i in by_tier[t]]
+        if sum(mine) <= room:
             break
-    parts = []
-    for i, s in enumerate(p.segments):
-        body = s.text if s.kind in keep else _tail(s.text, alloc[i])
-        parts.append(body if s.kind == "other" else f"<{s.kind}>{body}</{s.kind}>")
-    return "\n".join(parts)
+        cap = _fill(mine, room)
+        caps.update({i: cap for i in by_tier[t]})
+        out_chars = sum(_cost(n, cap)[1] for n in mine)
+        if out_chars <= room:
+            break
+        spent += out_chars
+    parts: list[str] = []
+    pos = 0
+    for i, (a, b, _) in enumerate(runs):
+        parts.append(text[pos:a])
+        kept = _cost(b - a, caps[i])[0] if i in caps else b - a
+        if kept == b - a:
+            parts.append(text[a:b])
+        else:
+            head = (kept + 1) // 2
+            parts.append(text[a : a + head] + elision_marker(b - a - kept) + text[b - (kept - head) : b])
+        pos = b
+    parts.append(text[pos:])
+    return "".join(parts)

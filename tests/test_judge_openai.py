@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai_server
 import pytest
 from openai_server import FaultPlan, OpenAIServer
 
@@ -17,6 +18,7 @@ from arbor.config.judge import JudgeConfig
 from llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
 from llm.cache import cache_key
 from llm.openai_backend import JudgeSetupError, OpenAIJudge
+from tasks.evaluate import Prediction, judge_predictions, pass_at_1
 from tasks.judge import presentation_swapped, sparse_edges, verdict_to_outcome
 from tasks.types import Rubric, Trajectory
 
@@ -221,6 +223,32 @@ def test_accuracy_incorrect_reply_is_false(server: OpenAIServer, tmp_path: Path)
 
     outs = run(_with(judge, both()))
     assert [o.value for o in outs] == [True, False]
+
+
+EXPLANATION_ONLY = "The predicted answer names Paris, which matches the golden answer, so the prediction is correct."
+
+
+def test_explanation_only_accuracy_reply_is_a_recorded_error_never_correct(
+        server: OpenAIServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """E.4: a reply without a leading Correct / Incorrect is invalid output on every attempt; after the retries the
+    call is a failure in the ledger and the evaluation row counts it as not correct (never as correct)."""
+    monkeypatch.setitem(openai_server._INVALID, "accuracy", EXPLANATION_ONLY)
+    server.plan = FaultPlan(queue=["invalid"] * 6)  # max_retries=2: 3 attempts per call, two calls
+    judge = make_judge(config(server), home=tmp_path)
+    out = run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    assert out.value is None and out.error == "InvalidOutput" and out.attempts == 3 and not out.ok
+    [row] = judge.drain_calls()
+    assert row["role"] == "accuracy" and row["error"] == "InvalidOutput" and row["attempts"] == 3
+    assert server.counts[row["cache_key"]] == 3
+
+    pred = Prediction("test", "q0", 0, Q, ("Paris",),
+                      "<search>Eiffel Tower country</search>\n<result>France</result>\n<answer>\\boxed{Paris}</answer>")
+    rows = run(_with(judge, judge_predictions(judge, [pred], run_id="r", step=0, checkpoint=None)))
+    assert rows[0]["format_valid"] and rows[0]["judge_correct"] is None  # a failed verdict, not True
+    assert pass_at_1(rows, "judge_correct") == 0.0
+    [call] = judge.drain_calls()
+    assert call["stage"] == "eval" and call["error"] == "InvalidOutput" and call["attempts"] == 3
+    assert not list((tmp_path / "cache").rglob("*.json"))  # failures are never cached
 
 
 def _scores_vs_rank(server: OpenAIServer, tmp_path: Path, use_swap: bool) -> float:

@@ -89,8 +89,10 @@ def test_prompts_carry_the_paper_requirements() -> None:
         assert phrase in sys_pw, phrase
     assert re.search(r"<question>.*<response_a>.*<response_b>.*<criterion>\nHigh-scoring response:.*"
                      r"Low-scoring response:.*</criterion>", user_pw, re.S)
-    sys_acc = prompts.load_prompt("accuracy.v1")[0]
+    assert prompts.VERSIONS["accuracy"] == "accuracy.v2"
+    sys_acc = prompts.load_prompt("accuracy.v2")[0]
     assert "any one of them" in sys_acc and "Correct" in sys_acc and "Incorrect" in sys_acc
+    assert "first word" in sys_acc  # the verdict leads the reply (parse_accuracy reads the leading word)
 
 
 def test_closing_tag_in_trajectory_cannot_break_the_pairwise_prompt() -> None:
@@ -122,7 +124,7 @@ def test_placeholders_in_values_are_not_expanded() -> None:
     assert "What is {{golds}}?" in msgs[1]["content"] and "{{question}}" in msgs[1]["content"]
 
 
-def test_compaction_keeps_question_queries_result_tails_and_answer() -> None:
+def test_compaction_cuts_results_first_and_keeps_queries_reasoning_and_answer() -> None:
     results = [f"R{i}-head " + "filler " * 800 + f"TAIL-{i}-evidence" for i in range(4)]
     text = "<think>" + "plan " * 500 + "PLAN-END</think>\n" + "\n".join(
         f"<search>query number {i}</search>\n<result>{r}</result>" for i, r in enumerate(results)
@@ -133,9 +135,9 @@ def test_compaction_keeps_question_queries_result_tails_and_answer() -> None:
     p = parse_trajectory(out)
     assert p.queries == [f"query number {i}" for i in range(4)]
     assert p.answer == "Tim Burton"
-    assert all(p.results[i].endswith(f"TAIL-{i}-evidence") for i in range(4))
-    assert all("chars omitted" in r for r in p.results) and "R0-head" not in out
-    assert p.of("think")[0].endswith("PLAN-END")
+    assert p.of("think") == ["plan " * 500 + "PLAN-END"]  # reasoning is whole while results are cut
+    assert all(re.fullmatch(rf"R{i}-head .*\[\.\.\. \d+ tokens elided \.\.\.\].*TAIL-{i}-evidence", r, re.S)
+               for i, r in enumerate(p.results))  # each result keeps its head and its tail
     short = GOOD.text
     assert compact_trajectory(short, 1000) == short  # under budget: unchanged
 
@@ -147,17 +149,27 @@ def test_compaction_feeds_the_prompt() -> None:
 
 
 @pytest.mark.parametrize("reply,verdict", [
-    ("Correct", True), ("Incorrect", False), ("incorrect.", False), ("**Incorrect**", False),
-    ("The prediction is correct.", True), ("The prediction is not correct.", False),
-    ("Incorrect — the prediction names a different person", False), ("CORRECT", True),
+    ("Correct", True), ("Incorrect", False), ("incorrect.", False), ("**Incorrect**", False), ("**Correct**", True),
+    ("correct.", True), ("  INCORRECT:", False), ("CORRECT", True), ("_Correct_", True), ("`Incorrect`", False),
+    ("Incorrect. The correct answer is Paris.", False),
+    ("Correct. The prediction names Paris, as the golden answer does.", True),
+    ("Incorrect \u2014 the prediction names a different person", False),
+    ("Incorrect\nThe prediction is correct only about the country.", False),
 ])
-def test_accuracy_verdict_never_reads_incorrect_as_correct(reply: str, verdict: bool) -> None:
+def test_accuracy_verdict_is_the_leading_word(reply: str, verdict: bool) -> None:
+    """E.4: the reply's first word decides; later mentions of "correct" in an explanation never flip it."""
     assert parse_accuracy(reply) is verdict
 
 
-def test_accuracy_without_verdict_is_invalid() -> None:
+@pytest.mark.parametrize("reply", [
+    "I am not sure.", "", "   ", "**", "The answer is correct", "The prediction is correct.",
+    "The prediction is not correct.", "Not correct", "Correctly names Paris", "Verdict: Correct",
+    "The predicted answer names Paris, which matches the golden answer, so it is correct.",
+])
+def test_accuracy_without_a_leading_verdict_is_invalid(reply: str) -> None:
+    """Explanation-only (or empty) replies are invalid output: retried, then a recorded failure, never correct."""
     with pytest.raises(InvalidOutput):
-        parse_accuracy("I am not sure.")
+        parse_accuracy(reply)
 
 
 @pytest.mark.parametrize("reply", [

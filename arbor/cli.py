@@ -1,12 +1,26 @@
-"""The ``arbor`` command line. One typer app; each command is a thin shell over flows/, tasks/ and storage/."""
+"""The ``arbor`` command line. One typer app; each command is a thin shell over flows/, tasks/ and storage/.
+
+Every command validates its whole input (config keys and values, files, run ids, methods) before it imports the
+flow machinery (Prefect, torch) or starts anything, and refuses bad input with exit status 2 and one line
+``error: ...`` naming the key, file or run. Imports at module level stay light for that reason.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
 import typer
+
+# Offline and quiet by default (STACK_NOTES): no usage telemetry, so an offline node logs no telemetry errors.
+# Set before Prefect or huggingface_hub is imported; a value the user exported wins.
+for _key, _value in (("DO_NOT_TRACK", "1"), ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
+                     ("HF_HUB_DISABLE_TELEMETRY", "1")):
+    os.environ.setdefault(_key, _value)
 
 app = typer.Typer(
     name="arbor",
@@ -17,40 +31,89 @@ app = typer.Typer(
 )
 
 
+class SqlFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+class RunsFormat(StrEnum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def _fail(message: object) -> NoReturn:
+    """Refuse bad input: one line on stderr naming what is wrong, exit status 2."""
+    typer.echo("error: " + " ".join(str(message).split("\n")).strip(), err=True)
+    raise typer.Exit(2)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"arbor {version('arbor-rl')}")
+        except PackageNotFoundError:  # pragma: no cover - running from a tree that was never installed
+            typer.echo("arbor (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """ARBOR: RL for search agents with reusable process rubrics. Runs live in $ARBOR_HOME (default ./.arbor)."""
+
+
+def _me() -> str:
+    """How the user called us, for the commands we suggest (``arbor`` or ``.venv/bin/arbor``)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    return argv0 if Path(argv0).name == "arbor" else "arbor"
+
+
 @app.command("sql")
 def sql_cmd(
     query: Annotated[str | None, typer.Argument(help="SQL to run (read-only) against the workspace catalog")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="read the SQL from this file")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table | csv | json | parquet")] = "table",
+    fmt: Annotated[SqlFormat, typer.Option("--format", help="output format")] = SqlFormat.table,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file (parquet needs it)")] = None,
 ) -> None:
     """Query runs with SQL, read-only; works while a training run writes to the same workspace."""
-    from storage.sql import SqlError, query_and_render
+    from storage.sql import SqlError, check_format, query_and_render
 
     if (query is None) == (file is None):
-        raise typer.BadParameter("give either a query or --file")
-    text = file.read_text() if file is not None else query
+        _fail("give either a query or --file FILE")
     try:
-        out = query_and_render(text, fmt=fmt, output=output)
+        check_format(fmt.value, output)
+        text = file.read_text() if file is not None else query
+        out = query_and_render(text or "", fmt=fmt.value, output=output)
+    except OSError as e:
+        _fail(f"--file {file}: {e.strerror or e}")
     except SqlError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+        _fail(e)
     if out:
         sys.stdout.write(out if out.endswith("\n") else out + "\n")
 
 
 @app.command("runs")
 def runs_cmd(
-    fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+    fmt: Annotated[RunsFormat, typer.Option("--format", help="output format")] = RunsFormat.table,
 ) -> None:
-    """List runs with their status and last completed step."""
-    from storage.sql import SqlError, query_and_render
+    """List runs with their status (created, running, completed, failed, crashed) and last completed step.
+
+    A run whose process is gone shows `crashed`: its owner (host, pid) is checked on this host, and on another host
+    its heartbeat must be younger than two minutes."""
+    from storage.liveness import run_status_table
+    from storage.sql import SqlError, render
 
     try:
-        sys.stdout.write(query_and_render("select * from run_status order by created_at", fmt=fmt) + "\n")
+        sys.stdout.write(render(run_status_table(), fmt=fmt.value) + "\n")
     except SqlError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+        _fail(e)
 
 
 @app.command("disk")
@@ -61,8 +124,7 @@ def disk_cmd(run_id: Annotated[str, typer.Argument(help="the run to measure")]) 
 
     usage = run_disk_usage(run_id, arbor_home())
     if not usage:
-        typer.echo(f"error: nothing on disk for run '{run_id}'", err=True)
-        raise typer.Exit(2)
+        _fail(f"nothing on disk for run '{run_id}' in {arbor_home()}")
     width = max(len(k) for k in usage)
     for k, v in usage.items():
         typer.echo(f"{k:<{width}}  {human(v):>10}")
@@ -70,42 +132,91 @@ def disk_cmd(run_id: Annotated[str, typer.Argument(help="the run to measure")]) 
 
 
 def _overrides(sets: list[str] | None) -> dict[str, str]:
-    """``--set key=value`` items as an ordered mapping (values are parsed as YAML when applied)."""
+    """``--set key=value`` items as an ordered mapping (values are parsed as YAML when applied); relative file paths
+    made absolute from the current directory (``arbor.config.inputs``). Bad input exits 2 naming it."""
     from arbor.config import ConfigError, _split
+    from arbor.config.inputs import resolve_override_paths
 
     out: dict[str, str] = {}
-    for item in sets or []:
-        try:
+    try:
+        for item in sets or []:
             key, value = _split(item)
-        except ConfigError as e:
-            raise typer.BadParameter(str(e), param_hint="--set") from e
-        out[key] = value
-    return out
+            out[key] = value
+        return resolve_override_paths(out)
+    except ConfigError as e:
+        _fail(f"--set {e}")
+
+
+def _train_config(profile: str | None, run_id: str | None, resume: str | None, overrides: dict[str, str],
+                  home: Path) -> Any:
+    """The config ``arbor train`` will run with, every input checked (raises ConfigError / SchemaError)."""
+    from arbor.config import ArborConfig, ConfigError, load_config, profile_path
+    from arbor.config.resume import amend_config
+    from storage.liveness import owner_alive, read_owner
+    from storage.runs import check_run_id, run_row
+
+    if resume is None:
+        if run_id is not None and run_row(check_run_id(run_id), home) is not None:
+            raise ConfigError(f"run '{run_id}' already exists in {home}: continue it with --resume {run_id}, or "
+                              "choose another --run-id")
+        return load_config(profile or "tiny-cpu", overrides)
+    if run_id is not None and run_id != resume:
+        raise ConfigError(f"--run-id {run_id} and --resume {resume} name different runs; give --resume alone")
+    row = run_row(check_run_id(resume), home)
+    if row is None:
+        raise ConfigError(f"cannot resume run '{resume}': no such run in {home} (`arbor runs` lists them)")
+    stored = ArborConfig.model_validate_json(row["config_json"])
+    if profile is not None and profile_path(profile).stem != stored.run.profile:
+        raise ConfigError(f"--profile {profile}: run '{resume}' was started with profile '{stored.run.profile}' "
+                          "and resumes with its stored config (drop --profile)")
+    owner = read_owner(resume, home)
+    if owner is not None and owner_alive(owner):
+        raise ConfigError(f"run '{resume}' is still running (pid {owner['pid']} on {owner['host']}); stop it "
+                          "before resuming")
+    return amend_config(stored, overrides)[0]
+
+
+def _next_steps(run_id: str, home: Path, seconds: float) -> None:
+    """Where the results are and what to run next (as ``arbor demo`` ends)."""
+    me = _me()
+    typer.echo(f"\nrun {run_id} finished in {seconds:.0f} s")
+    typer.echo(f"results: {home}  (Parquet under data/, catalog.duckdb holds the SQL views)")
+    typer.echo("next:")
+    typer.echo(f"  {me} report {run_id}")
+    typer.echo(f"  {me} sql \"select step, mean_base_reward, mean_total_reward, format_valid_rate from steps "
+               f"where run_id = '{run_id}' order by step\"")
+    typer.echo(f"  {me} runs")
 
 
 @app.command("train")
 def train_cmd(
-    profile: Annotated[str, typer.Option("--profile", "-p", help="configs/<profile>.yaml or a YAML path")] = "tiny-cpu",
-    run_id: Annotated[str | None, typer.Option("--run-id", help="name the run (default: generated)")] = None,
-    resume: Annotated[str | None, typer.Option("--resume", help="resume this run from its stored artifacts")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", "-p", help="configs/<profile>.yaml or a YAML path "
+                                                "(default: tiny-cpu)")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="name a new run (default: generated)")] = None,
+    resume: Annotated[str | None, typer.Option("--resume", help="resume this run from its stored artifacts; with "
+                                               "--set, change its length, eval cadence, judge endpoint, "
+                                               "concurrency, cost cap or checkpointing")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
 ) -> None:
     """Run (or resume) the arbor-train flow."""
-    from arbor.config import ConfigError, load_config
+    from arbor.config import ConfigError
+    from arbor.paths import arbor_home
     from arbor.preflight import PreflightError, require
+    from storage.schemas import SchemaError
 
     overrides = _overrides(sets)
-    if resume is None:
-        try:  # refuse unknown keys, bad values and missing resources before anything runs
-            cfg = load_config(profile, overrides)
-            require(cfg)
-        except (ConfigError, PreflightError) as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from e
+    home = arbor_home()
+    try:  # refuse unknown keys, bad values, unknown or live runs and missing resources before anything runs
+        cfg = _train_config(profile, run_id, resume, overrides, home)
+        require(cfg)
+    except (ConfigError, PreflightError, SchemaError) as e:
+        _fail(e)
     from flows.train import arbor_train
 
-    rid = arbor_train(profile=profile, overrides=overrides or None, run_id=resume or run_id, resume=resume is not None)
-    typer.echo(f"run {rid} finished")
+    t0 = time.perf_counter()
+    rid = arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None, run_id=resume or run_id,
+                      resume=resume is not None)
+    _next_steps(rid, home, time.perf_counter() - t0)
 
 
 @app.command("demo")
@@ -114,9 +225,17 @@ def demo_cmd(
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
 ) -> None:
     """The embedded default end to end: tiny policy, SFT warm start, ARBOR steps with the rules judge and BM25."""
+    from arbor.config import ConfigError, load_config
+    from arbor.preflight import PreflightError, require
+
+    overrides = _overrides(sets)
+    try:
+        require(load_config("tiny-cpu", {**overrides, **({"run.steps": steps} if steps is not None else {})}))
+    except (ConfigError, PreflightError) as e:
+        _fail(e)
     from flows.demo import run_demo
 
-    run_demo(steps=steps, overrides=_overrides(sets))
+    run_demo(steps=steps, overrides=overrides)
 
 
 rubrics_app = typer.Typer(help="The rubric pool as an artifact: export it, warm-start another run from it.",
@@ -132,9 +251,21 @@ def rubrics_export_cmd(
     """Export a run's common rubric pool (JSON) for `--set memory.init_from=FILE`."""
     import json
 
+    from arbor.paths import arbor_home
+    from storage.runs import run_row
+    from storage.schemas import SchemaError
+
+    home = arbor_home()
+    try:
+        if run_row(run_id, home) is None:
+            _fail(f"no run '{run_id}' in {home} (`arbor runs` lists them)")
+    except SchemaError as e:
+        _fail(e)
+    if output is not None and not output.expanduser().resolve().parent.is_dir():
+        _fail(f"--output {output}: folder {output.expanduser().resolve().parent} does not exist")
     from flows.pool import export_pool
 
-    data = export_pool(run_id)
+    data = export_pool(run_id, home)
     text = json.dumps(data, indent=1)
     if output is None:
         sys.stdout.write(text + "\n")
@@ -152,23 +283,44 @@ def eval_cmd(
     limit: Annotated[int | None, typer.Option(help="first N questions of each split")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
 ) -> None:
-    """Evaluate a checkpoint: EM, F1, LLM-judge accuracy, strict and valid-only (paper Tables 1 and 5)."""
+    """Evaluate a checkpoint: EM, F1, LLM-judge accuracy, strict and valid-only (paper Tables 1 and 5); with
+    `--set eval.second_judge_model=MODEL` the same answers are re-judged by MODEL (Table 6, App. C.2)."""
+    from arbor.config import ConfigError, load_config
+    from tasks.evaluate import EvalError, second_judge_config
+
+    overrides = _overrides(sets)
+    try:  # refuse bad keys and an impossible second judge before any rollout
+        cfg = load_config(profile, overrides)
+        if cfg.eval.second_judge_model:
+            second_judge_config(cfg.judge, cfg.eval.second_judge_model)
+    except (ConfigError, EvalError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
     from flows.evaluate import arbor_eval
 
-    arbor_eval(checkpoint=checkpoint, profile=profile, overrides=_overrides(sets) or None, splits=splits,
+    arbor_eval(checkpoint=checkpoint, profile=profile, overrides=overrides or None, splits=splits,
                runs=runs, limit=limit)
 
 
 @app.command("report")
 def report_cmd(run_id: Annotated[str, typer.Argument(help="the run to report on")]) -> None:
     """Markdown + PNG report of a run (Tables 2 and 3, Figure 5, rubric histories, lineage), from the SQL views."""
+    from arbor.paths import arbor_home
+    from storage.parquet import stage_files
+    from storage.schemas import SchemaError
+
+    home = arbor_home()
+    try:  # a run id that names nothing is refused before the catalog is opened
+        if not any(stage_files(t, run_id, home) for t in ("runs", "trajectories", "rubric_events")):
+            _fail(f"no run '{run_id}' in {home} (`arbor runs` lists them)")
+    except SchemaError as e:
+        _fail(e)
     from tasks.report import ReportError, build_report
 
     try:
         paths = build_report(run_id)
     except ReportError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
+        _fail(e)
     typer.echo(f"report: {paths.markdown}")
 
 
@@ -179,9 +331,19 @@ def compare_cmd(
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
 ) -> None:
     """Run several methods on the same data and seeds and print the comparison table."""
+    from arbor.config import ConfigError
+    from arbor.preflight import PreflightError
+    from flows.compare import CompareError, plan_compare
+
+    chosen = [m.strip() for m in methods.split(",") if m.strip()]
+    overrides = _overrides(sets)
+    try:  # every method's config, before the first run starts
+        plan_compare(chosen, profile, overrides)
+    except (CompareError, ConfigError, PreflightError) as e:
+        _fail(e)
     from flows.compare import run_compare
 
-    _ids, table = run_compare([m.strip() for m in methods.split(",") if m.strip()], profile, _overrides(sets))
+    _ids, table = run_compare(chosen, profile, overrides)
     sys.stdout.write(table + "\n")
 
 

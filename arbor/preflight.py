@@ -8,11 +8,14 @@ its API key variable, the search backend's endpoint / key, and vLLM when the flo
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 from pathlib import Path
 
 from arbor.config import ArborConfig
-from arbor.paths import resolve_home_path
+from arbor.config.inputs import is_named_set
+from arbor.paths import PROJECT_ROOT, resolve_home_path
 
 
 class PreflightError(RuntimeError):
@@ -31,18 +34,92 @@ def _model_available(model: str) -> bool:
 
 
 def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
+    """CUDA devices this process may use. Read from the NVIDIA driver (``/proc/driver/nvidia/gpus``) and
+    ``CUDA_VISIBLE_DEVICES`` without importing torch (seconds); torch only where the driver's tools exist but that
+    folder is hidden; none where there is no NVIDIA driver at all."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    if gpus.is_dir():
+        n = sum(1 for _ in gpus.iterdir())
+    elif shutil.which("nvidia-smi") is None:
         return 0
+    else:
+        try:
+            import torch
+
+            return torch.cuda.device_count()  # applies CUDA_VISIBLE_DEVICES itself
+        except Exception:  # noqa: BLE001
+            return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # CUDA stops at the first invalid entry ("" or "-1": no device)
+        ids = []
+        for d in visible.split(","):
+            if not d.strip() or d.strip().startswith("-"):
+                break
+            ids.append(d)
+        n = min(n, len(ids))
+    return n
+
+
+def _input_file(value: str, anchor: Path) -> Path:
+    """Where the flow will read a relative input path: the current directory first, then ``anchor``."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() or p.exists() else anchor / p
+
+
+def _json_object_problem(path: Path) -> str | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        return f"cannot read {path} ({e.__class__.__name__})"
+    except json.JSONDecodeError as e:
+        return f"{path}:{e.lineno}: not valid JSON ({e.msg})"
+    return None if isinstance(data, dict) else f"{path}: expected a JSON object"
+
+
+def _file_inputs(cfg: ArborConfig) -> list[str]:
+    """Input files the run reads, checked before anything starts (key and file named)."""
+    missing: list[str] = []
+    ds = cfg.train.deepspeed_config
+    if ds:  # tasks.train.read_deepspeed_json: relative to the project root
+        p = Path(ds).expanduser()
+        p = p if p.is_absolute() else PROJECT_ROOT / p
+        problem = _json_object_problem(p) if p.exists() else f"no such file {p}"
+        if problem:
+            missing.append(f"train.deepspeed_config: {problem}")
+    if cfg.memory.init_from:
+        p = Path(cfg.memory.init_from).expanduser()
+        problem = _json_object_problem(p) if p.exists() else f"no such file {p.resolve()}"
+        if problem:
+            missing.append(f"memory.init_from: {problem}")
+    if cfg.train.hostfile and not Path(cfg.train.hostfile).expanduser().exists():
+        missing.append(f"train.hostfile: no such file {Path(cfg.train.hostfile).expanduser().resolve()}")
+    cwd = Path.cwd()
+    sets = [("data.train", cfg.data.train, PROJECT_ROOT)]  # tasks.datasets: the current directory, then the root
+    if cfg.run.eval_every:
+        sets.append(("data.eval", cfg.data.eval, PROJECT_ROOT))
+    if cfg.search.backend == "bm25":  # tasks.search: the current directory, then the project root
+        sets.append(("search.corpus", cfg.search.corpus, PROJECT_ROOT))
+    if _sft_will_run(cfg):  # flows.sft: the current directory
+        sets.append(("sft.data", cfg.sft.data, cwd))
+    for key, value, anchor in sets:
+        if value and not is_named_set(value) and not _input_file(value, anchor).exists():
+            where = " and ".join(dict.fromkeys(str(d) for d in (cwd, anchor)))
+            missing.append(f"{key}: no such file {value} (looked in {where})")
+    return missing
+
+
+def _sft_will_run(cfg: ArborConfig) -> bool:
+    """The SFT warm start trains (and reads sft.data) unless its checkpoint is already there."""
+    start = cfg.run.start_checkpoint
+    if not cfg.run.sft_warm_start or (start and (resolve_home_path(start) / "config.json").exists()):
+        return False
+    return not (cfg.sft.output and (resolve_home_path(cfg.sft.output) / "arbor_sft.json").exists())
 
 
 def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str] | None = None) -> list[str]:
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
-    missing: list[str] = []
+    missing: list[str] = _file_inputs(cfg)
     if not _model_available(cfg.policy.model):
         missing.append(
             f"policy.model: '{cfg.policy.model}' is neither a local path nor in the local Hugging Face cache "
@@ -50,10 +127,11 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         )
     start = cfg.run.start_checkpoint
     if start and not cfg.run.sft_warm_start and not resolve_home_path(start).exists():
-        missing.append(f"run.start_checkpoint: '{start}' does not exist (run arbor-sft first, or set run.sft_warm_start)")
+        missing.append(f"run.start_checkpoint: '{start}' does not exist, not as {resolve_home_path(start)} either "
+                       "(relative paths are under ARBOR_HOME; run arbor-sft first, or set run.sft_warm_start)")
     need = len(set(cfg.cluster.rollout_gpus) | set(cfg.cluster.train_gpus))
-    have = _gpu_count() if gpu_count is None else gpu_count
-    if need and have < need and not cfg.cluster.hostfile:
+    have = (_gpu_count() if gpu_count is None else gpu_count) if need else 0  # torch only when GPUs are needed
+    if need and have < need and not cfg.train.hostfile:
         missing.append(
             f"cluster: the profile places rollouts on GPUs {cfg.cluster.rollout_gpus} and training on "
             f"{cfg.cluster.train_gpus} ({need} GPUs) but this machine has {have}"
@@ -79,8 +157,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
 
 
 def require(cfg: ArborConfig, **kw: object) -> None:
-    """Raise ``PreflightError`` listing every missing thing."""
+    """Raise ``PreflightError`` listing every missing thing (one line: items separated by "; ")."""
     missing = check(cfg, **kw)  # type: ignore[arg-type]
     if missing:
-        lines = "\n  - ".join(missing)
-        raise PreflightError(f"profile '{cfg.run.profile}' cannot start here:\n  - {lines}")
+        raise PreflightError(f"profile '{cfg.run.profile}' cannot start here: {'; '.join(missing)}")

@@ -33,25 +33,48 @@ order by r.method
 """
 
 
+class CompareError(ValueError):
+    """Bad ``arbor compare`` input (methods), named."""
+
+
+def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None
+                 ) -> dict[str, dict[str, Any]]:
+    """Each method's overrides, every method's config validated and preflighted before any run starts.
+
+    Raises ``CompareError``, ``ConfigError`` or ``PreflightError`` (each naming the method, key or file)."""
+    from arbor.config import ConfigError, load_config
+    from arbor.preflight import require
+
+    if not methods:
+        raise CompareError(f"--methods: give at least one of {', '.join(METHODS)}")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise CompareError(f"--methods: unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    base = load_config(profile, overrides)
+    plan: dict[str, dict[str, Any]] = {}
+    for m in dict.fromkeys(methods):
+        sets: dict[str, Any] = {**(overrides or {}), "run.method": m}
+        if base.run.eval_every is None and base.run.steps:
+            sets["run.eval_every"] = base.run.steps
+        try:
+            require(load_config(profile, sets))
+        except ConfigError as e:
+            raise ConfigError(f"method {m}: {e}") from e
+        plan[m] = sets
+    return plan
+
+
 def run_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None,
                 prefix: str | None = None) -> tuple[list[str], str]:
     """Train one run per method (same seed and data), then the comparison table; (run ids, table text)."""
-    from arbor.config import load_config
+    import secrets
+
     from flows.train import arbor_train
     from storage.sql import query_and_render
 
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
-    base = load_config(profile, overrides)
-    steps = base.run.steps
-    prefix = prefix or f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_ids = []
-    for m in methods:
-        sets: dict[str, Any] = {**(overrides or {}), "run.method": m}
-        if base.run.eval_every is None and steps:
-            sets["run.eval_every"] = steps
-        run_ids.append(arbor_train(profile=profile, overrides=sets, run_id=f"{prefix}-{m}"))
+    plan = plan_compare(methods, profile, overrides)
+    prefix = prefix or f"compare-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    run_ids = [arbor_train(profile=profile, overrides=sets, run_id=f"{prefix}-{m}") for m, sets in plan.items()]
     ids = ", ".join(f"'{r}'" for r in run_ids)
     table = query_and_render(COMPARE_SQL.format(ids=ids), home=arbor_home())
     return run_ids, table

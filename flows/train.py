@@ -20,31 +20,42 @@ from prefect.cache_policies import NO_CACHE
 from arbor.config import ArborConfig, load_config
 from arbor.paths import arbor_home, resolve_home_path
 from flows.progress import RunProgress
+from storage.liveness import Heartbeat
 from tasks.stages import StageStore
 from tasks.step import STAGES, RunState, rebuild_memory, timed_stage, trajectories_from_rows
 
 
 def new_run_id(profile: str) -> str:
+    """A fresh run id: profile, local time to the second and 16 random bits (``tiny-cpu-20260101-120000-1a2b``)."""
     return f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def stored_config(run_id: str, home: Path) -> ArborConfig | None:
-    """The config a run was started with (resume reuses it exactly)."""
-    from storage.parquet import read_stage
+    """The config a run was started with, with the changes applied on resume since (``runs.config_changes``)."""
+    from storage.runs import run_row
 
-    rows = read_stage("runs", run_id=run_id, step=0, stage="run", home=home)
-    return ArborConfig.model_validate_json(rows[0]["config_json"]) if rows else None
+    row = run_row(run_id, home)
+    return ArborConfig.model_validate_json(row["config_json"]) if row else None
 
 
 def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_id: str | None,
                 resume: bool, home: Path) -> ArborConfig:
-    """Resolve the config: a resumed run (or a known run id) uses its stored config; a new one is written."""
+    """Resolve the config. A known run id continues that run from its stored config: overrides of the keys that
+    are safe on resume (``arbor.config.resume``) are applied and recorded, any other change is refused by name
+    (``ConfigError``). ``resume`` with an unknown id is refused; a new run's config is written."""
+    from arbor.config.resume import amend_config
     from storage.parquet import write_stage
+    from storage.runs import record_config_changes
 
     if run_id is not None:
         stored = stored_config(run_id, home)
         if stored is not None:
-            return stored
+            cfg, changes = amend_config(stored, overrides)
+            if changes:
+                record_config_changes(run_id, cfg.to_json(), changes, home)
+                print(f"run {run_id} resumed with " + ", ".join(  # logged by the flow (log_prints)
+                    f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changes.items())))
+            return cfg
         if resume:
             raise ValueError(f"cannot resume run '{run_id}': no such run in {home}")
     cfg = load_config(profile, overrides)
@@ -93,8 +104,8 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     run_id = cfg.run.run_id
     assert run_id is not None
     store = StageStore(run_id, home)
-    questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed)
-    search = make_search(cfg.search, home=home)
+    questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, world=cfg.world)
+    search = make_search(cfg.search, home=home, world=cfg.world)
     start = start_checkpoint(cfg, home)
     trainer = make_trainer(cfg, start, home, run_id)
     if cfg.rollout.engine == "transformers":
@@ -294,6 +305,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
     store = StageStore(rid, home)
     started = time.time()
     store.record(0, "run", "running", started, None)
+    heartbeat = Heartbeat(rid, home).start()  # host, pid, heartbeat: `arbor runs` tells running from crashed
     logger = get_run_logger()
     try:
         state = open_run(cfg, home)
@@ -315,6 +327,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
         store.record(0, "run", "failed", started, time.time())
         raise
     finally:
+        heartbeat.stop()
         _PROGRESS.pop(rid, None)
         state_ = _RUNS.pop(rid, None)
         if state_ is not None and hasattr(state_.trainer, "close"):

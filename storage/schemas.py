@@ -38,11 +38,16 @@ SCHEMAS: dict[str, pa.Schema] = {
     "runs": pa.schema([
         _key("run_id"), _f("profile", STR), _f("method", STR), _f("seed", I64), _f("config_json", STR),
         _f("created_at", TS), _f("git_sha", STR),
+        _f("config_changes", STR),  # JSON list of {at, key, old, new}: overrides applied on resume
+        # the process that owns the run (its latest attempt; storage/liveness.py): host, pid and the pid's start
+        # time (against pid reuse), a heartbeat rewritten while the flow runs, and when the flow ended
+        _f("host", STR), _f("pid", I64), _f("pid_start", STR), _f("heartbeat_at", TS), _f("flow_ended_at", TS),
     ]),
     "steps": pa.schema(
         [_key("run_id"), _key("step", I64), _f("completed_at", TS), _f("wall_seconds", F64)]
         + [_f(m, F64) for m in STEP_METRICS]
-        + [_f("n_groups", I64), _f("judge_calls", I64), _f("policy_version", I64), _f("dropped_groups", I64)]
+        + [_f("n_groups", I64), _f("judge_calls", I64), _f("policy_version", I64), _f("dropped_groups", I64),
+           _f("dapo_shortfall", I64)]
     ),
     "stage_runs": pa.schema([
         _key("run_id"), _key("step", I64), _key("stage"), _f("started_at", TS), _f("finished_at", TS),

@@ -106,11 +106,23 @@ def query_and_render(
 
     With ``output`` the result goes to that file and a one-line note is returned; parquet needs ``output``.
     """
+    check_format(fmt, output)
+    return render(query(sql, home=home), fmt, output)
+
+
+def check_format(fmt: str, output: str | os.PathLike[str] | None = None) -> None:
+    """Refuse an unknown format, parquet without a file, or an output file in a folder that does not exist."""
     if fmt not in FORMATS:
         raise SqlError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     if fmt == "parquet" and output is None:
         raise SqlError("--format parquet needs --output FILE")
-    tbl = query(sql, home=home)
+    if output is not None and not Path(output).expanduser().resolve().parent.is_dir():
+        raise SqlError(f"--output {output}: folder {Path(output).expanduser().resolve().parent} does not exist")
+
+
+def render(tbl: pa.Table, fmt: str = "table", output: str | os.PathLike[str] | None = None) -> str:
+    """``tbl`` as ``table``, ``csv``, ``json`` or ``parquet`` text, or written to ``output`` (a one-line note)."""
+    check_format(fmt, output)
     if fmt == "parquet":
         pq.write_table(tbl, str(output))
         return f"wrote {tbl.num_rows} rows to {output}"

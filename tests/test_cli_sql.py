@@ -67,7 +67,41 @@ def test_errors_are_clear(home):
     res = _run("sql", "select 1", "--format", "parquet")
     assert res.exit_code == 2 and "--output" in res.output
     res = _run("sql", "select 1", "--format", "xml")
-    assert res.exit_code == 2 and "unknown format" in res.output
+    assert res.exit_code == 2 and "'xml' is not one of" in res.output
+    res = _run("sql", "--file", str(home / "nope.sql"))
+    assert res.exit_code == 2 and res.output.strip() == f"error: --file {home / 'nope.sql'}: No such file or directory"
+    res = _run("sql", "select 1", "--output", str(home / "no_dir" / "x.csv"), "--format", "csv")
+    assert res.exit_code == 2 and "no_dir" in res.output and not (home / "no_dir").exists()
+
+
+def test_format_options_are_choices() -> None:
+    """`--format` lists its choices in --help (and a bad one is refused by the parser)."""
+    assert "table|csv|json|parquet" in _run("sql", "--help").output
+    assert "table|csv|json" in _run("runs", "--help").output
+    assert _run("runs", "--format", "parquet").exit_code == 2
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    res = _run("--version")
+    assert res.exit_code == 0 and res.output.strip() == f"arbor {version('arbor-rl')}"
+
+
+def test_cli_turns_telemetry_off_itself(tmp_path) -> None:
+    """A user's shell without DO_NOT_TRACK: the CLI sets it (and Prefect's server analytics off) before Prefect."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_DISABLE_TELEMETRY")}
+    code = ("import arbor.cli, os; from prefect.settings import get_current_settings; "
+            "print(os.environ['DO_NOT_TRACK'], get_current_settings().server.analytics_enabled)")
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "PREFECT_HOME": str(tmp_path)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "False"]
+    env.update(PREFECT_SERVER_ANALYTICS_ENABLED="true", DO_NOT_TRACK="0")  # values the user exported win
+    code = "import arbor.cli, os; print(os.environ['DO_NOT_TRACK'], os.environ['PREFECT_SERVER_ANALYTICS_ENABLED'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["0", "true"], out.stderr
 
 
 def test_runs_lists_status_and_last_step(home):
@@ -81,3 +115,38 @@ def test_runs_lists_status_and_last_step(home):
     (row,) = json.loads(res.output)
     assert (row["run_id"], row["method"], row["last_completed_step"], row["status"]) == ("demo", "grpo", 3, "running")
     assert "demo" in _run("runs").output
+
+
+def test_runs_tells_running_from_crashed(home):
+    """`arbor runs` decides each unfinished run's status from its owner process: on this host the pid (and its start
+    time, against pid reuse), elsewhere the heartbeat's age; the SQL view applies the heartbeat rule alone."""
+    from storage.liveness import host_name, pid_start_time
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process now
+    me, host, now = os.getpid(), host_name(), datetime.now(UTC)
+    old = datetime.fromtimestamp(now.timestamp() - 600, UTC)
+    owners = {
+        "alive": dict(host=host, pid=me, pid_start=pid_start_time(me), heartbeat_at=old),  # a live pid needs no beat
+        "killed": dict(host=host, pid=gone.pid, pid_start=None, heartbeat_at=now),
+        "reused": dict(host=host, pid=me, pid_start="1", heartbeat_at=now),  # same pid number, another process
+        "remote_fresh": dict(host="elsewhere", pid=1, heartbeat_at=now),
+        "remote_stale": dict(host="elsewhere", pid=1, heartbeat_at=old),
+        "ended": dict(host=host, pid=me, pid_start=pid_start_time(me), heartbeat_at=now, flow_ended_at=now),
+        "legacy": None,  # recorded before heartbeats existed
+    }
+    for i, (rid, owner) in enumerate(owners.items()):
+        write_stage("runs", [dict(profile="tiny-cpu", method="arbor", created_at=datetime(2026, 1, 1, 0, i, tzinfo=UTC),
+                                  **(owner or {}))], run_id=rid, step=0, stage="run", home=home)
+        write_stage("stage_runs", [dict(stage="run", status="running", started_at=now)], run_id=rid, step=0,
+                    stage="run", home=home)
+    res = _run("runs", "--format", "json")
+    assert res.exit_code == 0, res.output
+    status = {r["run_id"]: r["status"] for r in json.loads(res.output)}
+    assert status == {"alive": "running", "killed": "crashed", "reused": "crashed", "remote_fresh": "running",
+                      "remote_stale": "crashed", "ended": "crashed", "legacy": "running"}
+    sql = json.loads(_run("sql", "select run_id, status, pid from run_status", "--format", "json").output)
+    assert {r["run_id"]: r["status"] for r in sql} == {
+        "alive": "crashed", "killed": "running", "reused": "running", "remote_fresh": "running",
+        "remote_stale": "crashed", "ended": "crashed", "legacy": "running"}
+    assert {r["run_id"]: r["pid"] for r in sql}["killed"] == gone.pid

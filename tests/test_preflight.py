@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from arbor.config import load_config
+from arbor.config import ConfigError, load_config
 from arbor.preflight import PreflightError, check, require
 
 
@@ -31,3 +34,49 @@ def test_openai_judge_without_key_or_url() -> None:
     ok = load_config("tiny-cpu", {"judge.backend": "openai", "judge.api_key_env": "ARBOR_TEST_KEY",
                                   "judge.base_url": "http://127.0.0.1:9/v1"})
     assert check(ok, gpu_count=0, env={"ARBOR_TEST_KEY": "x"}) == []
+
+
+def test_missing_or_broken_input_files_are_named(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.json").write_text("{not json")
+    cfg = load_config("tiny-cpu", {"train.deepspeed_config": str(tmp_path / "broken.json"),
+                                   "memory.init_from": str(tmp_path / "pool.json"),
+                                   "data.train": "my_questions.jsonl", "search.corpus": "my_corpus.jsonl",
+                                   "train.hostfile": "hosts"})
+    missing = check(cfg, gpu_count=0, env={})
+    assert [m.split(":")[0] for m in missing] == ["train.deepspeed_config", "memory.init_from", "train.hostfile",
+                                                  "data.train", "search.corpus"]
+    assert f"{tmp_path / 'broken.json'}:1: not valid JSON" in missing[0]
+    assert str(tmp_path / "pool.json") in missing[1]
+    with pytest.raises(PreflightError) as err:
+        require(cfg, gpu_count=0, env={})
+    assert "\n" not in str(err.value) and str(err.value).count("; ") == 4  # one line for the CLI
+
+
+def test_profile_relative_deepspeed_config_is_read_from_the_project_root(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the profile's configs/deepspeed/qwen3-8b.json is not under the cwd
+    cfg = load_config("tiny-cpu", {"train.deepspeed_config": "configs/deepspeed/qwen3-8b.json"})
+    assert check(cfg, gpu_count=0, env={}) == []
+    assert "train.deepspeed_config" in check(load_config("tiny-cpu", {"train.deepspeed_config": "nope.json"}),
+                                             gpu_count=0, env={})[0]
+
+
+def test_hostfile_lifts_the_local_gpu_requirement(tmp_path) -> None:
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("node1 slots=8\n")
+    missing = check(load_config("qwen3-8b", {"train.hostfile": str(hosts)}), gpu_count=0, env={})
+    assert not any(m.startswith("cluster:") for m in missing)
+    with pytest.raises(ConfigError, match=r"cluster\.hostfile"):  # the duplicate key that did nothing is gone
+        load_config("qwen3-8b", {"cluster.hostfile": str(hosts)})
+
+
+def test_cpu_profile_check_does_not_import_torch() -> None:
+    """Preflight counts GPUs only when the profile places work on GPUs, and from the NVIDIA driver rather than by
+    importing torch (seconds): the CLI refuses a GPU profile on a CPU box at once."""
+    code = ("import sys; from arbor.config import load_config; from arbor.preflight import check; "
+            "assert check(load_config('tiny-cpu'), env={}) == []; "
+            "assert any(m.startswith('cluster:') for m in check(load_config('qwen3-8b'), env={})) or "
+            "__import__('pathlib').Path('/proc/driver/nvidia/gpus').is_dir(); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

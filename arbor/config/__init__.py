@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from arbor.config.base import Section
 from arbor.config.cluster import ClusterConfig
@@ -21,12 +21,13 @@ from arbor.config.rollout import PolicyConfig, RolloutConfig
 from arbor.config.run import EvalConfig, RunConfig
 from arbor.config.search import SearchConfig
 from arbor.config.train import CheckpointConfig, SFTConfig, TrainConfig
+from arbor.config.world import WorldConfig
 from arbor.paths import CONFIGS_DIR
 
 __all__ = [
     "ArborConfig", "ConfigError", "load_config", "apply_overrides", "DataConfig", "PolicyConfig", "RolloutConfig",
     "SearchConfig", "JudgeConfig", "MemoryConfig", "RunConfig", "EvalConfig", "TrainConfig", "CheckpointConfig",
-    "SFTConfig", "ClusterConfig",
+    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig",
 ]
 
 
@@ -47,17 +48,46 @@ class ArborConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
-    deviations: dict[str, str] = Field(default_factory=dict, description="departures from the paper, with reasons")
+    world: WorldConfig = Field(default_factory=WorldConfig)
+    deviations: dict[str, str] = Field(default_factory=dict, description="departures from the paper, with reasons "
+                                       "(keys must be config keys; stored with the run's config)")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ArborConfig:
+        """Constraints between sections, each message naming every key involved."""
+        if self.rollout.top_p < 1.0 and self.train.tis_cap is not None:
+            raise ValueError(
+                f"rollout.top_p={self.rollout.top_p} with train.tis_cap={self.train.tis_cap}: the trainer cannot "
+                "reproduce a top-p-truncated sampling distribution, so the TIS weights would be wrong; "
+                "set rollout.top_p=1 or train.tis_cap=null")
+        unknown = sorted(k for k in self.deviations if k not in config_keys())
+        if unknown:
+            raise ValueError(f"deviations: {', '.join(unknown)} not a config key (a deviation names the key it "
+                             "departs on)")
+        return self
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+
+
+def config_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """Every dotted config key (sections included), in declaration order: ``run``, ``run.steps``, ..."""
+    out: list[str] = []
+    for name, f in (model or ArborConfig).model_fields.items():
+        out.append(prefix + name)
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            out += config_keys(f.annotation, f"{prefix}{name}.")
+    return out
 
 
 def _format_errors(err: ValidationError, prefix: str = "") -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
-        lines.append(f"{prefix}{key}: {e['msg']}")
+        msg = str(e["msg"]).removeprefix("Value error, ")
+        if key and isinstance(e.get("input"), str | int | float | bool):
+            msg += f" (got {e['input']!r})"
+        lines.append(f"{prefix}{key}: {msg}" if key else f"{prefix}{msg}")
     return "; ".join(lines)
 
 

@@ -14,5 +14,4 @@ class ClusterConfig(Section):
     vllm_tensor_parallel: int = Field(1, ge=1)
     vllm_extra_args: list[str] = Field(default_factory=list)
     manage_vllm: bool = Field(True, description="the flow starts and supervises `vllm serve` itself")
-    hostfile: str | None = Field(None, description="DeepSpeed hostfile for training on several nodes")
     startup_timeout_s: float = Field(900.0, gt=0)

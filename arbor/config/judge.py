@@ -39,8 +39,8 @@ class JudgeConfig(Section):
     model: str = "qwen-plus-2025-04-28"
     base_url: str | None = None
     api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key")
-    temperature: float = 0.0
-    max_tokens: int = 1024
+    temperature: float = Field(0.0, ge=0.0)
+    max_tokens: int = Field(1024, ge=1)
     concurrency: int = Field(32, ge=1)
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(4, ge=0, description="retries after the first attempt (transport errors and invalid output)")
@@ -48,8 +48,8 @@ class JudgeConfig(Section):
     backoff_max_s: float = Field(30.0, ge=0)
     max_judge_tokens: int = Field(3000, ge=256, description="trajectory compaction budget before judging")
     cost_cap_usd: float | None = Field(None, ge=0, description="per-run judge cost cap; past it: base reward only")
-    price_in_per_mtok: float = 0.4
-    price_out_per_mtok: float = 1.2
+    price_in_per_mtok: float = Field(0.4, ge=0.0, description="USD per million prompt tokens")
+    price_out_per_mtok: float = Field(1.2, ge=0.0, description="USD per million completion tokens")
     cache: bool = Field(True, description="content-hash response cache under {home}/cache/judge")
     roles: JudgeRoles = Field(default_factory=JudgeRoles, description="per-role overrides (None: inherit)")
     rules_tolerance: float = Field(

@@ -18,10 +18,10 @@ class PolicyConfig(Section):
 class RolloutConfig(Section):
     engine: Literal["transformers", "openai"] = "transformers"
     base_url: str | None = None  # OpenAI-compatible completions server (vllm serve)
-    k: int = Field(8, ge=1, description="trajectories per prompt (K)")
+    k: int = Field(8, ge=2, description="trajectories per prompt (K >= 2: group-relative advantages)")
     batch_size: int = Field(32, ge=1, description="prompts per rollout step")
     temperature: float = Field(0.7, ge=0.0)
-    top_p: float = 1.0
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; < 1 is refused with TIS on")
     max_turns: int = Field(12, ge=1)
     max_searches: int = Field(10, ge=0)
     max_response_tokens: int = Field(8192, ge=1)

@@ -16,5 +16,5 @@ class SearchConfig(Section):
     url: str | None = None  # http retriever (Search-R1 /retrieve) or web API endpoint
     api_key_env: str = "SERPER_API_KEY"
     max_result_chars: int | None = Field(None, ge=1, description="truncate each result's text")
-    timeout_s: float = 30.0
+    timeout_s: float = Field(30.0, gt=0)
     cache: bool = Field(True, description="persistent (backend, query, k) -> hits cache under {home}/cache/search")

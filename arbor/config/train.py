@@ -2,43 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from arbor.config.base import Section
 
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
 
 class TrainConfig(Section):
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps_clip_low: float = 0.2
-    eps_clip_high: float = 0.2
-    tis_cap: float | None = Field(2.0, description="TIS truncation C; None disables TIS")
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    eps_clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip eps (lower side), in (0, 1)")
+    eps_clip_high: float = Field(0.2, gt=0, lt=1, description="PPO clip eps (upper side), in (0, 1)")
+    tis_cap: float | None = Field(2.0, ge=1, description="TIS truncation C >= 1; None disables TIS")
+    kl_coef: float = Field(0.0, ge=0)
+    entropy_coef: float = Field(0.0, ge=0)
     adv_norm: Literal["std", "mean"] = "std"
-    adv_eps: float = 1e-6
+    adv_eps: float = Field(1e-6, gt=0)
     updates_per_batch: int = Field(1, ge=1, description="optimizer updates (mini-batches) per rollout batch")
     micro_batch_tokens: int = Field(16384, ge=1)
-    grad_clip: float = 1.0
+    grad_clip: float = Field(1.0, ge=0, description="gradient norm clip (0: none)")
     zero_stage: int = Field(2, ge=0, le=3)
     bf16: bool = False
     gradient_checkpointing: bool = False
     lr_schedule: Literal["constant", "cosine"] = "constant"
-    warmup_ratio: float = 0.0
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="linear warm-up share of the updates, in [0, 1)")
     overlong_penalty: bool = False
     overlong_buffer: int = Field(4096, ge=0, description="DAPO soft overlong buffer L_cache (tokens)")
-    dapo_eps_clip_high: float = Field(0.28, description="DAPO clip-higher eps_high (used when run.method=dapo)")
-    dapo_oversample: bool = False
-    dapo_max_resample_rounds: int = Field(3, ge=0)
+    dapo_eps_clip_high: float = Field(0.28, gt=0, lt=1, description="DAPO clip-higher eps_high (used when run.method=dapo)")
+    dapo_oversample: bool = Field(True, description="DAPO dynamic sampling: roll out more prompts until the batch "
+                                  "holds rollout.batch_size groups with reward variance (run.method=dapo)")
+    dapo_max_resample_rounds: int = Field(3, ge=0, description="bound on DAPO's resampling rounds per step; the "
+                                          "shortfall is recorded in steps.dapo_shortfall")
     entropy_diagnostic: bool = Field(True, description="log token entropy even when entropy_coef is 0")
-    deepspeed_config: str | None = Field(None, description="DeepSpeed JSON file (relative: to the project root)")
+    deepspeed_config: str | None = Field(None, description="DeepSpeed JSON file (relative: to the project root in a "
+                                             "profile, to the current directory in --set)")
     deepspeed: dict[str, Any] = Field(default_factory=dict, description="extra DeepSpeed config merged in (last)")
-    num_gpus: int = 0
+    num_gpus: int = Field(0, ge=0)
     service: bool = Field(False, description="run the trainer as a supervised process group (always on GPUs)")
-    hostfile: str | None = None
+    hostfile: str | None = Field(None, description="DeepSpeed hostfile: training on several nodes")
 
 
 class CheckpointConfig(Section):
@@ -54,14 +59,14 @@ class SFTConfig(Section):
     variants: int = Field(1, ge=1, description="synthesised responses per question (synth: data only)")
     questions: int | None = Field(None, ge=1, description="synth:train uses the first N of the run's questions")
     epochs: int = Field(3, ge=1)
-    lr: float = 7e-6
+    lr: float = Field(7e-6, gt=0)
     lr_schedule: Literal["constant", "cosine"] = "cosine"
-    warmup_ratio: float = 0.1
-    max_length: int = 15000
-    batch_size: int = 16
-    zero_stage: int = 3
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="linear warm-up share of the updates, in [0, 1)")
+    max_length: int = Field(15000, ge=2)
+    batch_size: int = Field(16, ge=1)
+    zero_stage: int = Field(3, ge=0, le=3)
     bf16: bool = False
-    max_minutes: float | None = None
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    max_minutes: float | None = Field(None, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, ge=0, description="gradient norm clip (0: none)")
     output: str | None = Field(None, description="HF checkpoint directory (default: {ARBOR_HOME}/sft/{run_id})")

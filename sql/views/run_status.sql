@@ -1,8 +1,11 @@
--- run_status: one row per run with its last completed step and a status derived from stage_runs (used by `arbor runs`).
+-- run_status: one row per run with its last completed step, its owning process and a status (used by `arbor runs`).
 -- status: 'completed' when the run's stage 'run' finished with status 'completed'; 'failed' when its most recent
--- stage_runs row (by started_at, then finished_at) has status 'failed'; 'running' otherwise (including a run that
--- has stage rows but no final 'run' row: it is running or was killed without recording it); 'created' when no
--- stage ran yet.
+-- stage_runs row (by started_at, then finished_at) has status 'failed'; 'created' when no stage ran yet;
+-- otherwise the run was started and has not ended: 'crashed' when its owner process (runs.host / pid, with a
+-- heartbeat_at rewritten every 10 s while the flow runs) stopped beating more than 120 s ago, or its flow ended
+-- (runs.flow_ended_at) without recording an end; else 'running'. A run recorded before owners were recorded has
+-- none and shows 'running'. `arbor runs` refines this for runs owned by a process of this host: 'crashed' as soon
+-- as that pid is gone (or reused by another process), 'running' while it lives (storage/liveness.py).
 create or replace view run_status as
 with last_step as (
     select run_id, max(step) as last_completed_step, max(completed_at) as last_step_at from steps group by run_id
@@ -18,8 +21,10 @@ select r.run_id, r.profile, r.method, r.created_at, l.last_completed_step,
        case when s.run_completed then 'completed'
             when s.last_status = 'failed' then 'failed'
             when s.run_id is null then 'created'
+            when r.flow_ended_at is not null or r.heartbeat_at < now() - interval 120 second then 'crashed'
             else 'running' end as status,
-       greatest(l.last_step_at, s.last_activity_at) as last_activity_at
+       greatest(l.last_step_at, s.last_activity_at) as last_activity_at,
+       r.host, r.pid, r.heartbeat_at
 from runs r
 left join last_step l using (run_id)
 left join stage s using (run_id);

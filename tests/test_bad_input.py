@@ -1,0 +1,157 @@
+"""Issue 11: bad input is refused before anything starts, resumes change only what is safe, and `arbor runs` tells a
+live run from one whose process was killed.
+
+The acceptance commands run as a new user would: `.venv/bin/arbor` subprocesses in a fresh workspace and working
+directory, with no telemetry variables exported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from arbor.config import ConfigError, load_config
+from storage.parquet import write_stage
+
+ARBOR = str(Path(sys.executable).parent / "arbor")
+QUIET = ("DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_DISABLE_TELEMETRY", "PREFECT_API_URL")
+
+
+@pytest.fixture
+def user(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh working directory and workspace holding one stored run 'r1' (tiny-cpu, 5 steps)."""
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in QUIET}
+    env.update(ARBOR_HOME=str(home), PREFECT_HOME=str(tmp_path / "prefect"))
+    cfg = load_config("tiny-cpu")
+    cfg.run.run_id = "r1"
+    write_stage("runs", [{"profile": "tiny-cpu", "method": "arbor", "seed": 0, "config_json": cfg.to_json(),
+                          "created_at": time.time()}], run_id="r1", step=0, stage="run", home=home)
+    return tmp_path, env
+
+
+BAD = [  # (arguments, what the one line must name)
+    (["train", "--resume", "nope"], ["'nope'"]),
+    (["rubrics", "export", "nope"], ["'nope'"]),
+    (["report", "nope"], ["'nope'"]),
+    (["compare", "--methods", "foo"], ["foo"]),
+    (["eval", "--set", "run.nonexistent=1"], ["run.nonexistent"]),
+    (["train", "--set", "train.deepspeed_config=missing.json"], ["train.deepspeed_config", "{cwd}/missing.json"]),
+    (["train", "--set", "rollout.top_p=0.9"], ["rollout.top_p", "train.tis_cap"]),
+    (["train", "--set", "rollout.k=1"], ["rollout.k"]),
+    (["train", "--run-id", "r1"], ["'r1'", "--resume r1"]),
+    (["train", "--resume", "r1", "--set", "rollout.k=4"], ["rollout.k", "'r1'"]),
+    (["compare", "--methods", "grpo,dapo", "--set", "memory.lamda=1"], ["memory.lamda"]),
+    (["demo", "--set", "memory.init_from=pool.json"], ["memory.init_from", "{cwd}/pool.json"]),
+]
+
+
+@pytest.mark.parametrize(("args", "named"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_exits_2_at_once_with_one_line(user, args: list[str], named: list[str]) -> None:
+    cwd, env = user
+    t0 = time.perf_counter()
+    out = subprocess.run([ARBOR, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    wall = time.perf_counter() - t0
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
+    assert "Traceback" not in out.stderr + out.stdout
+    for name in named:
+        assert name.format(cwd=cwd) in lines[0], lines[0]
+    assert wall < 3.0, f"{wall:.1f} s"
+    assert not (cwd / "prefect").exists(), "Prefect was started"
+    assert not (cwd / "home" / "catalog.duckdb").exists()
+
+
+def test_validation_imports_neither_prefect_nor_torch(user) -> None:
+    """The refusals above come before the flow machinery is imported (what keeps them well under 3 s)."""
+    cwd, env = user
+    code = (
+        "import sys\nfrom arbor.cli import app\n"
+        "for args in (['train', '--resume', 'nope'], ['train', '--set', 'train.deepspeed_config=x.json'],\n"
+        "             ['train', '--set', 'rollout.k=1'], ['compare', '--methods', 'foo'],\n"
+        "             ['rubrics', 'export', 'nope'], ['train', '--resume', 'r1', '--set', 'run.seed=3']):\n"
+        "    try:\n        app(args)\n    except SystemExit as e:\n        assert e.code == 2, (args, e.code)\n"
+        "print(sorted(m for m in ('prefect', 'torch', 'transformers', 'deepspeed', 'flows.train') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_resume_extends_a_run_and_records_the_change(tmp_path: Path) -> None:
+    from flows.train import prepare_run, stored_config
+    from storage.runs import run_row
+
+    home = tmp_path / "home"
+    first = prepare_run("tiny-cpu", {"run.steps": 2, "rollout.k": 4}, "r1", False, home)
+    assert first.run.steps == 2
+    cfg = prepare_run("tiny-cpu", {"run.steps": 4, "rollout.k": 4}, "r1", True, home)  # k as stored: no change
+    assert cfg.run.steps == 4 and stored_config("r1", home).run.steps == 4
+    (change,) = json.loads(run_row("r1", home)["config_changes"])
+    assert (change["key"], change["old"], change["new"]) == ("run.steps", 2, 4)
+    with pytest.raises(ConfigError, match=r"rollout\.k \(4 -> 8\).*resuming run 'r1'"):
+        prepare_run("tiny-cpu", {"rollout.k": 8}, "r1", True, home)
+    assert stored_config("r1", home).rollout.k == 4
+    with pytest.raises(ValueError, match="cannot resume run 'r2'"):
+        prepare_run("tiny-cpu", None, "r2", True, home)
+
+
+def _statuses(env: dict[str, str], cwd: Path) -> dict[str, str]:
+    out = subprocess.run([ARBOR, "runs", "--format", "json"], cwd=cwd, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return {r["run_id"]: r["status"] for r in json.loads(out.stdout)}
+
+
+@pytest.mark.slow
+def test_train_reports_next_steps_and_runs_tells_running_from_killed(prefect_harness, tmp_path: Path) -> None:
+    """A real `arbor train`: a finished run prints where its results are and what to run next; a live run shows
+    `running` (and cannot be resumed twice); SIGKILLed, it shows `crashed` at once."""
+    from prefect.settings import PREFECT_API_URL
+
+    from storage.liveness import read_owner
+    from storage.runs import run_row
+
+    home = tmp_path / "home"
+    env = {**os.environ, "ARBOR_HOME": str(home), "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    corpus = tmp_path / "corpus.jsonl"  # a small BM25 index; the relative --set path is read from the cwd
+    corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
+                              + "\n" for i in range(20)))
+    tiny = [f"--set={s}" for s in ("run.sft_warm_start=false", "rollout.batch_size=2", "rollout.k=2",
+                                   "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=16",
+                                   "search.corpus=corpus.jsonl")]
+    done = subprocess.run([ARBOR, "train", "--run-id", "done", "--set", "run.steps=0", *tiny], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"results: {home}" in done.stdout, done.stdout
+    assert "arbor report done" in done.stdout and "where run_id = 'done'" in done.stdout, done.stdout
+    stored = json.loads(run_row("done", home)["config_json"])
+    assert stored["search"]["corpus"] == str(corpus)  # stored absolute: a resume from elsewhere reads the same file
+
+    log = tmp_path / "live.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([ARBOR, "train", "--run-id", "live", "--set", "run.steps=50", *tiny], cwd=tmp_path,
+                                env=env, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while read_owner("live", home) is None:  # the flow owns the run before it opens engines or trainer
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        assert read_owner("live", home)["pid"] == proc.pid
+        assert _statuses(env, tmp_path) == {"done": "completed", "live": "running"}
+        again = subprocess.run([ARBOR, "train", "--resume", "live"], cwd=tmp_path, env=env, capture_output=True,
+                               text=True, timeout=60)
+        assert again.returncode == 2 and "still running" in again.stderr and str(proc.pid) in again.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -9
+    assert _statuses(env, tmp_path) == {"done": "completed", "live": "crashed"}

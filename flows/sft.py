@@ -27,12 +27,20 @@ def sft_key(cfg: ArborConfig) -> str:
              "data": cfg.data.model_dump(mode="json"),
              "search": cfg.search.model_dump(mode="json"), "seed": cfg.run.seed,
              "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens}
+    if "world:" in f"{cfg.sft.data} {cfg.data.train} {cfg.search.corpus}":  # only then: other keys stay as they were
+        parts["world"] = cfg.world.model_dump(mode="json")
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
-    """The SFT JSONL: a user's file, or data synthesised from a named question split (``synth:offline:train``)."""
+    """The SFT JSONL: a user's file, data synthesised from a named question split (``synth:offline:train``), or the
+    synthetic world's gold trajectories (``world:train``, ``tasks.world``)."""
     spec = cfg.sft.data
+    if spec.startswith("world:"):
+        from tasks.world import build_world_sft_data
+
+        out = home / "sft" / f"data-{key}.jsonl"
+        return out if out.exists() else build_world_sft_data(cfg, out, home=home, split=spec.removeprefix("world:"))
     if not spec.startswith("synth:"):
         path = Path(spec).expanduser()
         if not path.exists():
@@ -46,7 +54,7 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
     if out.exists():
         return out
     if split == "train":  # the run's own training questions (data.train, data.train_size, run.seed)
-        questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed)
+        questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, world=cfg.world)
         questions = questions[: cfg.sft.questions] if cfg.sft.questions else questions
     else:
         questions = load_questions(split if ":" in split else split.replace("-", ":", 1))  # offline-train ok

@@ -10,6 +10,9 @@ Named specs for ``load_questions``:
   (a seeded 2,000-question sample of it, as the paper samples 2K QA examples).
 - ``bench:hotpotqa``, ``bench:2wiki``, ``bench:musique``, ``bench:bamboogle`` (the ARPO test splits) and
   ``bench:local`` (= ``offline:heldout``: the benchmark questions answerable from the local corpus).
+- ``world:train`` / ``world:eval``: the synthetic multi-hop world's questions (``tasks.world``; sizes, seed and mix
+  from the ``world`` config section, passed as ``world=cfg.world``); eval questions only involve entities that no
+  train question mentions. Their corpus is ``search.corpus: world:corpus``.
 - anything else is a path to a ``{question, answer | answers}`` JSONL / Parquet file.
 """
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbor.config.world import WorldConfig
 from arbor.paths import DATA_DIR, PROJECT_ROOT
 from arbor.seeding import derive_seed
 from tasks.reward import normalize_answer
@@ -249,10 +253,20 @@ def _offline_split() -> dict[str, tuple[Question, ...]]:
 # ----------------------------------------------------------------------------------------------- named specs
 
 
-def load_questions(spec: str, *, size: int | None = None, seed: int = 0) -> list[Question]:
-    """Resolve a named split (module docstring) or a file path; ``size``: a seeded sample of that many."""
+def load_questions(spec: str, *, size: int | None = None, seed: int = 0,
+                   world: WorldConfig | None = None) -> list[Question]:
+    """Resolve a named split (module docstring) or a file path; ``size``: a seeded sample of that many.
+
+    ``world``: the run's ``WorldConfig`` for ``world:*`` specs (default: the section's defaults)."""
     kind, _, name = spec.partition(":")
-    if kind == "offline" and name:
+    if kind == "world" and name:
+        from tasks.world import WorldError, load_world_questions
+
+        try:
+            qs = load_world_questions(name, world)
+        except WorldError as e:
+            raise DatasetError(str(e)) from e
+    elif kind == "offline" and name:
         split = _offline_split()
         if name not in split:
             raise DatasetError(f"unknown split {spec!r} (known: {', '.join('offline:' + k for k in split)})")
@@ -304,4 +318,17 @@ def batch_for_step(questions: Sequence[Question], seed: int, step: int, batch_si
             random.Random(derive_seed(seed, "batch", epoch)).shuffle(perm)
             perms[epoch] = perm
         out.append(questions[perms[epoch][i]])
+    return out
+
+
+def resample_questions(questions: Sequence[Question], seed: int, step: int, round_: int, n: int,
+                       exclude: set[str]) -> list[Question]:
+    """DAPO dynamic sampling's extra prompts for round ``round_`` of step ``step``: ``n`` questions drawn without
+    replacement by a generator seeded with (seed, step, "dapo-resample", round), from those whose id is not in
+    ``exclude`` (the step's batch and earlier rounds); when too few are left, the whole pool is drawn from again."""
+    pool = [q for q in questions if q.question_id not in exclude] or list(questions)
+    rng = random.Random(derive_seed(seed, step, "dapo-resample", round_))
+    out: list[Question] = []
+    while len(out) < n:
+        out += rng.sample(pool, min(n - len(out), len(pool)))
     return out

@@ -1,7 +1,7 @@
 """Rollout engines: a batch of questions x K samples -> scored trajectories (paper §3.1, App. B.2; issue 5 item 4).
 
-One interface, ``engine.generate_groups(questions, k, seed, step, run_id=...) -> list[Trajectory]`` (group-major:
-trajectory ``g * k + i`` is sample ``i`` of question ``g``), every trajectory carrying prompt/response token ids, the
+One interface, ``engine.generate_groups(questions, k, seed, step, run_id=..., first_group=0) -> list[Trajectory]``
+(group-major: trajectory ``g * k + i`` is sample ``i`` of question ``g``, numbered from ``first_group``), every trajectory carrying prompt/response token ids, the
 loss mask (0 on ``<result>`` tokens), the rollout log-probs of the sampled tokens, finish reason, timings and the
 policy version, and scored by ``tasks.reward.score_trajectory``.
 
@@ -333,12 +333,14 @@ class _EngineBase:
         self.loop = AgentLoop(tokenizer, search, Budgets.from_config(cfg.rollout, cfg.search),
                               system_prompt=cfg.rollout.system_prompt or SYSTEM_PROMPT)
 
-    def _start_states(self, questions: Sequence[Any], k: int, seed: int, step: int) -> list[AgentState]:
-        return [self.loop.start(q.question_id, q.question, q.golds, trajectory_seed(seed, step, g, i))
+    def _start_states(self, questions: Sequence[Any], k: int, seed: int, step: int,
+                      first_group: int = 0) -> list[AgentState]:
+        return [self.loop.start(q.question_id, q.question, q.golds, trajectory_seed(seed, step, first_group + g, i))
                 for g, q in enumerate(questions) for i in range(k)]
 
-    def _finish(self, states: list[AgentState], k: int, step: int, run_id: str) -> list[Trajectory]:
-        return [to_trajectory(s, run_id=run_id, step=step, group=j // k, sample=j % k,
+    def _finish(self, states: list[AgentState], k: int, step: int, run_id: str,
+                first_group: int = 0) -> list[Trajectory]:
+        return [to_trajectory(s, run_id=run_id, step=step, group=first_group + j // k, sample=j % k,
                               policy_version=self.policy_version) for j, s in enumerate(states)]
 
 
@@ -386,10 +388,10 @@ class TransformersEngine(_EngineBase):
                     self.loop.advance(active, self.generate([self.loop.next_request(s) for s in active]))
 
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
-                        run_id: str = "") -> list[Trajectory]:
-        states = self._start_states(questions, k, seed, step)
+                        run_id: str = "", first_group: int = 0) -> list[Trajectory]:
+        states = self._start_states(questions, k, seed, step, first_group)
         self.run_states(states)
-        return self._finish(states, k, step, run_id)
+        return self._finish(states, k, step, run_id, first_group)
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """In-process weight sync after a training step (issue 6 item 4); tags later rollouts with ``version``."""
@@ -496,19 +498,19 @@ class OpenAIEngine(_EngineBase):
                 self.loop.deliver(s, hits[0])
 
     async def agenerate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
-                               run_id: str = "") -> list[Trajectory]:
+                               run_id: str = "", first_group: int = 0) -> list[Trajectory]:
         import httpx
 
-        states = self._start_states(questions, k, seed, step)
+        states = self._start_states(questions, k, seed, step, first_group)
         sem = asyncio.Semaphore(self.cfg.rollout.concurrency)
         limits = httpx.Limits(max_connections=self.cfg.rollout.concurrency)
         async with httpx.AsyncClient(timeout=self.cfg.rollout.request_timeout_s, limits=limits) as client:
             await asyncio.gather(*(self._run_one(client, sem, s) for s in states))
-        return self._finish(states, k, step, run_id)
+        return self._finish(states, k, step, run_id, first_group)
 
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
-                        run_id: str = "") -> list[Trajectory]:
-        return asyncio.run(self.agenerate_groups(questions, k, seed, step, run_id))
+                        run_id: str = "", first_group: int = 0) -> list[Trajectory]:
+        return asyncio.run(self.agenerate_groups(questions, k, seed, step, run_id, first_group))
 
 
 # --------------------------------------------------------------------------------------------- factory
@@ -523,7 +525,7 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
     if search is None:
         from tasks.search import make_search
 
-        search = make_search(cfg.search, home=home or arbor_home())
+        search = make_search(cfg.search, home=home or arbor_home(), world=cfg.world)
     if cfg.rollout.engine == "transformers":
         if policy is None or tokenizer is None:
             from tasks.policy import load_policy

@@ -3,7 +3,7 @@
 One ``Trainer.train_step(batch, step)`` per rollout step:
   1. (DAPO) drop zero-variance groups; (optional) overlong penalty;
   2. GRPO advantages from the shaped rewards (``tasks.losses.group_advantages``);
-  3. pi_old: log-probs of the response tokens under the current weights (no grad), before any update;
+  3. pi_old: log-probs of the response tokens under the current weights at the rollout temperature (no grad);
   4. ``updates_per_batch`` optimizer updates: each mini-batch is packed by token count into padded micro-batches,
      gradients accumulate over them, DeepSpeed clips and steps once per mini-batch;
   5. policy_version += 1 (the flow then syncs weights to the rollout engine and tags new rollouts with it).
@@ -197,13 +197,15 @@ def build_engine(
     schedule: str,
     warmup_steps: int,
     total_steps: int,
+    temperature: float = 1.0,
 ):
-    """``deepspeed.initialize`` over ``PolicyHead(model)`` with AdamW and a LambdaLR schedule (the engine steps it
-    at each update). ``engine.module.lm`` is the HF model."""
+    """``deepspeed.initialize`` over ``PolicyHead(model, temperature)`` with AdamW and a LambdaLR schedule (the
+    engine steps it at each update). ``engine.module.lm`` is the HF model. RL passes the rollout temperature; SFT
+    (maximum likelihood) keeps 1."""
     import deepspeed
 
     init_single_process_env()
-    head = PolicyHead(model)
+    head = PolicyHead(model, temperature)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(schedule, warmup_steps, total_steps))
     engine, _, _, _ = deepspeed.initialize(model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
@@ -237,21 +239,34 @@ def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return bins
 
 
+def scoring_temperature(rollout_temperature: float) -> float:
+    """The temperature the trainer scores tokens at: the one the rollout sampled with, so that pi_old, pi_theta and
+    the rollout log-probs are the same distribution (TIS compares like with like; slime and verl divide the logits
+    by the rollout temperature too). Greedy rollouts (T = 0) record log-probs at T = 1, so they are scored at 1."""
+    return rollout_temperature if rollout_temperature > 0.0 else 1.0
+
+
 class PolicyHead(torch.nn.Module):
-    """The policy as DeepSpeed sees it: an HF causal LM whose forward returns log pi(target) (and the entropy) only
-    at the selected (row, position) pairs -- the loss tokens -- instead of [B, L, V] logits for every position.
+    """The policy as DeepSpeed sees it: an HF causal LM whose forward returns log pi_T(target) (and the entropy)
+    only at the selected (row, position) pairs -- the loss tokens -- instead of [B, L, V] logits for every position.
 
-    Search-result tokens, prompts and padding never reach the LM head (a large saving in memory and time with a
-    150k-token vocabulary)."""
+    ``temperature`` T divides the logits before the softmax: the policy being optimised is the sampling policy
+    softmax(z / T) the rollout engine drew from (``scoring_temperature``). Search-result tokens, prompts and padding
+    never reach the LM head (a large saving in memory and time with a 150k-token vocabulary)."""
 
-    def __init__(self, lm: torch.nn.Module) -> None:
+    def __init__(self, lm: torch.nn.Module, temperature: float = 1.0) -> None:
         super().__init__()
+        if temperature <= 0.0:
+            raise ValueError(f"PolicyHead temperature must be > 0, got {temperature}")
         self.lm = lm
+        self.temperature = float(temperature)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
                 targets: torch.Tensor, entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         logits = self.lm.lm_head(hidden[rows, cols])
+        if self.temperature != 1.0:
+            logits = logits.float() / self.temperature
         logp = token_logprobs(logits, targets)
         if entropy == "grad":
             ent = token_entropy(logits)
@@ -359,7 +374,7 @@ class Trainer:
         self.engine = build_engine(
             model, ds_config=self.ds_config, lr=self.tc.lr, weight_decay=self.tc.weight_decay, betas=self.tc.betas,
             schedule=self.tc.lr_schedule, warmup_steps=int(self.tc.warmup_ratio * total_updates),
-            total_steps=total_updates,
+            total_steps=total_updates, temperature=scoring_temperature(cfg.rollout.temperature),
         )
         self.device = self.engine.device
         self.rank = int(os.environ.get("RANK", "0"))
@@ -435,6 +450,7 @@ class Trainer:
         if self.method == "dapo":
             keep, dropped = dynamic_sampling_filter(rewards, groups)
             metrics["dapo_dropped_groups"] = float(dropped)
+            metrics["dapo_kept_groups"] = float(len({groups[i] for i in keep}))
             batch = [batch[i] for i in keep]
             rewards = [rewards[i] for i in keep]
             groups = [groups[i] for i in keep]

@@ -55,7 +55,10 @@ def test_two_step_run_satisfies_lifecycle_invariants(reference) -> None:
     events = sorted(table("rubric_events", RUN, home), key=lambda e: (e["step"], e["seq"]))
     acts = table("rubric_activations", RUN, home)
     assert counts and max(counts.values()) == 1  # every judge prompt reached the server once
-    assert len(table("steps", RUN, home)) == 2
+    steps = sorted(table("steps", RUN, home), key=lambda r: r["step"])
+    assert len(steps) == 2
+    # step 1 trains version-0 rollouts with version-0 weights at the rollout temperature: TIS weights are 1
+    assert abs(steps[0]["tis_mean"] - 1.0) < 1e-3 and steps[0]["tis_clip_frac"] == 0.0, steps[0]
     kinds = {e["event"] for e in events}
     assert {"induced", "admitted", "consolidated", "activated"} <= kinds, kinds
     pool_max, n_active, delta_v, rho_min, kappa = 6, 2, 0.05, 0.0, 5

@@ -2,6 +2,8 @@
 
 pass@1 averaged over ``eval.runs`` sampled runs (default 5) of EM, F1 and LLM-judge accuracy, under the strict
 format gate and valid-only; results stored as ``eval_results`` rows and printed in the paper's table layout.
+With ``eval.second_judge_model`` the same answers are re-judged by that model on the same judge endpoint
+(App. C.2, Table 6): its rows and judge calls are stored under the stage ``eval-second``.
 The same ``evaluate_questions`` serves the held-out evaluation that ``arbor-train`` runs every ``run.eval_every``
 steps on a fixed small split.
 """
@@ -25,18 +27,89 @@ SPLIT_SPECS = {"bamboogle": "bench:bamboogle", "hotpotqa": "bench:hotpotqa", "mu
 
 
 def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str, Sequence[Any]], *, runs: int,
-                       seed: int, run_id: str, step: int, checkpoint: str | None) -> list[dict[str, Any]]:
-    """Roll out every question once per evaluation run (seeded per run), score, judge; ``eval_results`` rows."""
-    from tasks.evaluate import judge_predictions, prediction_from_trajectory
+                       seed: int, run_id: str, step: int, checkpoint: str | None,
+                       second_judge: Any = None) -> list[dict[str, Any]]:
+    """Roll out every question once per evaluation run (seeded per run), score, judge; ``eval_results`` rows.
+
+    ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
+    model in ``judge_model`` and its ledger stage ``eval-second``."""
+    from tasks.evaluate import SECOND_JUDGE_STAGE, judge_predictions, prediction_from_trajectory
+
+    async def judge_all(preds: list[Any]) -> list[dict[str, Any]]:
+        kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint}
+        jobs = [judge_predictions(judge, preds, **kw)]
+        if second_judge is not None:
+            jobs.append(judge_predictions(second_judge, preds, stage=SECOND_JUDGE_STAGE, **kw))
+        try:
+            return [row for rows in await asyncio.gather(*jobs) for row in rows]
+        finally:  # network clients belong to this event loop (asyncio.run below): close them with it
+            for j in (judge, second_judge):
+                if j is not None:
+                    await j.aclose()
 
     rows: list[dict[str, Any]] = []
     for split, questions in questions_by_split.items():
         for r in range(runs):
             trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
                                            run_id=run_id)
-            preds = [prediction_from_trajectory(t, split, r) for t in trajs]
-            rows += asyncio.run(judge_predictions(judge, preds, run_id=run_id, step=step, checkpoint=checkpoint))
+            rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r) for t in trajs]))
     return rows
+
+
+def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None,
+             splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
+             run_id: str | None = None) -> tuple[str, str]:
+    """The body of ``arbor-eval``: evaluate, store, and return (run id, printed tables)."""
+    from llm import make_judge
+    from storage.parquet import write_stage
+    from tasks.datasets import load_questions
+    from tasks.evaluate import (
+        SECOND_JUDGE_STAGE,
+        format_summary,
+        judge_model_name,
+        second_judge_config,
+        store_eval_results,
+        summarize,
+    )
+    from tasks.policy import load_policy
+    from tasks.rollout import make_engine
+    from tasks.search import make_search
+
+    home = arbor_home()
+    cfg = load_config(profile, overrides)
+    second_model = cfg.eval.second_judge_model
+    second_cfg = second_judge_config(cfg.judge, second_model) if second_model else None  # refused up front
+    splits = splits or list(cfg.eval.splits)
+    runs = runs or cfg.eval.runs
+    model = checkpoint or cfg.run.start_checkpoint or cfg.policy.model
+    rid = run_id or f"eval-{cfg.run.profile}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg.run.run_id = rid
+    judge = make_judge(cfg.judge, home=home)
+    second_judge = make_judge(second_cfg, home=home) if second_cfg is not None else None
+    write_stage("runs", [{"run_id": rid, "profile": cfg.run.profile, "method": "eval", "seed": cfg.run.seed,
+                          "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": None}],
+                run_id=rid, step=0, stage="run", home=home)
+    search = make_search(cfg.search, home=home, world=cfg.world)
+    if cfg.rollout.engine == "transformers":
+        policy, tok = load_policy(model, cfg.policy.dtype, home=home)
+        engine = make_engine(cfg, policy, tok, search=search, home=home)
+    else:
+        engine = make_engine(cfg, search=search, home=home)
+    by_split = {s: load_questions(SPLIT_SPECS.get(s, s), world=cfg.world)[:limit] for s in splits}
+    rows = evaluate_questions(engine, judge, by_split, runs=runs, seed=cfg.run.seed, run_id=rid, step=0,
+                              checkpoint=str(model), second_judge=second_judge)
+    main_model = judge_model_name(judge)
+    second_name = judge_model_name(second_judge) if second_judge is not None else None
+    store_eval_results([r for r in rows if r["judge_model"] != second_name], run_id=rid, step=0, stage="eval",
+                       home=home)
+    write_stage("judge_calls", judge.drain_calls(), run_id=rid, step=0, stage="eval", home=home)
+    if second_judge is not None:
+        store_eval_results([r for r in rows if r["judge_model"] == second_name], run_id=rid, step=0,
+                           stage=SECOND_JUDGE_STAGE, home=home)
+        write_stage("judge_calls", second_judge.drain_calls(), run_id=rid, step=0, stage=SECOND_JUDGE_STAGE,
+                    home=home)
+    summary = summarize(rows, splits=list(by_split), judge_model=main_model, second_judge_model=second_name)
+    return rid, format_summary(summary, name=Path(str(model)).name)
 
 
 @flow(name="arbor-eval", log_prints=True)
@@ -44,37 +117,7 @@ def arbor_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrid
                splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
                run_id: str | None = None) -> str:
     """Evaluate ``checkpoint`` (default: the profile's policy) on ``splits`` (names or dataset specs/paths)."""
-    from llm import make_judge
-    from storage.parquet import write_stage
-    from tasks.datasets import load_questions
-    from tasks.evaluate import format_summary, store_eval_results, summarize
-    from tasks.policy import load_policy
-    from tasks.rollout import make_engine
-    from tasks.search import make_search
-
-    home = arbor_home()
-    cfg = load_config(profile, overrides)
-    splits = splits or list(cfg.eval.splits)
-    runs = runs or cfg.eval.runs
-    model = checkpoint or cfg.run.start_checkpoint or cfg.policy.model
-    rid = run_id or f"eval-{cfg.run.profile}-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg.run.run_id = rid
-    write_stage("runs", [{"run_id": rid, "profile": cfg.run.profile, "method": "eval", "seed": cfg.run.seed,
-                          "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": None}],
-                run_id=rid, step=0, stage="run", home=home)
-    search = make_search(cfg.search, home=home)
-    if cfg.rollout.engine == "transformers":
-        policy, tok = load_policy(model, cfg.policy.dtype, home=home)
-        engine = make_engine(cfg, policy, tok, search=search, home=home)
-    else:
-        engine = make_engine(cfg, search=search, home=home)
-    judge = make_judge(cfg.judge, home=home)
-    by_split = {s: load_questions(SPLIT_SPECS.get(s, s))[:limit] for s in splits}
-    rows = evaluate_questions(engine, judge, by_split, runs=runs, seed=cfg.run.seed, run_id=rid, step=0,
-                              checkpoint=str(model))
-    store_eval_results(rows, run_id=rid, step=0, stage="eval", home=home)
-    write_stage("judge_calls", judge.drain_calls(), run_id=rid, step=0, stage="eval", home=home)
-    table = format_summary(summarize(rows, splits=list(by_split)), name=Path(str(model)).name)
+    rid, table = run_eval(checkpoint, profile, overrides, splits, runs, limit, run_id)
     get_run_logger().info("evaluation %s\n%s", rid, table)
     print(table)
     return rid

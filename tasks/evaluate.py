@@ -134,11 +134,12 @@ async def judge_predictions(
     checkpoint: str | None,
     judge_model: str | None = None,
     concurrency: int = 32,
+    stage: str = "eval",
 ) -> list[dict[str, Any]]:
     """Score ``predictions`` and run the LLM accuracy judge (E.4) on every format-valid one; ``eval_results`` rows.
 
     Invalid responses are never sent (their official accuracy is 0 by the strict gate). At most ``concurrency``
-    calls are in flight. Each call carries a ``CallContext(run_id, step, stage="eval")`` for the judge ledger.
+    calls are in flight. Each call carries a ``CallContext(run_id, step, stage)`` for the judge ledger.
     """
     from llm.base import CallContext
 
@@ -147,7 +148,7 @@ async def judge_predictions(
     model = judge_model or judge_model_name(judge)
     scored = [score_prediction(p.text, p.golds, p.truncated) for p in predictions]
     sem = asyncio.Semaphore(concurrency)
-    ctx = CallContext(run_id=run_id, step=step, stage="eval")
+    ctx = CallContext(run_id=run_id, step=step, stage=stage)
 
     async def one(p: Prediction, s: dict[str, Any]) -> bool | None:
         if not s["format_valid"]:
@@ -159,6 +160,25 @@ async def judge_predictions(
     verdicts = await asyncio.gather(*(one(p, s) for p, s in zip(predictions, scored, strict=True)))
     return eval_rows(predictions, run_id=run_id, step=step, checkpoint=checkpoint, verdicts=verdicts,
                      judge_model=model)
+
+
+SECOND_JUDGE_STAGE = "eval-second"  # the stage (eval_results, judge_calls) of the second judge's verdicts (C.2)
+
+
+def second_judge_config(judge_cfg: Any, model: str) -> Any:
+    """C.2: the main judge's ``JudgeConfig`` with the accuracy role's model swapped for ``model``.
+
+    The endpoint, key, sampling and prompt are the main accuracy judge's; only the model name changes. The rules
+    (offline) backend has no model to swap and is refused, as is the main judge's own model (its rows could not be
+    told apart in ``eval_results``)."""
+    if judge_cfg.backend == "rules":
+        raise EvalError(f"eval.second_judge_model={model!r} needs an LLM judge (judge.backend=openai); "
+                        f"the rules (offline) judge has no model to swap")
+    main = str(judge_cfg.for_role("accuracy")["model"])
+    if model == main:
+        raise EvalError(f"eval.second_judge_model={model!r} is the main judge's own model; name another model")
+    accuracy = judge_cfg.roles.accuracy.model_copy(update={"model": model})
+    return judge_cfg.model_copy(update={"roles": judge_cfg.roles.model_copy(update={"accuracy": accuracy})})
 
 
 # ---- aggregation -------------------------------------------------------------------------------------------------
@@ -361,11 +381,23 @@ def format_table6(results: Mapping[str, EvalSummary], baseline: str | None = "gr
     return _grid([["Method", j1, j2, "Delta", f"Gain ({j1})", f"Gain ({j2})"]], body)
 
 
+def format_judges(summary: EvalSummary) -> str:
+    """Table 6 columns for one checkpoint, per benchmark and Avg. (C.2): accuracy under the main judge, under the
+    second judge, and delta = second - main."""
+    j1, j2 = summary.judge_model or "judge", summary.second_judge_model or "second judge"
+    body = []
+    for m in [*summary.splits.values(), summary.average]:
+        delta = None if m.acc is None or m.acc_second is None else m.acc_second - m.acc
+        body.append([SPLIT_TITLES.get(m.split, m.split), _pct(m.acc), _pct(m.acc_second), _pct(delta, signed=True)])
+    return _grid([["Benchmark", j1, j2, "Delta"]], body)
+
+
 def format_summary(summary: EvalSummary, name: str = "checkpoint") -> str:
-    """Everything one evaluation produced: Table 1 row, Table 5 row, and Table 6 row when a second judge ran."""
+    """Everything one evaluation produced: Table 1 row, Table 5 row, and the Table 6 judge columns per benchmark
+    when a second judge ran."""
     parts = [format_table1({name: summary}), "", format_table5({name: summary})]
     if summary.second_judge_model:
-        parts += ["", format_table6({name: summary}, baseline=None)]
+        parts += ["", format_judges(summary)]
     if summary.average.n_judge_failed:
         parts.append(f"\n{summary.average.n_judge_failed} judge call(s) failed and count as incorrect.")
     return "\n".join(parts)

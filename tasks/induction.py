@@ -1,20 +1,24 @@
-"""Contrastive anchor selection for local rubric induction (paper §3.2, eq. 1, Appendix A.1).
+"""Contrastive anchor selection for local rubric induction (paper §3.2, eq. 1, Appendix A.1, E.1).
 
-    tau+        = argmax_{tau in G_q} F1(tau)                      (positive anchor)
-    tau-_worst  = argmin_{tau in G_q} F1(tau)                      (worst-case negative)
-    tau-_hard   = argmax_{tau in G_q, F1(tau) < F1(tau+)} F1(tau)   (hard negative, strictly below tau+)
+    tau+        = argmax_{tau in G_q, format-valid} F1(tau)               (positive anchor)
+    tau-_worst  = argmin_{tau in G_q, F1(tau) < F1(tau+)} F1(tau)          (worst-case negative)
+    tau-_hard   = argmax_{tau in G_q, F1(tau) < F1(tau+)} F1(tau)          (hard negative, strictly below tau+)
 
-Ties (within 1e-9) go to the shortest response, then the lowest index (A.1). Anchors are drawn from the
-format-valid trajectories only: A.1 skips induction with fewer than two format-valid trajectories, so a
-format-invalid trajectory is never an anchor (docs/decisions.md). ``f1`` is already format-gated.
+Positives come from the format-valid trajectories only (E.1: a format-invalid response "must not be treated as a
+high-quality positive example"); negatives from ALL trajectories, a format-invalid one's F1 gated to 0 (E.1: it "may
+be used as [a] low-quality anchor"). Ties (within 1e-9) go to the shortest response, then the lowest index (A.1),
+whatever the validity. Induction is skipped with fewer than two format-valid trajectories (A.1). See
+docs/decisions.md, "Issue 11: anchors and retirement".
 
 Modes:
   contrast     two pairs (tau+, tau-_worst) and (tau+, tau-_hard), hard != worst;
   single_pair  one pair (tau+, tau-_hard): hard and worst resolve to the same trajectory (one trajectory below
-               tau+, or all below it share one F1 so the same tie-break picks the same one);
-  unlabeled    all format-valid trajectories share one intermediate F1 (0 < F1 < 1): they are sent without
-               labels (``unlabeled_members``); positive/worst/hard are None;
-  skip         all-correct, all-wrong, or fewer than two format-valid trajectories.
+               tau+, or all below it share one F1 so the same tie-break picks the same one; in particular when
+               every trajectory below tau+ is format-invalid);
+  unlabeled    all trajectories share one intermediate F1 (0 < F1 < 1; so all are format-valid, an invalid one
+               being gated to 0): they are sent without labels (``unlabeled_members``); positive/worst/hard None;
+  skip         no trajectory below tau+ with F1(tau+) 1 or 0 (all-correct / all-wrong), or fewer than two
+               format-valid trajectories.
 """
 
 from __future__ import annotations
@@ -32,8 +36,16 @@ def _pick(cands: list[int], f1: Sequence[float], lengths: Sequence[int], best: s
     return min(tied, key=lambda i: (lengths[i], i))
 
 
+def gate_f1(f1: Sequence[float], format_valid: Sequence[bool]) -> list[float]:
+    """F1 with format-invalid trajectories set to 0 (the strict format gate, E.1 / App. C.1)."""
+    return [float(y) if ok else 0.0 for y, ok in zip(f1, format_valid, strict=True)]
+
+
 def select_anchors(f1: Sequence[float], lengths: Sequence[int], format_valid: Sequence[bool]) -> dict[str, Any]:
-    """Eq. 1 with the A.1 corner cases. Returns {"mode", "positive", "worst", "hard"} (indices or None)."""
+    """Eq. 1 with the A.1 corner cases; tau+ format-valid, negatives from all (invalid: F1 0).
+
+    Returns {"mode", "positive", "worst", "hard"} (indices or None).
+    """
     if not (len(f1) == len(lengths) == len(format_valid)):
         raise ValueError(
             f"select_anchors: lengths differ (f1={len(f1)}, lengths={len(lengths)}, format_valid={len(format_valid)})"
@@ -42,21 +54,23 @@ def select_anchors(f1: Sequence[float], lengths: Sequence[int], format_valid: Se
     valid = [i for i, ok in enumerate(format_valid) if ok]
     if len(valid) < 2:
         return skip
-    pos = _pick(valid, f1, lengths, "max")
-    below = [i for i in valid if f1[i] < f1[pos] - EPS]
+    gated = gate_f1(f1, format_valid)
+    pos = _pick(valid, gated, lengths, "max")
+    below = [i for i in range(len(gated)) if gated[i] < gated[pos] - EPS]
     if not below:
-        # Every valid trajectory shares F1(tau+): all-correct / all-wrong -> skip; intermediate -> unlabeled (A.1).
-        if f1[pos] >= 1.0 - EPS or f1[pos] <= EPS:
+        # Every trajectory shares F1(tau+): all-correct / all-wrong -> skip; intermediate -> unlabeled (A.1).
+        if gated[pos] >= 1.0 - EPS or gated[pos] <= EPS:
             return skip
         return {"mode": "unlabeled", "positive": None, "worst": None, "hard": None}
-    hard = _pick(below, f1, lengths, "max")
-    worst = _pick(below, f1, lengths, "min")
+    hard = _pick(below, gated, lengths, "max")
+    worst = _pick(below, gated, lengths, "min")
     mode = "single_pair" if hard == worst else "contrast"
     return {"mode": mode, "positive": pos, "worst": worst, "hard": hard}
 
 
 def unlabeled_members(format_valid: Sequence[bool]) -> list[int]:
-    """Trajectories sent without labels in ``unlabeled`` mode: every format-valid one, in index order."""
+    """Trajectories sent without labels in ``unlabeled`` mode: every format-valid one, in index order (in that
+    mode every trajectory is format-valid, see ``select_anchors``)."""
     return [i for i, ok in enumerate(format_valid) if ok]
 
 

@@ -7,8 +7,10 @@ Call order within one training step ``s`` (enforced; each call at most once per 
     1. active, rec = mem.select_active(s)          exactly min(n_active, |P|) rubrics: top rho_r + LRU
        ... the flow judges every group under every active rubric (tasks.judge.score_group) ...
     2. rec = mem.apply_activations(s, [Activation(rubric_id, group, scoring, f1), ...])
-                                                   n_r and cumulative rho_r, applied in group-index order
-    3. rec = mem.retire(s)                         end of the step's scoring: n_r > kappa or rho_r < rho_min
+                                                   n_r and cumulative rho_r, applied in group-index order; the
+                                                   first activation with n_r > kappa marks the rubric
+    3. rec = mem.retire(s)                         end of the step's scoring: marked (n_r > kappa at any
+                                                   activation) or rho_r < rho_min now
                                                    (may instead come last, after 5; alias ``end_step``)
        ... the flow shapes rewards (tasks.shaping), induces drafts on mixed groups and judges each draft on its
            source group; ``RubricMemory.make_drafts(s, group, drafts)`` mints the draft ids ...
@@ -91,6 +93,11 @@ def admit(scores: Sequence[float | None], f1: Sequence[float], delta_v: float = 
     return passes_variance(var, delta_v) and (p is None or p + RHO_TOL >= rho_min)
 
 
+def exceeds_kappa(n_r: int, kappa: int) -> bool:
+    """§3.3 Retirement: n_r (consecutive low-variance activations) exceeding its tolerance kappa."""
+    return n_r > kappa
+
+
 # ----------------------------------------------------------------------------------------------- records
 @dataclass
 class Records:
@@ -153,6 +160,9 @@ class RubricStats:
     syy: float = 0.0
     sxy: float = 0.0
     last_used: int | None = None  # step of the last activation (LRU)
+    # (step, group, n_r) of the first activation at which n_r exceeded kappa, until ``retire`` acts on it (§3.3;
+    # issue 11: decided on the activation sequence, so a later reset in the same step does not undo it)
+    over_kappa: tuple[int, int, int] | None = None
 
     @property
     def rho(self) -> float | None:
@@ -328,11 +338,17 @@ class RubricMemory:
             self.stats[rid].last_used = e["step"]
         # duplicate, dropped, judge_error (common): recorded decisions with no state change
 
-    def _apply_activation(self, rid: str, scores: Sequence[float | None], f1: Sequence[float]) -> float:
+    def _apply_activation(
+        self, rid: str, scores: Sequence[float | None], f1: Sequence[float], step: int, group: int
+    ) -> float:
+        """One scored activation (live and replay alike): n_r, rho_r sums, and the n_r > kappa mark (§3.3)."""
         pairs = [(s, y) for s, y in zip(scores, f1, strict=True) if s is not None]
         xs = [p[0] for p in pairs]
         variance = population_variance(xs)
-        self.stats[rid].add(xs, [p[1] for p in pairs], variance, self.cfg.delta_v)
+        st = self.stats[rid]
+        st.add(xs, [p[1] for p in pairs], variance, self.cfg.delta_v)
+        if st.over_kappa is None and exceeds_kappa(st.n_r, self.cfg.kappa):
+            st.over_kappa = (step, group, st.n_r)
         return variance
 
     # ---------------------------------------------------------------- 0. warm start
@@ -416,7 +432,7 @@ class RubricMemory:
                 assert sc.scores is not None
                 if len(sc.scores) != len(a.f1):
                     raise ValueError(f"apply_activations: group {a.group}: {len(sc.scores)} scores vs {len(a.f1)} F1")
-                var = self._apply_activation(a.rubric_id, sc.scores, a.f1)
+                var = self._apply_activation(a.rubric_id, sc.scores, a.f1, step, a.group)
                 row.update(variance=var, kept=passes_variance(var, self.cfg.delta_v), scores=list(sc.scores))
             st = self.stats[a.rubric_id]
             row.update(n_r_after=st.n_r, rho_r_after=st.rho, n_activations_after=st.n_activations,
@@ -426,8 +442,13 @@ class RubricMemory:
 
     # ---------------------------------------------------------------- 3. retirement (§3.3)
     def retire(self, step: int) -> Records:
-        """Retire rubrics with n_r > kappa or a defined rho_r < rho_min (undefined rho_r never retires).
+        """Retire rubrics whose n_r exceeded kappa at any activation so far, or with a defined rho_r < rho_min now
+        (undefined rho_r never retires); §3.3 Retirement.
 
+        n_r is judged on the activation sequence in group order (``apply_activations``): a run of more than kappa
+        low-variance groups retires the rubric even if a later group of the same step reset n_r. The event's
+        ``group`` is the group of the activation at which n_r first exceeded kappa (None for a rho_r retirement);
+        its n_r / rho_r columns are the statistics now, as for every event.
         Called once per step after the step's scoring (all activations applied). Recommended right after
         ``apply_activations``: a retired rubric then frees its slot before consolidation instead of a live one
         being replaced at capacity. Calling it last (after consolidation, DESIGN §1's diagram) is also valid;
@@ -440,13 +461,15 @@ class RubricMemory:
         for rid in list(self.P):
             st = self.stats[rid]
             rho = st.rho
-            why = None
-            if st.n_r > self.cfg.kappa:
-                why = f"n_r={st.n_r} > kappa={self.cfg.kappa}"
+            why, group = None, None
+            if st.over_kappa is not None:
+                at_step, group, n_r = st.over_kappa
+                why = f"n_r={n_r} > kappa={self.cfg.kappa} at the activation on group {group} of step {at_step}"
             elif rho is not None and rho + RHO_TOL < self.cfg.rho_min:
                 why = f"rho_r={rho:.4f} < rho_min={self.cfg.rho_min}"
             if why:
-                self._emit(rec, self._event(step, "retired", self.P[rid], reason=why, **self._stat_cols(rid)))
+                self._emit(rec, self._event(step, "retired", self.P[rid], group=group, reason=why,
+                                            **self._stat_cols(rid)))
         return rec
 
     end_step = retire  # the same call, under the name tasks/step.py uses when it retires at the end of the step
@@ -607,7 +630,7 @@ class RubricMemory:
             if not a["judge_error"]:
                 if (step, g) not in groups:
                     raise ValueError(f"replay: no GroupInfo (F1) for step {step} group {g}")
-                self._apply_activation(rid, a["scores"], groups[(step, g)].f1)
+                self._apply_activation(rid, a["scores"], groups[(step, g)].f1, step, g)
             st = self.stats[rid]
             rho, stored = st.rho, a["rho_r_after"]
             same_rho = (rho is None) == (stored is None) and (rho is None or abs(rho - stored) <= 1e-9)

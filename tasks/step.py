@@ -34,10 +34,11 @@ from typing import Any
 from arbor.config import ArborConfig
 from llm.base import CallContext, Judge
 from storage.parquet import read_stage
-from tasks.datasets import Question, batch_for_step
+from tasks.datasets import Question, batch_for_step, resample_questions
 from tasks.group_stats import classify_group
 from tasks.induction import select_anchors
 from tasks.judge import GroupScoring
+from tasks.losses import dynamic_sampling_refill
 from tasks.memory import Activation, DraftResult, Records, RubricMemory, group_info_from_rows
 from tasks.scoring import ScoringJob, score_jobs
 from tasks.shaping import shape_group
@@ -114,9 +115,34 @@ class RunState:
 
         batch = batch_for_step(self.questions, self.seed, step, self.cfg.rollout.batch_size)
         trajs = self.engine.generate_groups(batch, self.cfg.rollout.k, self.seed, step, run_id=self.run_id)
+        if self.cfg.run.method == "dapo" and self.cfg.train.dapo_oversample:
+            trajs += self._dapo_resample(step, batch, trajs)
         rows = [t.to_row() for t in trajs]
         validate_trajectories(rows, k=self.cfg.rollout.k)
         return {"rollouts": rows}
+
+    def _dapo_resample(self, step: int, batch: list[Question], trajs: list[Trajectory]) -> list[Trajectory]:
+        """DAPO dynamic sampling (Yu et al., 2025, §3.2): while fewer than ``batch_size`` groups have reward variance,
+        roll out groups for as many fresh prompts as are missing, for at most ``train.dapo_max_resample_rounds``
+        rounds. Every sampled group is stored (Table 2 counts them); the trainer drops the zero-variance ones and
+        the step row records the shortfall. The extra groups are numbered after the batch's."""
+        k = self.cfg.rollout.k
+        extra: list[Trajectory] = []
+        used = {q.question_id for q in batch}
+        rounds = [0]
+
+        def resample(n: int) -> list[list[float]]:
+            rounds[0] += 1
+            qs = resample_questions(self.questions, self.seed, step, rounds[0], n, used)
+            used.update(q.question_id for q in qs)
+            new = self.engine.generate_groups(qs, k, self.seed, step, run_id=self.run_id,
+                                              first_group=len(batch) + len(extra) // k)
+            extra.extend(new)
+            return [[t.base_reward for t in g] for g in self.groups(new)]
+
+        dynamic_sampling_refill([[t.base_reward for t in g] for g in self.groups(trajs)], len(batch), resample,
+                                max_rounds=self.cfg.train.dapo_max_resample_rounds)
+        return extra
 
     def score(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Active selection (§3.4), sparse pairwise judging of every group, n_r / rho_r updates."""
@@ -157,7 +183,7 @@ class RunState:
             anchors = select_anchors([t.f1 for t in g], [t.response_tokens for t in g], [t.format_valid for t in g])
             if anchors["mode"] != "skip":
                 plans.append((g, anchors))
-        existing: list[Rubric] = self.memory.pool + [d.rubric for d in self.memory.D]
+        existing: list[Rubric] = list(self.memory.pool)  # E.1: the previously established (common) rubrics only
 
         async def induce_all() -> list[Any]:
             return await asyncio.gather(*[
@@ -286,7 +312,7 @@ class RunState:
         from flows.evaluate import evaluate_questions
         from tasks.datasets import load_questions
 
-        questions = load_questions(self.cfg.data.eval)[: self.cfg.run.eval_size]
+        questions = load_questions(self.cfg.data.eval, world=self.cfg.world)[: self.cfg.run.eval_size]
         rows = evaluate_questions(self.engine, self.judge, {self.cfg.data.eval: questions},
                                   runs=self.cfg.run.eval_runs, seed=self.seed, run_id=self.run_id, step=step,
                                   checkpoint=f"policy-v{self.trainer.policy_version}")
@@ -336,6 +362,9 @@ class RunState:
             "judge_cost_usd": float(sum(c.get("cost_usd") or 0.0 for c in calls)),
             "policy_version": self.trainer.policy_version,
             "dropped_groups": int(train_metrics.get("dapo_dropped_groups", 0)),  # DAPO dynamic sampling
+            # groups with reward variance DAPO still lacked after its resampling rounds (null for other methods)
+            "dapo_shortfall": (max(0, self.cfg.rollout.batch_size - int(train_metrics["dapo_kept_groups"]))
+                               if "dapo_kept_groups" in train_metrics else None),
         }
         for key in ("loss", "clip_frac", "approx_kl", "tis_mean", "tis_clip_frac", "entropy", "grad_norm"):
             v = train_metrics.get(key)

@@ -16,6 +16,7 @@ Fault kinds (``FaultPlan.queue`` is consumed one entry per request, in arrival o
 ``429`` (with ``Retry-After: plan.retry_after``), ``500``, ``hang`` (sleeps ``hang_s`` before answering, past the
 client's timeout), ``malformed`` (not JSON), ``fenced`` (valid JSON inside a ```json fence after prose),
 ``invalid`` (JSON of the wrong shape), ``ok``. ``always="A"`` makes every pairwise answer ``{"winner": "A"}``.
+``accuracy_by_model={"judge-b": "inverse"}`` scripts the accuracy verdict by the requested model (a second judge).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from starlette.routing import Route
 
 CACHE_HEADER = "x-arbor-cache-key"
 FAULTS = ("429", "500", "hang", "malformed", "fenced", "invalid", "ok")
+ACCURACY_RULES = ("match", "inverse", "correct", "incorrect")
 _ROLE_MARKERS = [
     ("You are an expert judge", "pairwise"),
     ("You consolidate scoring rubrics", "consolidation"),
@@ -59,11 +61,17 @@ class FaultPlan:
     hang_s: float = 2.0
     always: str | None = None  # "A": every pairwise verdict is A
     fewer_searches_win: bool = False  # pairwise rule: by default the response with more searches wins
+    # accuracy rule per requested model (a second judge, App. C.2): "match" (the default: normalised string match),
+    # "inverse" (the opposite verdict), "correct" or "incorrect" (always that verdict)
+    accuracy_by_model: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = [f for f in self.queue if f not in FAULTS]
         if bad:
             raise ValueError(f"FaultPlan.queue: unknown fault kinds {bad}; known: {FAULTS}")
+        bad = [r for r in self.accuracy_by_model.values() if r not in ACCURACY_RULES]
+        if bad:
+            raise ValueError(f"FaultPlan.accuracy_by_model: unknown rules {bad}; known: {ACCURACY_RULES}")
 
 
 def recognise_role(messages: list[dict[str, Any]]) -> str | None:
@@ -84,8 +92,8 @@ def _norm(s: str) -> str:
     return " ".join(w for w in s.split() if w not in {"a", "an", "the"})
 
 
-def answer_for(role: str, user: str, plan: FaultPlan) -> str:
-    """A well-formed answer for the role (deterministic in the prompt)."""
+def answer_for(role: str, user: str, plan: FaultPlan, model: str | None = None) -> str:
+    """A well-formed answer for the role (deterministic in the prompt and, for accuracy, the requested model)."""
     if role == "pairwise":
         if plan.always:
             return json.dumps({"winner": plan.always})
@@ -94,8 +102,12 @@ def answer_for(role: str, user: str, plan: FaultPlan) -> str:
             a, b = b, a
         return json.dumps({"winner": "A" if a > b else "B" if b > a else "TIE"})
     if role == "accuracy":
+        rule = plan.accuracy_by_model.get(model or "", "match")
+        if rule in ("correct", "incorrect"):
+            return rule.capitalize()
         golds = [_norm(g) for g in _block(user, "golden_answer").split("|")]
-        return "Correct" if _norm(_block(user, "predicted_answer")) in golds else "Incorrect"
+        match = _norm(_block(user, "predicted_answer")) in golds
+        return "Correct" if match != (rule == "inverse") else "Incorrect"
     rubric = {"title": "Targeted entity queries", "description": "Names the question's entities in each query.",
               "counter_description": "Issues vague queries without the key entities."}
     if role == "induction":
@@ -162,7 +174,7 @@ class OpenAIServer:
         if fault == "hang":
             await asyncio.sleep(self.plan.hang_s)
         user = next((m.get("content", "") for m in messages if m.get("role") == "user"), "")
-        content = answer_for(role, user, self.plan)
+        content = answer_for(role, user, self.plan, body.get("model"))
         if fault == "malformed":
             content = "Let me think about this... {not json"
         elif fault == "fenced":

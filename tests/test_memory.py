@@ -229,6 +229,83 @@ def test_retirement_after_kappa_plus_one_low_variance_activations():
     assert list(mem.P) == ["c0.1"]
 
 
+# Issue 11: n_r > kappa at ANY activation of the step (group order) retires at the step's ``retire`` call, even when
+# a later group of the same step resets n_r; the event names the group of that activation.
+MID_GROUPS = [3, 5, 8, 9, 12, 14, 15, 20]  # n_r after each: 1 2 3 4 5 6 7 0 -> crosses kappa = 5 at group 14
+FLAT, SHARP, F1_2 = [0.5, 0.5], [1.0, 0.0], [1.0, 0.0]
+
+
+def mid_step_acts(rid="c0.0"):
+    acts = [Activation(rid, g, ok(FLAT if i < 7 else SHARP), F1_2) for i, g in enumerate(MID_GROUPS)]
+    acts += [Activation("c0.1", g, ok(SHARP), F1_2) for g in MID_GROUPS]
+    return acts[::-1]  # arrival order does not matter: group-index order is applied
+
+
+def test_n_r_over_kappa_in_the_middle_of_a_step_retires_and_names_the_group():
+    cfg = MemoryConfig(k_consol=1, n_active=2, kappa=5)  # kappa = Table 4 / config default
+    assert cfg.kappa == MemoryConfig().kappa == 5
+    mem, _ = memory_with_pool(["a", "b"], cfg)
+    mem.select_active(1)
+    rec = mem.apply_activations(1, mid_step_acts())
+    rows = [r for r in rec.activations if r["rubric_id"] == "c0.0"]
+    assert [r["group"] for r in rows] == MID_GROUPS
+    assert [r["n_r_after"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 0]
+    assert mem.stats["c0.0"].n_r == 0 and mem.rho("c0.0") > 0  # final state alone would keep it
+    ev = mem.retire(1).events
+    assert [(e["rubric_id"], e["event"]) for e in ev] == [("c0.0", "retired")]
+    assert ev[0]["group"] == 14 and ev[0]["step"] == 1
+    assert "n_r=6 > kappa=5" in ev[0]["reason"] and "group 14" in ev[0]["reason"]
+    assert list(mem.P) == ["c0.1"]
+
+
+def test_n_r_run_carried_over_steps_retires_at_the_crossing_group():
+    mem, _ = memory_with_pool(["a", "b"], MemoryConfig(k_consol=1, n_active=2, kappa=5))
+    mem.select_active(1)
+    mem.apply_activations(1, [Activation("c0.0", g, ok(FLAT), F1_2) for g in range(4)]
+                          + [Activation("c0.1", g, ok(SHARP), F1_2) for g in range(4)])
+    assert mem.retire(1).events == [] and mem.stats["c0.0"].n_r == 4
+    mem.select_active(2)
+    mem.apply_activations(2, [Activation("c0.0", g, ok(FLAT if g < 2 else SHARP), F1_2) for g in range(3)]
+                          + [Activation("c0.1", g, ok(SHARP), F1_2) for g in range(3)])
+    ev = mem.retire(2).events  # n_r 5 (group 0), 6 (group 1), 0 (group 2)
+    assert [(e["rubric_id"], e["group"]) for e in ev] == [("c0.0", 1)]
+    assert "n_r=6 > kappa=5" in ev[0]["reason"]
+
+
+@pytest.mark.parametrize("partial_phase", ["score", "apply_activations", "induce"])
+def test_mid_step_retirement_is_reached_again_after_a_rebuild(partial_phase):
+    """Resume after the score stage: the memory rebuilt from the emitted rows retires the same rubric, same event."""
+    cfg = MemoryConfig(k_consol=1, n_active=2, kappa=5)
+    live, log = memory_with_pool(["a", "b"], cfg)
+    _, sel = live.select_active(1)
+    log.extend(sel)
+    log.extend(live.apply_activations(1, mid_step_acts()))
+    if partial_phase == "induce":
+        log.extend(live.admit_drafts(1, []))
+    groups = {(1, g): GroupInfo(f"q{g}", f"question {g}?", tuple(F1_2)) for g in MID_GROUPS}
+    rebuilt = RubricMemory.from_events(cfg, log.events, log.activations, log.sources, groups,
+                                       partial_phase=partial_phase)
+    assert rebuilt.state() == live.state()
+    ev_live, ev_rebuilt = live.retire(1).events, rebuilt.retire(1).events
+    assert ev_live == ev_rebuilt
+    assert [(e["rubric_id"], e["event"], e["group"]) for e in ev_live] == [("c0.0", "retired", 14)]
+    assert rebuilt.state() == live.state()
+    # After the retire stage, too: a rebuild replays the retired event and agrees.
+    log.extend(Records(events=ev_live))
+    again = RubricMemory.from_events(cfg, log.events, log.activations, log.sources, groups, partial_phase="retire")
+    assert again.state() == live.state() and list(again.P) == ["c0.1"]
+
+
+def test_rho_retirement_is_unchanged_and_names_no_group():
+    mem, _ = memory_with_pool(["a", "b"], MemoryConfig(k_consol=1, n_active=2, kappa=100))
+    mem.select_active(1)
+    mem.apply_activations(1, [Activation("c0.0", 3, ok([0.0, 1.0]), [1.0, 0.0]),
+                              Activation("c0.1", 3, ok([1.0, 0.0]), [1.0, 0.0])])
+    ev = mem.retire(1).events
+    assert [(e["rubric_id"], e["group"]) for e in ev] == [("c0.0", None)]
+    assert ev[0]["reason"] == "rho_r=-1.0000 < rho_min=0.0"
+
+
 def test_rho_below_rho_min_retires_and_undefined_rho_never_does():
     mem, _ = memory_with_pool(["a", "b"], MemoryConfig(k_consol=1, n_active=2, kappa=100))
     mem.select_active(1)

@@ -6,6 +6,9 @@ judge answers per edge from the rubric's hidden type (encoded in its title):
   anti    prefers lower q (anti-correlated: must retire on rho_r < rho_min),
   fading  like good until step ``@N`` in its title, then always TIE (stops discriminating: must retire once
           n_r exceeds kappa).
+  flicker like good until step ``@N``, then TIE on every group but the step's last one (only in the
+          ``flicker`` runs, issue 11): n_r passes kappa in the middle of a step and the last group resets it;
+          the rubric must still retire at the end of that step.
 The real pieces run in the flow's order: sparse_edges, presentation coin, verdict mapping, score_group,
 select_anchors, shaping, and every RubricMemory call. Steps 100-101 are a judge outage (every call fails).
 """
@@ -56,6 +59,8 @@ def rubric_type(r: Rubric, step: int) -> str:
     kind = r.title.split()[0]
     if kind.startswith("fading@"):
         return "good" if step < int(kind.split("@")[1]) else "flat"
+    if kind.startswith("flicker@"):
+        return "good" if step < int(kind.split("@")[1]) else "flicker"
     return kind
 
 
@@ -63,6 +68,8 @@ def judge(r: Rubric, w: World, step: int, g: int) -> object:
     """Score one group under one rubric through the real graph / coin / verdict mapping."""
     edges = sparse_edges(w.f1)  # base reward = F1 (all format-valid here)
     typ = rubric_type(r, step)
+    if typ == "flicker":
+        typ = "good" if g == GROUPS - 1 else "flat"
     outcomes = []
     for e, edge in enumerate(edges):
         swapped = presentation_swapped(SEED, step, g, r.rubric_id, e)
@@ -79,10 +86,10 @@ def judge(r: Rubric, w: World, step: int, g: int) -> object:
     return score_group(K, edges, outcomes)
 
 
-def consolidation_output(step: int, mem: RubricMemory) -> list[RubricDraft]:
+def consolidation_output(step: int, mem: RubricMemory, flicker: bool = False) -> list[RubricDraft]:
     """0-2 new commons per round, cycling through the hidden types; every 5th round repeats a pool member."""
     rnd = derive_seed(SEED, step, "consol")
-    kinds = ["good", "anti", f"fading@{step + 20}", "good", "dup"]
+    kinds = ["good", "anti", f"fading@{step + 20}", f"flicker@{step + 10}" if flicker else "good", "dup"]
     out = []
     for i in range(rnd % 3):
         kind = kinds[(rnd // 3 + i) % len(kinds)]
@@ -101,7 +108,10 @@ def toy_embed(texts: list[str]) -> np.ndarray:
     return np.array([np.random.default_rng(derive_seed(t) % 2**32).normal(size=64) for t in texts])
 
 
-def simulate(shuffle: bool = False, resume_at: int | None = None):
+def simulate(shuffle: bool = False, resume_at: int | None = None, flicker: bool = False,
+             resume_after_score: bool = False):
+    """``resume_after_score``: whenever some activation of a step has n_r > kappa, rebuild the memory from the rows
+    emitted so far (partial_phase="score", as tasks/step.py does on resume) before that step's retire call."""
     world_rng, order_rng = random.Random(SEED), random.Random(SEED + 1)
     mem = RubricMemory(CFG)
     log, groups = Records(), {}
@@ -119,6 +129,9 @@ def simulate(shuffle: bool = False, resume_at: int | None = None):
         if shuffle:
             order_rng.shuffle(results)
         rec.extend(mem.apply_activations(step, results))
+        if resume_after_score and any(a["n_r_after"] > CFG.kappa for a in rec.activations):
+            mem = RubricMemory.from_events(CFG, log.events + rec.events, log.activations + rec.activations,
+                                           log.sources, groups, partial_phase="score")
         # Shaping sees the same variance filter as the memory's "kept".
         for g, w in enumerate(worlds):
             mine = sorted((a for a in results if a.group == g), key=lambda a: a.rubric_id)
@@ -140,7 +153,7 @@ def simulate(shuffle: bool = False, resume_at: int | None = None):
             order_rng.shuffle(drafts)
         rec.extend(mem.admit_drafts(step, drafts))
         if mem.consolidation_due() and step not in OUTAGE:  # the consolidation judge is down too
-            rec.extend(mem.consolidate(step, consolidation_output(step, mem), toy_embed))
+            rec.extend(mem.consolidate(step, consolidation_output(step, mem, flicker), toy_embed))
         log.extend(rec)
         per_step[step] = {"pool_before": pool_before, "active": [r.rubric_id for r in active],
                           "state": mem.state(), "P": len(mem.P)}
@@ -149,7 +162,8 @@ def simulate(shuffle: bool = False, resume_at: int | None = None):
 
 @pytest.fixture(scope="module")
 def runs():
-    return {"ordered": simulate(), "shuffled": simulate(shuffle=True), "resumed": simulate(resume_at=137)}
+    return {"ordered": simulate(), "shuffled": simulate(shuffle=True), "resumed": simulate(resume_at=137),
+            "flicker": simulate(flicker=True), "flicker_resumed": simulate(flicker=True, resume_after_score=True)}
 
 
 def test_pool_bounded_and_selection_size(runs):
@@ -254,3 +268,36 @@ def test_rebuild_from_events_is_identical(runs):
     _, log_r, steps_r = runs["resumed"]
     assert log_r == log
     assert steps_r[STEPS - 1]["state"] == mem.state()
+
+
+def test_n_r_over_kappa_mid_step_retires_even_when_a_later_group_resets_it(runs):
+    """Issue 11: retirement is decided on the activation sequence in group order, not on the step's final n_r."""
+    _, log, _ = runs["flicker"]
+    retired = {e["rubric_id"]: e for e in log.events if e["event"] == "retired"}
+    flick = [e["rubric_id"] for e in log.events if e["event"] == "consolidated" and e["kind"] == "common"
+             and e["title"].startswith("flicker@")]
+    mid = 0
+    for rid in flick:
+        rows = [a for a in log.activations if a["rubric_id"] == rid and not a["judge_error"]]
+        over = next((a for a in rows if a["n_r_after"] > CFG.kappa), None)
+        if over is None:
+            assert rid not in retired or "rho_r" in retired[rid]["reason"]
+            continue
+        # retire runs right after the step's scoring, before any capacity replacement of that step
+        assert rid in retired, f"{rid} crossed kappa at step {over['step']} group {over['group']} but was not retired"
+        ev = retired[rid]
+        assert (ev["step"], ev["group"]) == (over["step"], over["group"]), ev
+        assert ev["reason"].startswith(f"n_r={CFG.kappa + 1} > kappa={CFG.kappa}")
+        later = [a for a in rows if a["step"] == over["step"] and a["group"] > over["group"]]
+        mid += bool(later) and later[-1]["n_r_after"] <= CFG.kappa  # the step ended with n_r reset
+        # No scoring of the rubric after the step in which it crossed kappa.
+        assert not [a for a in log.activations if a["rubric_id"] == rid and a["step"] > over["step"]]
+    assert mid >= 1
+
+
+def test_flicker_run_resumed_after_every_crossing_score_stage_is_identical(runs):
+    _, log, steps = runs["flicker"]
+    _, log_r, steps_r = runs["flicker_resumed"]
+    assert any(a["n_r_after"] > CFG.kappa for a in log.activations)
+    assert log_r == log
+    assert [s["state"] for s in steps_r.values()] == [s["state"] for s in steps.values()]

@@ -34,10 +34,13 @@ def _groups(rows: list[dict]) -> dict[tuple[int, int], list[dict]]:
     return out
 
 
+BATCH = 8  # tiny_overrides: rollout.batch_size
+
+
 def test_methods_share_prompts_and_seeds(runs: Path) -> None:
     first = {}
-    for m in METHODS:
-        rows = table("trajectories", m, runs)
+    for m in METHODS:  # DAPO's resampled groups are numbered after the batch's: compare the batch
+        rows = [r for r in table("trajectories", m, runs) if r["group"] < BATCH]
         assert len({r["step"] for r in rows}) == 2, m
         prompts = sorted((r["step"], r["group"], r["question_id"]) for r in rows)
         first.setdefault("prompts", prompts)
@@ -63,6 +66,37 @@ def test_dapo_drops_exactly_the_zero_variance_groups(runs: Path) -> None:
         assert steps[step]["dropped_groups"] == zero
     for s in table("steps", "grpo", runs):
         assert s["dropped_groups"] == 0  # GRPO keeps every group
+
+
+def test_dapo_refills_the_batch_with_informative_groups(runs: Path) -> None:
+    """DAPO dynamic sampling, replayed from the stored groups: rounds draw exactly the missing number of groups,
+    at most train.dapo_max_resample_rounds (3) of them, on prompts outside the step's batch; the shortfall left is
+    recorded in the step row."""
+    steps = {s["step"]: s for s in table("steps", "dapo", runs)}
+    by_group = _groups(table("trajectories", "dapo", runs))
+    resampled = 0
+    for step in (1, 2):
+        groups = [g for (s, _), g in sorted(by_group.items()) if s == step]
+
+        def informative(g: list[dict]) -> bool:
+            rs = [t["base_reward"] for t in g]
+            return max(rs) - min(rs) > 1e-9
+
+        kept, pos, rounds = sum(informative(g) for g in groups[:BATCH]), BATCH, 0
+        while kept < BATCH and rounds < 3:
+            n = BATCH - kept
+            assert len(groups) >= pos + n, f"step {step}: round {rounds + 1} drew fewer than the {n} missing groups"
+            kept += sum(informative(g) for g in groups[pos:pos + n])
+            pos, rounds = pos + n, rounds + 1
+        assert len(groups) == pos, f"step {step}: {len(groups) - pos} groups beyond what the rounds draw"
+        assert steps[step]["dapo_shortfall"] == BATCH - kept
+        batch_q = {g[0]["question_id"] for g in groups[:BATCH]}
+        extra_q = [g[0]["question_id"] for g in groups[BATCH:]]
+        assert not batch_q & set(extra_q) and len(set(extra_q)) == len(extra_q)
+        resampled += len(extra_q)
+    assert resampled > 0, "no step needed resampling: the test exercised nothing"
+    for s in table("steps", "grpo", runs):
+        assert s["dapo_shortfall"] is None
 
 
 def test_rar_rubrics_never_leave_their_group(runs: Path) -> None:

@@ -247,6 +247,7 @@ app.add_typer(rubrics_app, name="rubrics")
 def rubrics_export_cmd(
     run_id: Annotated[str, typer.Argument(help="the run whose current common pool to export")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="JSON file (default: stdout)")] = None,
+    step: Annotated[int | None, typer.Option(help="the pool as it stood after this step (default: the last)")] = None,
 ) -> None:
     """Export a run's common rubric pool (JSON) for `--set memory.init_from=FILE`."""
     import json
@@ -265,7 +266,10 @@ def rubrics_export_cmd(
         _fail(f"--output {output}: folder {output.expanduser().resolve().parent} does not exist")
     from flows.pool import export_pool
 
-    data = export_pool(run_id, home)
+    try:
+        data = export_pool(run_id, home, step)
+    except ValueError as e:
+        _fail(f"--step: {e}")
     text = json.dumps(data, indent=1)
     if output is None:
         sys.stdout.write(text + "\n")

@@ -134,9 +134,17 @@ def test_export_and_warm_start_rubric_pool(reference, sft_policy: Path, tmp_path
     from flows.pool import export_pool
 
     ref_home, _ = reference
-    data = export_pool(RUN, ref_home)
+    events = table("rubric_events", RUN, ref_home)
+    # the pool after step 1 is what step 1 consolidated, less what it retired (retirement may empty it by step 2)
+    p1 = {e["rubric_id"] for e in events if e["step"] == 1 and e["event"] == "consolidated" and e["rubric_id"][0] == "c"}
+    p1 -= {e["rubric_id"] for e in events if e["step"] == 1 and e["event"] == "retired"}
+    data = export_pool(RUN, ref_home, step=1)
+    assert data["source_step"] == 1
     exported = [r["title"] for r in data["rubrics"]]
-    assert exported, "the reference run consolidated no common rubric"
+    assert exported, "the reference run consolidated no common rubric at step 1"
+    assert {r["rubric_id"] for r in data["rubrics"]} == p1
+    with pytest.raises(ValueError, match="step 3 is outside"):
+        export_pool(RUN, ref_home, step=3)
     pool = tmp_path / "pool.json"
     pool.write_text(json.dumps(data))
     home = tmp_path / "home"

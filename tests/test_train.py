@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from arbor.config import load_config
 from tasks import checkpoint as ckpt
-from tasks.train import Trainer, pack_by_tokens
+from tasks.train import Trainer, pack_by_tokens, scoring_temperature
 from tasks.types import Trajectory
 
 VOCAB = 64
@@ -143,7 +143,9 @@ def test_zero3_saves_hf_weights_transformers_reloads_identically(tmp_path: Path)
     P = len(t.prompt_ids)
     cols = [P - 1 + j for j, m in enumerate(t.loss_mask) if m]
     tgts = [t.response_ids[j] for j, m in enumerate(t.loss_mask) if m]
-    ref = torch.log_softmax(logits[cols].float(), -1)[torch.arange(len(cols)), tgts]
+    T = scoring_temperature(tr.cfg.rollout.temperature)  # 0.7 on tiny-cpu: the head scores softmax(z / T)
+    assert T == pytest.approx(0.7)
+    ref = torch.log_softmax(logits[cols].float() / T, -1)[torch.arange(len(cols)), tgts]
     assert torch.allclose(tr.logprobs([t])[0], ref, atol=1e-5)
 
 

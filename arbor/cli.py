@@ -221,21 +221,24 @@ def train_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    steps: Annotated[int | None, typer.Option(help="RL steps (default: the tiny-cpu profile's)")] = None,
+    steps: Annotated[int | None, typer.Option(help="RL steps (default: the tiny-world profile's)")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
+    profile: Annotated[str, typer.Option("--profile", "-p", help="tiny-cpu (Wikipedia passages, mechanics) or tiny-world "
+                                         "(the synthetic world, held-out F1 before and after)")] = "tiny-cpu",
 ) -> None:
-    """The embedded default end to end: tiny policy, SFT warm start, ARBOR steps with the rules judge and BM25."""
+    """The embedded default end to end: tiny policy, SFT warm start on the synthetic world, ARBOR steps with the
+    rules judge and BM25, held-out F1 before and after RL."""
     from arbor.config import ConfigError, load_config
     from arbor.preflight import PreflightError, require
 
     overrides = _overrides(sets)
     try:
-        require(load_config("tiny-cpu", {**overrides, **({"run.steps": steps} if steps is not None else {})}))
+        require(load_config(profile, {**overrides, **({"run.steps": steps} if steps is not None else {})}))
     except (ConfigError, PreflightError) as e:
         _fail(e)
     from flows.demo import run_demo
 
-    run_demo(steps=steps, overrides=overrides)
+    run_demo(steps=steps, overrides=overrides, profile=profile)
 
 
 rubrics_app = typer.Typer(help="The rubric pool as an artifact: export it, warm-start another run from it.",

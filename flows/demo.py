@@ -1,8 +1,10 @@
-"""``arbor demo``: the main job on the embedded default (issue 7 item 6).
+"""``arbor demo``: the main job on the embedded default (issue 7 item 6, issue 12 item 2).
 
-The tiny-cpu profile end to end on two cores: build the tiny policy, SFT warm start on synthetic search
-trajectories, then ARBOR steps with the offline rules judge and local BM25. A demonstration of the mechanics,
-not of the paper's numbers: the policy is tiny and trains on its own SFT questions.
+The tiny-world profile end to end on two cores: build the tiny policy, SFT warm start on gold search trajectories
+of the synthetic multi-hop world (tasks/world.py), then ARBOR steps with the offline rules judge and local BM25,
+with held-out evaluation (questions about entities never seen in SFT or RL) before RL and after. It prints the
+held-out F1 before and after and writes the run's curves as a PNG. Learning on a toy world, not the paper's
+numbers: ``bench/learning.py`` runs every method over three seeds.
 """
 
 from __future__ import annotations
@@ -23,17 +25,32 @@ QUERIES = (
 )
 
 
-def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None) -> str:
+PROFILE = "tiny-cpu"  # tiny-world once it learns within the demo budget (issue 12)
+
+
+def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, profile: str = PROFILE) -> str:
     from flows.train import arbor_train
+    from storage.runs import run_row
     from storage.sql import query_and_render
+    from tasks.curves import collect_curve_rows, plot_curves
 
     sets = dict(overrides or {})
     if steps is not None:
         sets["run.steps"] = steps
     t0 = time.perf_counter()
-    run_id = arbor_train(profile="tiny-cpu", overrides=sets or None)
+    run_id = arbor_train(profile=profile, overrides=sets or None)
     home = arbor_home()
     print(f"\nrun {run_id} finished in {time.perf_counter() - t0:.0f} s")
+    method = (run_row(run_id, home) or {}).get("method") or "arbor"
+    rows = collect_curve_rows({run_id: (method, 0)}, home)
+    evals = [(r["step"], r["strict_f1"], r["valid_rate"]) for r in rows if r.get("strict_f1") is not None]
+    if len(evals) >= 2:
+        (s0, f0, v0), (s1, f1, v1) = evals[0], evals[-1]
+        print(f"held-out F1 (entities never seen in SFT or RL): {f0:.3f} at step {s0} (SFT start) -> {f1:.3f} at "
+              f"step {s1} ({f1 - f0:+.3f}); format-valid {v0:.2f} -> {v1:.2f}")
+    png = home / "reports" / run_id / "curves.png"
+    plot_curves(rows, [method], png, title=f"run {run_id} ({profile}, {method})")
+    print(f"curves: {png}  (bench/learning.py: every method over three seeds)")
     print(f"results: {home}  (Parquet under data/, catalog.duckdb holds the views)\n")
     print("Three SQL queries to try:")
     for title, sql in QUERIES:

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ def sft_key(cfg: ArborConfig) -> str:
              "data": cfg.data.model_dump(mode="json"),
              "search": cfg.search.model_dump(mode="json"), "seed": cfg.run.seed,
              "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens}
+    if cfg.rollout.system_prompt:  # SFT tokenises with the run's prompt; unset keeps the earlier keys
+        parts["system_prompt"] = cfg.rollout.system_prompt
     if "world:" in f"{cfg.sft.data} {cfg.data.train} {cfg.search.corpus}":  # only then: other keys stay as they were
         parts["world"] = cfg.world.model_dump(mode="json")
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
@@ -74,13 +78,24 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     data = sft_data_path(cfg, home, key)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    summary = run_sft(cfg, base, data, tmp, home=home)
+    summary = run_sft(cfg, base, data, tmp, home=home, log=_progress_log(cfg))
     (tmp / "arbor_sft.json").write_text(json.dumps({"key": key, "data": str(data), **_jsonable(summary)}, indent=1))
     try:
         os.replace(tmp, out)  # atomic: a crash never leaves a checkpoint that looks complete
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
     return out
+
+
+def _progress_log(cfg: ArborConfig) -> Callable[[dict[str, float]], None]:
+    """A line every tenth of the way: SFT is minutes of silence otherwise."""
+    t0 = time.monotonic()
+
+    def log(m: dict[str, float]) -> None:
+        if int(m["update"]) % max(1, int(m.get("total", 0) / 10) or 10) == 0:
+            print(f"SFT update {m['update']:.0f}/{m.get('total', 0):.0f} (epoch {m['epoch'] + 1:.0f} of "
+                  f"{cfg.sft.epochs}): loss {m['loss']:.3f}, {time.monotonic() - t0:.0f} s", flush=True)
+    return log
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

@@ -313,6 +313,9 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 RunProgress(cfg.run.steps) as progress:
             _PROGRESS[rid] = progress
             state.on_progress = progress.calls
+            if cfg.run.eval_every and cfg.run.eval_at_start:  # the start point of every learning curve
+                _RUNS[rid] = state
+                eval_task(rid, 0)
             for step in range(1, cfg.run.steps + 1):
                 t0 = time.perf_counter()
                 m = run_step(state, step)

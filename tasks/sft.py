@@ -48,15 +48,17 @@ class SFTExample:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-def tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int) -> tuple[list[SFTExample], int]:
-    """Tokenise rows as the agent loop would; responses are cut so prompt + response <= ``max_length``.
+def tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int,
+                  system_prompt: str | None = None) -> tuple[list[SFTExample], int]:
+    """Tokenise rows as the agent loop would (with the run's ``rollout.system_prompt``, so SFT and RL prompts are
+    the same tokens); responses are cut so prompt + response <= ``max_length``.
 
     Returns (examples, number truncated). Rows whose prompt alone reaches ``max_length`` are dropped (counted)."""
-    from tasks.agent import tokenize_trajectory
+    from tasks.agent import SYSTEM_PROMPT, tokenize_trajectory
 
     out, truncated = [], 0
     for row in rows:
-        p, r, m = tokenize_trajectory(tokenizer, row["question"], row["response"])
+        p, r, m = tokenize_trajectory(tokenizer, row["question"], row["response"], system_prompt or SYSTEM_PROMPT)
         room = max_length - len(p)
         if room <= 0:
             truncated += 1
@@ -107,7 +109,8 @@ def run_sft(
     home = Path(home) if home is not None else arbor_home()
     out = Path(out_dir) if out_dir else home / (sc.output or f"sft/{cfg.run.run_id or 'default'}")
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
-    examples, truncated = tokenize_rows(read_sft_data(data_path), tokenizer, sc.max_length)
+    examples, truncated = tokenize_rows(read_sft_data(data_path), tokenizer, sc.max_length,
+                                        cfg.rollout.system_prompt)
     if not examples:
         raise ValueError(f"{data_path}: no usable SFT examples (sft.max_length={sc.max_length})")
     steps_per_epoch = math.ceil(len(examples) / sc.batch_size)
@@ -147,7 +150,7 @@ def run_sft(
             losses.append(step_loss)
             if log is not None:
                 log({"update": float(updates), "epoch": float(epoch), "loss": step_loss,
-                     "lr": float(engine.get_lr()[0])})
+                     "lr": float(engine.get_lr()[0]), "total": float(total)})
         if stopped:
             break
         epochs_done += 1

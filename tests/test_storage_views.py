@@ -259,3 +259,25 @@ def test_eval_summary(tmp_path):
     assert (r["strict_em"], r["strict_f1"], r["strict_judge_acc"]) == (0.25, 0.375, 0.5)
     assert r["valid_em"] == pytest.approx(1 / 3) and r["valid_f1"] == pytest.approx(0.5)
     assert r["valid_judge_acc"] == pytest.approx(2 / 3)
+
+
+def test_search_behaviour(tmp_path):
+    """Searches and repeated queries per step, overall and on all-correct groups (hand figures below)."""
+    rows = [  # (group, valid, f1, queries)
+        (0, True, 1.0, ["Tobara", "tobara "]),          # all-correct group; repeated (case and spaces folded)
+        (0, True, 1.0, ["Tobara", "Melin  Gab"]),        # all-correct group; not repeated
+        (1, True, 1.0, ["Kar"]),                         # mixed group (F1 1 and 0)
+        (1, True, 0.0, ["Kar", "Kar", "Kar"]),           # repeated
+        (2, False, 1.0, []),                             # F1 1 but format-invalid: group 2 is not all-correct
+        (2, True, 1.0, ["Sal"]),
+    ]
+    write_stage("trajectories", [
+        dict(traj_id=f"t{i}", group=g, sample=i, format_valid=v, f1=f, search_queries=qs, search_calls=len(qs))
+        for i, (g, v, f, qs) in enumerate(rows)], run_id="s", step=1, stage="rollout", home=tmp_path)
+    (r,) = q("select * from search_behaviour where run_id = 's'", tmp_path)
+    assert r["n_trajectories"] == 6
+    assert r["mean_searches"] == pytest.approx((2 + 2 + 1 + 3 + 0 + 1) / 6)
+    assert r["repeated_query_share"] == pytest.approx(2 / 6)
+    assert r["n_all_correct"] == 2  # group 0 only
+    assert r["mean_searches_all_correct"] == pytest.approx(2.0)
+    assert r["repeated_query_share_all_correct"] == pytest.approx(0.5)

@@ -15,7 +15,9 @@ class RunConfig(Section):
     method: Literal["arbor", "grpo", "dapo", "rar", "no-memory"] = "arbor"
     seed: int = 0
     steps: int = Field(60, ge=0)
-    eval_every: int | None = Field(None, ge=1)
+    eval_every: int | None = Field(None, ge=1, description="held-out evaluation every N steps (None: never)")
+    eval_at_start: bool = Field(True, description="with eval_every: also evaluate the starting policy (step 0), "
+                                "so every curve has its SFT point")
     eval_size: int = Field(32, ge=1)
     eval_runs: int = Field(5, ge=1)
     sft_warm_start: bool = False

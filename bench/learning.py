@@ -1,0 +1,158 @@
+"""Learning curves on the synthetic world (issue 12 item 3): every method, several seeds, one SFT start.
+
+    python bench/learning.py                       # grpo dapo arbor no-memory rar x seeds 0 1 2
+    python bench/learning.py --quick               # grpo and arbor, one seed, fewer steps: a smoke run
+    python bench/learning.py --methods grpo --seeds 0 1 --set run.steps=4
+
+Each (method, seed) is an ordinary ``arbor-train`` run of the ``tiny-world`` profile from the same SFT checkpoint
+(trained once, seed 0), on the same batches (``run.seed``) and with held-out evaluation at step 0 and every
+``run.eval_every`` steps on questions about entities never seen in SFT or RL. A finished run is reused when the
+script is run again (same home), so an interrupted benchmark resumes where it stopped.
+
+Prints the table (mean ± standard error over seeds) and writes ``curves.png`` (one panel per metric, one line per
+method with a ±1 SE band) and ``curves.csv`` (every run's per-step figures) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+METHODS = ("grpo", "dapo", "arbor", "no-memory", "rar")
+PROFILE = "tiny-world"
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``key=value`` strings (values are parsed as YAML by the config loader, which also names unknown keys)."""
+    bad = [s for s in items if "=" not in s]
+    if bad:
+        raise SystemExit(f"--set {bad[0]}: expected key=value")
+    return dict(s.split("=", 1) for s in items)
+
+
+def completed(run_id: str, home: Path) -> bool:
+    from storage.parquet import read_stage
+
+    rows = read_stage("stage_runs", run_id=run_id, step=0, stage="run", home=home) or []
+    return any(r["status"] == "completed" for r in rows)
+
+
+def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Path) -> tuple[str, float]:
+    """Train (or reuse) one run; (run id, wall seconds, 0 when reused)."""
+    from flows.train import arbor_train
+    from storage.runs import run_row
+
+    rid = f"learn-{method}-s{seed}"
+    row = run_row(rid, home)
+    if row is not None and completed(rid, home):
+        return rid, 0.0
+    t0 = time.perf_counter()
+    overrides = {**sets, "run.method": method, "run.seed": seed, "run.sft_warm_start": False,
+                 "run.start_checkpoint": str(start)}
+    arbor_train(profile=PROFILE, overrides=overrides, run_id=rid, resume=row is not None)
+    return rid, time.perf_counter() - t0
+
+
+def table(rows: list[dict[str, Any]], methods: list[str]) -> str:
+    from tasks.curves import mean_se, start_final_delta
+
+    f1 = start_final_delta(rows, "strict_f1")
+    em = start_final_delta(rows, "strict_em")
+    vf1 = start_final_delta(rows, "valid_f1")
+    head = ["method", "seeds", "F1 start", "F1 final", "ΔF1", "≥3 SE", "EM final", "F1 valid-only final",
+            "train R_base first→last", "train valid", "zero-var base→total", "searches", "repeat (all-correct)"]
+    body = []
+    for m in methods:
+        mine = [r for r in rows if r["method"] == m]
+        if not mine or m not in f1:
+            continue
+        s0, s1, d = f1[m]
+        steps = sorted({r["step"] for r in mine if r.get("mean_base_reward") is not None})
+        first = mean_se(r.get("mean_base_reward") for r in mine if steps and r["step"] == steps[0])
+        last = mean_se(r.get("mean_base_reward") for r in mine if steps and r["step"] == steps[-1])
+        body.append([
+            m, str(d.n), str(s0), str(s1), f"{d.mean:+.3f} ± {d.se:.3f}", "yes" if d.mean >= 3 * d.se > 0 or
+            (d.mean > 0 and d.se == 0 and d.n > 1) else "no", str(em[m][1]) if m in em else "-",
+            str(vf1[m][1]) if m in vf1 else "-", f"{first.mean:.3f} → {last.mean:.3f}" if first and last else "-",
+            _avg(mine, "format_valid_rate"), f"{_avg(mine, 'zero_var_base')} → {_avg(mine, 'zero_var_total')}",
+            _avg(mine, "mean_searches"), _avg(mine, "repeated_query_share_all_correct"),
+        ])
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
+
+
+def _avg(rows: list[dict[str, Any]], key: str) -> str:
+    from tasks.curves import mean_se
+
+    ms = mean_se(r.get(key) for r in rows)
+    return "-" if ms is None else f"{ms.mean:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", nargs="+", default=None, choices=METHODS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="grpo and arbor, seed 0, 4 steps")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="override a tiny-world key: k=v")
+    ap.add_argument("--home", default=str(ROOT / "bench" / "out" / "learning"), help="workspace (runs are reused)")
+    ap.add_argument("--out", default=None, help="where curves.png / curves.csv go (default: --home)")
+    args = ap.parse_args(argv)
+    methods = args.methods or (["grpo", "arbor"] if args.quick else list(METHODS))
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    sets = parse_sets(args.sets)
+    if args.quick:
+        sets = {"run.steps": 4, "run.eval_every": 4, **sets}
+    home = Path(args.home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out).resolve() if args.out else home
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["ARBOR_HOME"] = str(home)
+
+    from arbor.config import load_config
+    from flows.sft import sft_checkpoint
+    from tasks.curves import collect_curve_rows, plot_curves, rises_by, start_final_delta
+
+    cfg = load_config(PROFILE, {k: v for k, v in sets.items() if not k.startswith("run.")})
+    t0 = time.perf_counter()
+    start = sft_checkpoint(cfg, home)  # one SFT start (seed 0) for every method and seed
+    print(f"SFT start {start} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    run_ids: dict[str, tuple[str, int]] = {}
+    walls: list[tuple[str, int, float]] = []
+    for seed in seeds:
+        for m in methods:
+            rid, wall = run_one(m, seed, start, sets, home)
+            run_ids[rid] = (m, seed)
+            walls.append((m, seed, wall))
+            print(f"{rid}: {'reused' if wall == 0 else f'{wall:.0f} s'}", flush=True)
+    rows = collect_curve_rows(run_ids, home)
+    with (out / "curves.csv").open("w", newline="") as f:
+        keys = sorted({k for r in rows for k in r})
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    plot_curves(rows, methods, out / "curves.png")
+    print("\n" + table(rows, methods))
+    ran = [x for _, _, x in walls if x > 0]
+    if ran:
+        print(f"\nwall time per run: mean {sum(ran) / len(ran):.0f} s, max {max(ran):.0f} s ({len(ran)} runs)")
+    print(f"curves: {out / 'curves.png'}  per-step figures: {out / 'curves.csv'}")
+    f1 = start_final_delta(rows, "strict_f1")
+    for m in ("grpo", "arbor"):
+        if m in f1:
+            d = f1[m][2]
+            print(f"{m}: held-out F1 {f1[m][0]} -> {f1[m][1]} (change {d.mean:+.3f} ± {d.se:.3f}, "
+                  f"{'at least' if rises_by(d) else 'less than'} 3 SE over {d.n} seed(s))")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

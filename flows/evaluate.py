@@ -28,12 +28,13 @@ SPLIT_SPECS = {"bamboogle": "bench:bamboogle", "hotpotqa": "bench:hotpotqa", "mu
 
 def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str, Sequence[Any]], *, runs: int,
                        seed: int, run_id: str, step: int, checkpoint: str | None,
-                       second_judge: Any = None) -> list[dict[str, Any]]:
+                       second_judge: Any = None, temperature: float | None = None) -> list[dict[str, Any]]:
     """Roll out every question once per evaluation run (seeded per run), score, judge; ``eval_results`` rows.
 
     ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
     model in ``judge_model`` and its ledger stage ``eval-second``."""
     from tasks.evaluate import SECOND_JUDGE_STAGE, judge_predictions, prediction_from_trajectory
+    from tasks.rollout import sampling_temperature
 
     async def judge_all(preds: list[Any]) -> list[dict[str, Any]]:
         kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint}
@@ -50,8 +51,9 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
     rows: list[dict[str, Any]] = []
     for split, questions in questions_by_split.items():
         for r in range(runs):
-            trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
-                                           run_id=run_id)
+            with sampling_temperature(engine, temperature):
+                trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
+                                               run_id=run_id)
             rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r) for t in trajs]))
     return rows
 
@@ -97,7 +99,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         engine = make_engine(cfg, search=search, home=home)
     by_split = {s: load_questions(SPLIT_SPECS.get(s, s), world=cfg.world)[:limit] for s in splits}
     rows = evaluate_questions(engine, judge, by_split, runs=runs, seed=cfg.run.seed, run_id=rid, step=0,
-                              checkpoint=str(model), second_judge=second_judge)
+                              checkpoint=str(model), second_judge=second_judge, temperature=cfg.eval.temperature)
     main_model = judge_model_name(judge)
     second_name = judge_model_name(second_judge) if second_judge is not None else None
     store_eval_results([r for r in rows if r["judge_model"] != second_name], run_id=rid, step=0, stage="eval",

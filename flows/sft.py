@@ -25,7 +25,8 @@ from arbor.paths import arbor_home, resolve_home_path
 
 def sft_key(cfg: ArborConfig) -> str:
     """Everything the SFT checkpoint depends on."""
-    parts = {"sft": cfg.sft.model_dump(mode="json"), "policy": cfg.policy.model_dump(mode="json"),
+    policy = cfg.policy.model_dump(mode="json", exclude={"tiny_shape"} if cfg.policy.tiny_shape == "5m" else None)
+    parts = {"sft": cfg.sft.model_dump(mode="json"), "policy": policy,
              "data": cfg.data.model_dump(mode="json"),
              "search": cfg.search.model_dump(mode="json"), "seed": cfg.run.seed,
              "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens}
@@ -67,14 +68,14 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
 
 def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     """The SFT'd policy for ``cfg`` (trained once, then reused); an HF checkpoint directory."""
-    from tasks.policy import build_tiny_policy
+    from tasks.policy import tiny_policy_dir
     from tasks.sft import run_sft
 
     key = sft_key(cfg)
     out = resolve_home_path(cfg.sft.output) if cfg.sft.output else home / "sft" / f"{cfg.run.profile}-{key}"
     if (out / "arbor_sft.json").exists():
         return out
-    base = build_tiny_policy(home=home) if cfg.policy.model == "tiny" else Path(cfg.policy.model)
+    base = tiny_policy_dir(cfg.policy, home) if cfg.policy.model == "tiny" else Path(cfg.policy.model)
     data = sft_data_path(cfg, home, key)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

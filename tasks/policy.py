@@ -65,6 +65,21 @@ class TinyPolicyConfig:
 BENCH_50M = TinyPolicyConfig(hidden_size=576, intermediate_size=1728, num_hidden_layers=10, num_attention_heads=9,
                              num_key_value_heads=3, head_dim=64)
 
+# The built-in tiny shapes (``policy.tiny_shape``): the same tokenizer, tied embeddings.
+TINY_SHAPES = {
+    "5m": TinyPolicyConfig(),
+    "1.5m": TinyPolicyConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=2,
+                             num_key_value_heads=1, head_dim=64),
+}
+
+
+def tiny_policy_dir(policy_cfg: Any, home: Path | None = None) -> Path:
+    """The tiny policy a config names: ``policy.tiny_path`` if set, else the ``policy.tiny_shape`` built once."""
+    if policy_cfg.tiny_path:
+        return Path(policy_cfg.tiny_path).expanduser()
+    return build_tiny_policy(TINY_SHAPES[policy_cfg.tiny_shape], home=home)
+
+
 _TOKENIZER_FILES = ("offline/hotpotqa_dev100_distractor.json", "offline/musique_dev100.json",
                     "offline/2wiki_corpus.json", "train/arpo_qa_5k.jsonl")
 

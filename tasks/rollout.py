@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -528,9 +529,9 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
         search = make_search(cfg.search, home=home or arbor_home(), world=cfg.world)
     if cfg.rollout.engine == "transformers":
         if policy is None or tokenizer is None:
-            from tasks.policy import load_policy
+            from tasks.policy import load_policy, tiny_policy_dir
 
-            src = cfg.policy.tiny_path if cfg.policy.model == "tiny" and cfg.policy.tiny_path else cfg.policy.model
+            src = tiny_policy_dir(cfg.policy, home) if cfg.policy.model == "tiny" else cfg.policy.model
             device = "cuda" if torch.cuda.is_available() else "cpu"
             policy, tokenizer = load_policy(src, cfg.policy.dtype, device=device, home=home)
         return TransformersEngine(cfg, policy, tokenizer, search)
@@ -538,11 +539,26 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            from tasks.policy import build_tiny_policy
-            src = cfg.policy.tiny_path or build_tiny_policy(home=home) if cfg.policy.model == "tiny" else cfg.policy.model
+            from tasks.policy import tiny_policy_dir
+            src = tiny_policy_dir(cfg.policy, home) if cfg.policy.model == "tiny" else cfg.policy.model
             tokenizer = AutoTokenizer.from_pretrained(str(src))
         return OpenAIEngine(cfg, tokenizer, search)
     raise RolloutError(f"rollout.engine: unknown engine {cfg.rollout.engine!r}")
+
+
+@contextmanager
+def sampling_temperature(engine: Any, temperature: float | None) -> Iterator[None]:
+    """Run ``engine`` at ``temperature`` inside the block (``eval.temperature``; None keeps the rollout's), then
+    restore its config. Training rollouts never pass through here, so their log-probs stay those of TIS's T."""
+    if temperature is None or temperature == engine.cfg.rollout.temperature:
+        yield
+        return
+    saved = engine.cfg
+    engine.cfg = saved.model_copy(update={"rollout": saved.rollout.model_copy(update={"temperature": temperature})})
+    try:
+        yield
+    finally:
+        engine.cfg = saved
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:

@@ -315,7 +315,8 @@ class RunState:
         questions = load_questions(self.cfg.data.eval, world=self.cfg.world)[: self.cfg.run.eval_size]
         rows = evaluate_questions(self.engine, self.judge, {self.cfg.data.eval: questions},
                                   runs=self.cfg.run.eval_runs, seed=self.seed, run_id=self.run_id, step=step,
-                                  checkpoint=f"policy-v{self.trainer.policy_version}")
+                                  checkpoint=f"policy-v{self.trainer.policy_version}",
+                                  temperature=self.cfg.eval.temperature)
         return {"eval_results": rows, "judge_calls": self._judge_rows()}
 
     def sync_weights(self) -> None:

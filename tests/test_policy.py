@@ -10,6 +10,7 @@ import torch
 from tasks.agent import build_prompt_ids
 from tasks.policy import (
     BENCH_50M,
+    TINY_SHAPES,
     PolicyLoadError,
     TinyPolicyConfig,
     build_tiny_model,
@@ -59,6 +60,11 @@ def test_tiny_model_shapes_and_parameter_count(tok):
     assert len(tok) == 314 and n_parameters(m) == 314 * 64 + 2 * per_layer + 64  # = 94,272
     assert 4_000_000 < n_parameters(build_tiny_model(TinyPolicyConfig(), None)) < 6_000_000  # the ~5M default
     assert 40_000_000 < n_parameters(build_tiny_model(BENCH_50M, None)) < 60_000_000
+    # policy.tiny_shape 1.5m: embed 8192*128 (tied) + 2 layers * [q 128*128 + k, v 128*64 + o 128*128 + norms 64+64
+    #   + mlp 3*128*384 + 2*128] + 128
+    small = 2 * (128 * 128 + 2 * 128 * 64 + 128 * 128 + 64 + 64 + 3 * 128 * 384 + 2 * 128)
+    assert n_parameters(build_tiny_model(TINY_SHAPES["1.5m"], None)) == 8192 * 128 + small + 128  # = 1,443,200
+    assert TINY_SHAPES["5m"] == TinyPolicyConfig()
     same = build_tiny_model(SMALL, tok)  # seeded init: same config -> same weights
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), same.state_dict().values(), strict=True))
 
@@ -103,3 +109,16 @@ def test_hub_id_offline_fails_clearly(tmp_path, monkeypatch):
         load_policy(tmp_path / "empty")
     with pytest.raises(PolicyLoadError, match="policy.dtype"):
         load_policy(tmp_path / "empty", dtype="int3")
+
+
+def test_tiny_policy_dir_follows_the_config(tmp_path, monkeypatch):
+    import tasks.policy as policy
+    from arbor.config import load_config
+
+    monkeypatch.setattr(policy, "tokenizer_training_text", lambda *a, **k: iter(TEXTS * 50))  # data only, fast
+    path = policy.tiny_policy_dir(load_config("tiny-world").policy, tmp_path)
+    assert json.loads((path / "config.json").read_text())["hidden_size"] == 128  # policy.tiny_shape: 1.5m
+    assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 2
+    mine = tmp_path / "mine"
+    cfg = load_config("tiny-cpu", {"policy.tiny_path": str(mine)}).policy
+    assert policy.tiny_policy_dir(cfg, tmp_path) == mine and not mine.exists()  # a given path is used, not built

@@ -238,3 +238,20 @@ def test_cache_reuse_across_turns_equals_reprefill(env, questions):
         assert a.response_ids == b.response_ids and a.loss_mask == b.loss_mask and a.text == b.text
         assert all(abs(x - y) < 1e-4 for x, y in zip(a.logprobs, b.logprobs, strict=True))
         check_prefix_property(a)
+
+
+def test_evaluation_temperature_is_scoped_to_its_block(env, questions):
+    """eval.temperature 0: greedy inside the block (seeds do not matter), the rollout temperature after it."""
+    from tasks.rollout import sampling_temperature
+
+    model, tok, search = env
+    engine = TransformersEngine(cfg_with(rollout__temperature=3.0), model, tok, search)
+    sampled = [t.response_ids for t in engine.generate_groups(questions, k=1, seed=11, step=0)]
+    with sampling_temperature(engine, 0.0):
+        g1 = [t.response_ids for t in engine.generate_groups(questions, k=1, seed=11, step=0)]
+        g2 = [t.response_ids for t in engine.generate_groups(questions, k=1, seed=12, step=0)]
+    greedy = TransformersEngine(cfg_with(), model, tok, search).generate_groups(questions, k=1, seed=0, step=0)
+    assert g1 == g2 == [t.response_ids for t in greedy]
+    assert engine.cfg.rollout.temperature == 3.0
+    assert [t.response_ids for t in engine.generate_groups(questions, k=1, seed=11, step=0)] == sampled
+    assert sampled != g1  # T = 3 sampling differs from greedy (this policy is peaked)

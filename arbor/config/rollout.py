@@ -13,6 +13,10 @@ class PolicyConfig(Section):
     model: str = "tiny"  # "tiny" builds the CPU policy; else an HF hub id or a local path
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     tiny_path: str | None = None  # where the tiny policy is (built once into the workspace if None)
+    tiny_shape: Literal["5m", "1.5m"] = Field(
+        "5m", description="shape of the built-in tiny policy: 5m (hidden 256, 4 layers) or 1.5m (hidden 128, 2 "
+        "layers: ~6x less compute a token, so it learns to copy names from search results within minutes on two "
+        "cores; tiny-world)")
 
 
 class RolloutConfig(Section):

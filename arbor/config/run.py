@@ -27,4 +27,6 @@ class RunConfig(Section):
 class EvalConfig(Section):
     splits: list[str] = Field(default_factory=lambda: ["bamboogle", "hotpotqa", "musique", "2wiki"])
     runs: int = Field(5, ge=1, description="pass@1 averaged over n runs")
+    temperature: float | None = Field(None, ge=0.0, description="sampling temperature of evaluation rollouts (in-run "
+                                      "and `arbor eval`); None: rollout.temperature; 0: greedy")
     second_judge_model: str | None = None

@@ -73,7 +73,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         store_eval_results,
         summarize,
     )
-    from tasks.policy import load_policy
+    from tasks.policy import load_policy, policy_source
     from tasks.rollout import make_engine
     from tasks.search import make_search
 
@@ -93,7 +93,8 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
                 run_id=rid, step=0, stage="run", home=home)
     search = make_search(cfg.search, home=home, world=cfg.world)
     if cfg.rollout.engine == "transformers":
-        policy, tok = load_policy(model, cfg.policy.dtype, home=home)
+        src = checkpoint or cfg.run.start_checkpoint or policy_source(cfg.policy, home)  # tiny: its shape
+        policy, tok = load_policy(src, cfg.policy.dtype, home=home)
         engine = make_engine(cfg, policy, tok, search=search, home=home)
     else:
         engine = make_engine(cfg, search=search, home=home)

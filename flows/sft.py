@@ -68,14 +68,14 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
 
 def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     """The SFT'd policy for ``cfg`` (trained once, then reused); an HF checkpoint directory."""
-    from tasks.policy import tiny_policy_dir
+    from tasks.policy import policy_source
     from tasks.sft import run_sft
 
     key = sft_key(cfg)
     out = resolve_home_path(cfg.sft.output) if cfg.sft.output else home / "sft" / f"{cfg.run.profile}-{key}"
     if (out / "arbor_sft.json").exists():
         return out
-    base = tiny_policy_dir(cfg.policy, home) if cfg.policy.model == "tiny" else Path(cfg.policy.model)
+    base = Path(policy_source(cfg.policy, home))
     data = sft_data_path(cfg, home, key)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

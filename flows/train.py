@@ -86,9 +86,9 @@ def start_checkpoint(cfg: ArborConfig, home: Path) -> Path:
         from flows.sft import sft_checkpoint
 
         return sft_checkpoint(cfg, home)
-    from tasks.policy import tiny_policy_dir
+    from tasks.policy import policy_source
 
-    return tiny_policy_dir(cfg.policy, home) if cfg.policy.model == "tiny" else Path(cfg.policy.model)
+    return Path(policy_source(cfg.policy, home))
 
 
 def open_run(cfg: ArborConfig, home: Path) -> RunState:

@@ -73,8 +73,11 @@ TINY_SHAPES = {
 }
 
 
-def tiny_policy_dir(policy_cfg: Any, home: Path | None = None) -> Path:
-    """The tiny policy a config names: ``policy.tiny_path`` if set, else the ``policy.tiny_shape`` built once."""
+def policy_source(policy_cfg: Any, home: Path | None = None) -> str | Path:
+    """Where ``policy.model`` loads from: for ``tiny``, ``policy.tiny_path`` if set, else the ``policy.tiny_shape``
+    built once into the workspace; otherwise the model itself (a local path or a hub id)."""
+    if policy_cfg.model != "tiny":
+        return policy_cfg.model
     if policy_cfg.tiny_path:
         return Path(policy_cfg.tiny_path).expanduser()
     return build_tiny_policy(TINY_SHAPES[policy_cfg.tiny_shape], home=home)

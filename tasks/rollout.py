@@ -529,9 +529,9 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
         search = make_search(cfg.search, home=home or arbor_home(), world=cfg.world)
     if cfg.rollout.engine == "transformers":
         if policy is None or tokenizer is None:
-            from tasks.policy import load_policy, tiny_policy_dir
+            from tasks.policy import load_policy, policy_source
 
-            src = tiny_policy_dir(cfg.policy, home) if cfg.policy.model == "tiny" else cfg.policy.model
+            src = policy_source(cfg.policy, home)
             device = "cuda" if torch.cuda.is_available() else "cpu"
             policy, tokenizer = load_policy(src, cfg.policy.dtype, device=device, home=home)
         return TransformersEngine(cfg, policy, tokenizer, search)
@@ -539,8 +539,8 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            from tasks.policy import tiny_policy_dir
-            src = tiny_policy_dir(cfg.policy, home) if cfg.policy.model == "tiny" else cfg.policy.model
+            from tasks.policy import policy_source
+            src = policy_source(cfg.policy, home)
             tokenizer = AutoTokenizer.from_pretrained(str(src))
         return OpenAIEngine(cfg, tokenizer, search)
     raise RolloutError(f"rollout.engine: unknown engine {cfg.rollout.engine!r}")

@@ -111,14 +111,16 @@ def test_hub_id_offline_fails_clearly(tmp_path, monkeypatch):
         load_policy(tmp_path / "empty", dtype="int3")
 
 
-def test_tiny_policy_dir_follows_the_config(tmp_path, monkeypatch):
+def test_policy_source_follows_the_config(tmp_path, monkeypatch):
     import tasks.policy as policy
     from arbor.config import load_config
 
     monkeypatch.setattr(policy, "tokenizer_training_text", lambda *a, **k: iter(TEXTS * 50))  # data only, fast
-    path = policy.tiny_policy_dir(load_config("tiny-world").policy, tmp_path)
+    path = policy.policy_source(load_config("tiny-world").policy, tmp_path)
     assert json.loads((path / "config.json").read_text())["hidden_size"] == 128  # policy.tiny_shape: 1.5m
     assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 2
     mine = tmp_path / "mine"
     cfg = load_config("tiny-cpu", {"policy.tiny_path": str(mine)}).policy
-    assert policy.tiny_policy_dir(cfg, tmp_path) == mine and not mine.exists()  # a given path is used, not built
+    assert policy.policy_source(cfg, tmp_path) == mine and not mine.exists()  # a given path is used, not built
+    hub = load_config("tiny-cpu", {"policy.model": "Qwen/Qwen3-8B"}).policy
+    assert policy.policy_source(hub, tmp_path) == "Qwen/Qwen3-8B"  # not tiny: the model itself

@@ -221,13 +221,13 @@ def train_cmd(
 
 @app.command("demo")
 def demo_cmd(
-    steps: Annotated[int | None, typer.Option(help="RL steps (default: the tiny-world profile's)")] = None,
+    steps: Annotated[int | None, typer.Option(help="RL steps (default: the profile's)")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
     profile: Annotated[str, typer.Option("--profile", "-p", help="tiny-cpu (Wikipedia passages, mechanics) or tiny-world "
                                          "(the synthetic world, held-out F1 before and after)")] = "tiny-cpu",
 ) -> None:
-    """The embedded default end to end: tiny policy, SFT warm start on the synthetic world, ARBOR steps with the
-    rules judge and BM25, held-out F1 before and after RL."""
+    """The embedded default end to end: tiny policy, SFT warm start, ARBOR steps with the rules judge and BM25
+    (tiny-world: held-out F1 before and after RL)."""
     from arbor.config import ConfigError, load_config
     from arbor.preflight import PreflightError, require
 

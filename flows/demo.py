@@ -1,10 +1,10 @@
 """``arbor demo``: the main job on the embedded default (issue 7 item 6, issue 12 item 2).
 
-The tiny-world profile end to end on two cores: build the tiny policy, SFT warm start on gold search trajectories
-of the synthetic multi-hop world (tasks/world.py), then ARBOR steps with the offline rules judge and local BM25,
-with held-out evaluation (questions about entities never seen in SFT or RL) before RL and after. It prints the
-held-out F1 before and after and writes the run's curves as a PNG. Learning on a toy world, not the paper's
-numbers: ``bench/learning.py`` runs every method over three seeds.
+A profile end to end on two cores (tiny-cpu by default; ``--profile tiny-world`` for the synthetic world): build
+the tiny policy, SFT warm start, then ARBOR steps with the offline rules judge and local BM25. With held-out
+evaluation in the profile (tiny-world), it prints the held-out F1 at the SFT start and after RL; it always writes
+the run's curves as a PNG. A demonstration, not the paper's numbers: ``bench/learning.py`` runs every method over
+three seeds.
 """
 
 from __future__ import annotations

@@ -93,8 +93,8 @@ def _progress_log(cfg: ArborConfig) -> Callable[[dict[str, float]], None]:
     t0 = time.monotonic()
 
     def log(m: dict[str, float]) -> None:
-        if int(m["update"]) % max(1, int(m.get("total", 0) / 10) or 10) == 0:
-            print(f"SFT update {m['update']:.0f}/{m.get('total', 0):.0f} (epoch {m['epoch'] + 1:.0f} of "
+        if int(m["update"]) % max(1, int(m["total"]) // 10) == 0:
+            print(f"SFT update {m['update']:.0f}/{m['total']:.0f} (epoch {m['epoch'] + 1:.0f} of "
                   f"{cfg.sft.epochs}): loss {m['loss']:.3f}, {time.monotonic() - t0:.0f} s", flush=True)
     return log
 

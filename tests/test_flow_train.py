@@ -177,9 +177,14 @@ def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness) -> None:
     home = tmp_path / "home"
     o = {"run.steps": 1, "run.sft_warm_start": False, "data.train": str(data), "search.corpus": str(corpus),
          "rollout.batch_size": 2, "rollout.k": 2, "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2}
+    o.update({"data.eval": str(data), "run.eval_every": 1, "run.eval_size": 2, "run.eval_runs": 1})
     _train(home, "mine", o)
     trajs = table("trajectories", "mine", home)
     assert len(trajs) == 4 and {t["question"] for t in trajs} <= {f"Who wrote book number {i}?" for i in range(4)}
+    # run.eval_at_start: the starting policy is evaluated as step 0, before the first RL step (then step 1)
+    evals = table("eval_results", "mine", home)
+    assert sorted({(e["step"], e["checkpoint"]) for e in evals}) == [(0, "policy-v0"), (1, "policy-v1")]
+    assert len(evals) == 4  # 2 questions x 1 run at each evaluated step
 
 
 def test_trainer_as_supervised_process_group(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:

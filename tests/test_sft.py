@@ -59,6 +59,21 @@ def test_tokenize_rows_masks_results_and_truncates(tiny_dir: Path) -> None:
     assert truncated == 2 and all(len(e.response_ids) <= 5 for e in short)
 
 
+def test_sft_uses_the_runs_system_prompt(tiny_dir: Path) -> None:
+    """SFT prompts are the RL rollouts' prompts: rollout.system_prompt, and the SFT key changes with it."""
+    from flows.sft import sft_key
+    from tasks.agent import build_prompt_ids
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    sp = "Search, then answer in \\boxed{}."
+    (ex,), _ = tokenize_rows(ROWS[:1], tok, max_length=10_000, system_prompt=sp)
+    assert ex.prompt_ids == build_prompt_ids(tok, ROWS[0]["question"], sp)
+    (default,), _ = tokenize_rows(ROWS[:1], tok, max_length=10_000)
+    assert default.prompt_ids == build_prompt_ids(tok, ROWS[0]["question"]) != ex.prompt_ids
+    assert default.response_ids == ex.response_ids
+    assert sft_key(load_config("tiny-cpu", {"rollout.system_prompt": sp})) != sft_key(load_config("tiny-cpu"))
+
+
 def test_sft_lowers_the_loss_and_saves_a_loadable_checkpoint(tiny_dir: Path, tmp_path: Path) -> None:
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))

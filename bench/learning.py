@@ -79,7 +79,7 @@ def table(rows: list[dict[str, Any]], methods: list[str]) -> str:
         first = mean_se(r.get("mean_base_reward") for r in mine if steps and r["step"] == steps[0])
         last = mean_se(r.get("mean_base_reward") for r in mine if steps and r["step"] == steps[-1])
         body.append([
-            m, str(d.n), str(s0), str(s1), f"{d.mean:+.3f} ± {d.se:.3f}", "yes" if rises_by(d) and d.n > 1 else "no", str(em[m][1]) if m in em else "-",
+            m, str(d.n), str(s0), str(s1), f"{d.mean:+.3f} ± {d.se:.3f}", "yes" if rises_by(d) else "no", str(em[m][1]) if m in em else "-",
             str(vf1[m][1]) if m in vf1 else "-", f"{first.mean:.3f} → {last.mean:.3f}" if first and last else "-",
             _avg(mine, "format_valid_rate"), f"{_avg(mine, 'zero_var_base')} → {_avg(mine, 'zero_var_total')}",
             _avg(mine, "mean_searches"), _avg(mine, "repeated_query_share_all_correct"),

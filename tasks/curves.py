@@ -87,8 +87,9 @@ def start_final_delta(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[st
 
 
 def rises_by(delta: MeanSE, n_se: float = 3.0) -> bool:
-    """The acceptance figure of issue 12: the mean change exceeds ``n_se`` standard errors (and is positive)."""
-    return delta.mean > 0 and delta.mean >= n_se * delta.se
+    """The acceptance figure of issue 12: the mean change exceeds ``n_se`` standard errors (and is positive).
+    One seed has no standard error, so it never passes."""
+    return delta.n > 1 and delta.mean > 0 and delta.mean >= n_se * delta.se
 
 
 def collect_curve_rows(run_ids: Mapping[str, tuple[str, int]], home: Path) -> list[dict[str, Any]]:

@@ -44,3 +44,4 @@ def test_curves_and_paired_delta_by_hand() -> None:
     assert bad.mean == pytest.approx(0.0) and not rises_by(bad)  # -0.1 and +0.1: no rise
     # a positive but noisy change is not enough: deltas 0.3 and -0.1 -> mean 0.1, SE 0.2
     assert not rises_by(mean_se([0.3, -0.1]))  # type: ignore[arg-type]
+    assert not rises_by(mean_se([0.2]))  # type: ignore[arg-type]  # one seed: no SE, no verdict

@@ -33,7 +33,9 @@ def sft_key(cfg: ArborConfig) -> str:
     if cfg.rollout.system_prompt:  # SFT tokenises with the run's prompt; unset keeps the earlier keys
         parts["system_prompt"] = cfg.rollout.system_prompt
     if "world:" in f"{cfg.sft.data} {cfg.data.train} {cfg.search.corpus}":  # only then: other keys stay as they were
-        parts["world"] = cfg.world.model_dump(mode="json")
+        from tasks.world import WORLD_VERSION
+
+        parts["world"] = {**cfg.world.model_dump(mode="json"), "generator": WORLD_VERSION}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -7,8 +7,9 @@ The world is generated from ``WorldConfig`` alone (seeded, no downloads, byte-id
   countries are plain attribute values. Names are built from two short syllables (``ONSETS`` x ``CODAS``), each
   word two tokens of the tiny policy's tokenizer; a person has two such words, a company one and a suffix. Every
   name word is used once in the whole world, so a query that names an entity finds its passage.
-- one passage per entity, titled by its name, stating its facts in one of a few sentence templates (< 200 chars,
-  so ``search.max_result_chars: 200`` never cuts a fact off);
+- one passage per entity, titled by its name, stating its facts in one of two sentence templates, each value right
+  after a word that occurs once in the passage (< 200 chars, so ``search.max_result_chars: 200`` never cuts a fact
+  off); a thought restates a fact with that same word ("Tobara was directed by Kerar Silix.");
 - questions of three kinds, each with its gold answer (verbatim in a gold passage) and gold search path:
   1-hop ("Who directed the film F?"), 2-hop bridge ("Where was the director of the film F born?") and comparison
   ("Which of A and B was founded earlier?").
@@ -38,7 +39,7 @@ from typing import Any
 from arbor.config.world import WorldConfig
 from arbor.seeding import derive_seed
 
-WORLD_VERSION = 1  # part of every world key: bump it when the generator's output changes
+WORLD_VERSION = 3  # part of every world key and world SFT key: bump it when the generator's output changes
 SPLITS = ("train", "eval")
 KINDS = ("one_hop", "bridge", "comparison")
 ENTITY_TYPES = ("person", "city", "film", "company")
@@ -62,19 +63,25 @@ DIRECTOR_ROLE = "director"  # not "film director": "film" is the type word of fi
 
 # ------------------------------------------------------------------------------------------------ text templates
 
+# A passage states every fact once, the value right after a word that occurs once in the passage ("directed by",
+# "for", "released in"); a thought restates a fact with the same word before the value ("Tobara was directed by
+# Kerar Silix."). Reading a fact is then copying what follows a word the policy has just written, which a two-layer
+# model learns in minutes; with "The director of X is V." and four "is" per passage it did not (decisions.md).
 PASSAGES = {
-    "person": ("{name} is {a_role} born in {city} in {year}.",
-               "Born in {city} in {year}, {name} is {a_role}.",
-               "{name}, {a_role}, was born in {year} in {city}."),
-    "city": ("{name} is a city in {country}, founded in {year}.",
-             "Founded in {year}, {name} is a city in {country}.",
-             "The city of {name} lies in {country}. It was founded in {year}."),
-    "film": ("{name} is a {year} film directed by {director} and produced by {company}.",
-             "Directed by {director}, the film {name} was released in {year} by {company}.",
-             "{name} is a film by {director}. It came out in {year}, produced by {company}."),
-    "company": ("{name} is a company founded by {founder} in {year}. It is based in {city}.",
-                "Founded in {year} by {founder}, {name} is a company based in {city}.",
-                "The company {name} was founded in {year} by {founder} and is based in {city}."),
+    "person": ("{name} is {a_role} from {city}, born in {year}.", "Born in {year}, {name} is {a_role} from {city}."),
+    "city": ("{name} is a city within {country}, founded in {year}.",
+             "Founded in {year}, {name} is a city within {country}."),
+    "film": ("{name} is a film directed by {director} for {company}, released in {year}.",
+             "Released in {year}, {name} is a film directed by {director} for {company}."),
+    "company": ("{name} is a company at {city}, founded by {founder} in {year}.",
+                "Founded by {founder} in {year}, {name} is a company at {city}."),
+}
+FACT_SENTENCES = {
+    "person.born_in": "{n} is from {v}.", "person.year": "{n} was born in {v}.",
+    "city.country": "{n} is within {v}.", "city.year": "{n} was founded in {v}.",
+    "film.director": "{n} was directed by {v}.", "film.producer": "{n} was made for {v}.",
+    "film.year": "{n} was released in {v}.", "company.founder": "{n} was founded by {v}.",
+    "company.based_in": "{n} is at {v}.", "company.year": "{n} was founded in {v}.",
 }
 # How a question names its subject entity.
 SUBJECT = {"person": "{n}", "city": "{n}", "film": "the film {n}", "company": "{n}"}
@@ -204,6 +211,7 @@ class World:
 def _template_words() -> set[str]:
     """Every lower-cased word of our templates: a name must not be one of them."""
     texts: list[str] = [*ROLES, DIRECTOR_ROLE, *COMPANY_SUFFIXES, *_GENERIC.values(), *TYPE_WORD.values()]
+    texts += list(FACT_SENTENCES.values())
     for group in (PASSAGES, QUESTIONS, COMPARE):
         texts += [t for ts in group.values() for t in ts]
     texts += [*NEEDS.values(), *SUBJECT.values(), *(p for ps, _ in BRIDGES.values() for p in ps)]
@@ -305,6 +313,11 @@ def _passage(e: Entity, ents: dict[str, Entity], rng: random.Random) -> str:
     else:
         values = {"founder": name("company.founder"), "city": name("company.based_in")}
     return rng.choice(PASSAGES[e.kind]).format(name=e.name, year=e.year, **values)
+
+
+def fact_sentence(rel: str, name: str, value: str) -> str:
+    """One fact as a thought restates it, with the passage's word before the value: "Tobara was directed by V." """
+    return FACT_SENTENCES[rel].format(n=name, v=value)
 
 
 def fact(world: World, e: Entity, rel: str) -> tuple[str, Entity | None]:
@@ -456,11 +469,11 @@ def plan_steps(q: WorldQuestion, world: World, rng: random.Random) -> tuple[list
         need = NEEDS[YEAR_NEED[etype]]
         a, b = ents
         steps = [(rng.choice(_OPEN).format(need=need.format(n=a.name), n=a.name), _query(a, rng, plain=True))]
-        fact_a = _cap(need.format(n=a.name)) + f" is {a.year}."
+        fact_a = fact_sentence(YEAR_NEED[etype], a.name, str(a.year))
         steps.append((rng.choice(_COMPARE_NEXT).format(fact=fact_a, n=b.name), _query(b, rng)))
         direction = q.relation.rsplit(".", 1)[1]
         winner, other = (a, b) if q.answer == a.name else (b, a)
-        fact_b = _cap(need.format(n=b.name)) + f" is {b.year}."
+        fact_b = fact_sentence(YEAR_NEED[etype], b.name, str(b.year))
         final = rng.choice(_COMPARE_FINAL).format(fact=fact_b, ya=winner.year, yb=other.year, dir=direction,
                                                   a=winner.name)
         return steps, final
@@ -469,11 +482,11 @@ def plan_steps(q: WorldQuestion, world: World, rng: random.Random) -> tuple[list
     steps = [(rng.choice(_OPEN).format(need=NEEDS[rels[0]].format(n=first.name), n=first.name), _query(first, rng))]
     if q.kind == "bridge":
         mid = ents[1]
-        fact1 = _cap(NEEDS[rels[0]].format(n=first.name)) + f" is {mid.name}."
+        fact1 = fact_sentence(rels[0], first.name, mid.name)
         steps.append((rng.choice(_NEXT).format(fact=fact1, need=NEEDS[rels[1]].format(n=mid.name), n=mid.name),
                       _query(mid, rng)))
     last = ents[-1]
-    fact_last = _cap(NEEDS[rels[-1]].format(n=last.name)) + f" is {q.answer}."
+    fact_last = fact_sentence(rels[-1], last.name, q.answer)
     return steps, rng.choice(_FINAL).format(fact=fact_last, a=q.answer)
 
 
@@ -517,7 +530,9 @@ def render_response(q: WorldQuestion, steps: Sequence[tuple[str, str]], final: s
         shown.update(h.doc_id for h in hits)
         parts.append(f"<think>{thought}</think>\n<search>{query}</search>")
         parts.append(result_block(format_results(hits, max_result_chars)))
-    parts.append(f"<think>{final}</think>\n<answer>\\boxed{{{q.answer}}}</answer>")
+    # " Name" inside the box: the answer's name in the same tokens as in the passages ("ĠSav ith"), not re-spelled
+    # after the brace ("S av ith"), which a tiny policy cannot learn for unseen names (normalisation drops the space)
+    parts.append(f"<think>{final}</think>\n<answer>\\boxed{{ {q.answer}}}</answer>")
     return "".join(parts), all(h.doc_id in shown for h in q.path)
 
 

@@ -223,8 +223,8 @@ def train_cmd(
 def demo_cmd(
     steps: Annotated[int | None, typer.Option(help="RL steps (default: the profile's)")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
-    profile: Annotated[str, typer.Option("--profile", "-p", help="tiny-cpu (Wikipedia passages, mechanics) or tiny-world "
-                                         "(the synthetic world, held-out F1 before and after)")] = "tiny-cpu",
+    profile: Annotated[str, typer.Option("--profile", "-p", help="tiny-world (the synthetic world, held-out F1 before "
+                                         "and after RL) or tiny-cpu (Wikipedia passages, mechanics)")] = "tiny-world",
 ) -> None:
     """The embedded default end to end: tiny policy, SFT warm start, ARBOR steps with the rules judge and BM25
     (tiny-world: held-out F1 before and after RL)."""

@@ -1,9 +1,9 @@
 """``arbor demo``: the main job on the embedded default (issue 7 item 6, issue 12 item 2).
 
-A profile end to end on two cores (tiny-cpu by default; ``--profile tiny-world`` for the synthetic world): build
-the tiny policy, SFT warm start, then ARBOR steps with the offline rules judge and local BM25. With held-out
-evaluation in the profile (tiny-world), it prints the held-out F1 at the SFT start and after RL; it always writes
-the run's curves as a PNG. A demonstration, not the paper's numbers: ``bench/learning.py`` runs every method over
+A profile end to end on two cores (the synthetic world ``tiny-world`` by default; ``--profile tiny-cpu`` for the
+shipped Wikipedia passages): build the tiny policy, SFT warm start, then ARBOR steps with the offline rules judge
+and local BM25. With held-out evaluation in the profile (tiny-world), it prints the held-out F1 at the SFT start
+and after RL; it always writes the run's curves as a PNG. A demonstration, not the paper's numbers: ``bench/learning.py`` runs every method over
 three seeds.
 """
 
@@ -25,7 +25,7 @@ QUERIES = (
 )
 
 
-PROFILE = "tiny-cpu"  # tiny-world once it learns within the demo budget (issue 12)
+PROFILE = "tiny-world"  # the synthetic world: held-out F1 at the SFT start and after RL (issue 12)
 
 
 def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, profile: str = PROFILE) -> str:

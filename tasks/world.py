@@ -451,10 +451,6 @@ def load_world_questions(split: str, cfg: WorldConfig | None = None) -> list[Any
 # ------------------------------------------------------------------------------------------------ SFT trajectories
 
 
-def _cap(s: str) -> str:
-    return s[0].upper() + s[1:]
-
-
 def _query(e: Entity, rng: random.Random, plain: bool = False) -> str:
     """A query that names the entity: its name, sometimes with its type word (never when ``plain``: a comparison's
     first query, whose type word would also match the other entity's passage and show it early)."""

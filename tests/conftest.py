@@ -38,18 +38,6 @@ def prefect_harness():
 @pytest.fixture(scope="session")
 def sft_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny policy after the tiny-cpu SFT warm start, trained once per test session."""
-    from arbor.config import load_config
-    from flows.sft import sft_checkpoint
+    from flow_support import sft_start
 
-    # ARBOR_TEST_SFT_CACHE (developers only): keep the SFT checkpoint between sessions; it is content-addressed.
-    cache = os.environ.get("ARBOR_TEST_SFT_CACHE")
-    home = Path(cache) if cache else tmp_path_factory.mktemp("sft_home")
-    old = os.environ.get("ARBOR_HOME")
-    os.environ["ARBOR_HOME"] = str(home)
-    try:
-        return sft_checkpoint(load_config("tiny-cpu"), home)
-    finally:
-        if old is None:
-            os.environ.pop("ARBOR_HOME", None)
-        else:
-            os.environ["ARBOR_HOME"] = old
+    return sft_start("tiny-cpu", lambda: tmp_path_factory.mktemp("sft_home"))

@@ -27,6 +27,27 @@ def tiny_overrides(start_checkpoint: Path, **extra: Any) -> dict[str, Any]:
     return o
 
 
+def sft_start(profile: str, fresh_home: Any) -> Path:
+    """The SFT checkpoint of ``profile``, trained once under ``fresh_home()`` (a temporary directory), or kept between
+    sessions under ARBOR_TEST_SFT_CACHE (developers only; checkpoints are content-addressed)."""
+    import os
+
+    from arbor.config import load_config
+    from flows.sft import sft_checkpoint
+
+    cache = os.environ.get("ARBOR_TEST_SFT_CACHE")
+    home = Path(cache) if cache else fresh_home()
+    old = os.environ.get("ARBOR_HOME")
+    os.environ["ARBOR_HOME"] = str(home)
+    try:
+        return sft_checkpoint(load_config(profile), home)
+    finally:
+        if old is None:
+            os.environ.pop("ARBOR_HOME", None)
+        else:
+            os.environ["ARBOR_HOME"] = old
+
+
 def judge_server() -> Any:
     """The local OpenAI-compatible judge; its pairwise rule (fewer searches win) suits the tiny policy, whose
     memorised correct answers search less."""

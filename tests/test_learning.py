@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_support import table
+from flow_support import sft_start, table
 
 pytestmark = pytest.mark.slow
 
@@ -22,26 +22,13 @@ STEPS = 8
 # tiny-world on 16 fixed questions (all of them every step), lr 1e-3, no held-out evaluation
 LEARN = {"run.steps": STEPS, "run.eval_every": None, "checkpoint.every": STEPS, "data.train_size": 16,
          "rollout.batch_size": 16, "train.lr": 1.0e-3}
-MARGIN = 0.15  # mean base reward, last two steps minus first two (measured +0.25, decisions.md "Issue 12")
+MARGIN = 0.15  # mean base reward, last two steps minus first two (measured +0.27, decisions.md "Issue 12")
 
 
 @pytest.fixture(scope="module")
 def world_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny-world SFT start (cached under ARBOR_TEST_SFT_CACHE like ``sft_policy``: developers only)."""
-    from arbor.config import load_config
-    from flows.sft import sft_checkpoint
-
-    cache = os.environ.get("ARBOR_TEST_SFT_CACHE")
-    home = Path(cache) if cache else tmp_path_factory.mktemp("world_sft")
-    old = os.environ.get("ARBOR_HOME")
-    os.environ["ARBOR_HOME"] = str(home)
-    try:
-        return sft_checkpoint(load_config("tiny-world"), home)
-    finally:
-        if old is None:
-            os.environ.pop("ARBOR_HOME", None)
-        else:
-            os.environ["ARBOR_HOME"] = old
+    return sft_start("tiny-world", lambda: tmp_path_factory.mktemp("world_sft"))
 
 
 def _train(home: Path, run_id: str, overrides: dict[str, Any]) -> str:

@@ -120,6 +120,12 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
     missing: list[str] = _file_inputs(cfg)
+    from tasks.methods import MethodError, resolve_method  # the registry imports torch: only when checking a run
+
+    try:
+        resolve_method(cfg.run.method)
+    except MethodError as e:
+        missing.append(str(e))
     if not _model_available(cfg.policy.model):
         missing.append(
             f"policy.model: '{cfg.policy.model}' is neither a local path nor in the local Hugging Face cache "

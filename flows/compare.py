@@ -11,8 +11,6 @@ from typing import Any
 
 from arbor.paths import arbor_home
 
-METHODS = ("arbor", "grpo", "dapo", "rar", "no-memory")
-
 COMPARE_SQL = """
 select r.method,
        r.run_id,
@@ -44,12 +42,19 @@ def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[
     Raises ``CompareError``, ``ConfigError`` or ``PreflightError`` (each naming the method, key or file)."""
     from arbor.config import ConfigError, load_config
     from arbor.preflight import require
+    from tasks.methods import REGISTRY, MethodError, resolve_method
 
     if not methods:
-        raise CompareError(f"--methods: give at least one of {', '.join(METHODS)}")
-    unknown = [m for m in methods if m not in METHODS]
+        raise CompareError(f"--methods: give at least one of {', '.join(REGISTRY)}")
+    unknown = []
+    for m in methods:
+        try:
+            resolve_method(m)
+        except MethodError:
+            unknown.append(m)
     if unknown:
-        raise CompareError(f"--methods: unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+        raise CompareError(f"--methods: unknown method(s) {', '.join(unknown)}; known: {', '.join(REGISTRY)}, "
+                           "or a Method subclass as 'pkg.module:ClassName'")
     base = load_config(profile, overrides)
     plan: dict[str, dict[str, Any]] = {}
     for m in dict.fromkeys(methods):

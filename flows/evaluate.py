@@ -4,15 +4,13 @@ pass@1 averaged over ``eval.runs`` sampled runs (default 5) of EM, F1 and LLM-ju
 format gate and valid-only; results stored as ``eval_results`` rows and printed in the paper's table layout.
 With ``eval.second_judge_model`` the same answers are re-judged by that model on the same judge endpoint
 (App. C.2, Table 6): its rows and judge calls are stored under the stage ``eval-second``.
-The same ``evaluate_questions`` serves the held-out evaluation that ``arbor-train`` runs every ``run.eval_every``
+The same ``tasks.evaluate.evaluate_questions`` serves the held-out evaluation that ``arbor-train`` runs every ``run.eval_every``
 steps on a fixed small split.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,42 +18,9 @@ from prefect import flow, get_run_logger
 
 from arbor.config import load_config
 from arbor.paths import arbor_home
-from arbor.seeding import derive_seed
 
 SPLIT_SPECS = {"bamboogle": "bench:bamboogle", "hotpotqa": "bench:hotpotqa", "musique": "bench:musique",
                "2wiki": "bench:2wiki"}
-
-
-def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str, Sequence[Any]], *, runs: int,
-                       seed: int, run_id: str, step: int, checkpoint: str | None,
-                       second_judge: Any = None, temperature: float | None = None) -> list[dict[str, Any]]:
-    """Roll out every question once per evaluation run (seeded per run), score, judge; ``eval_results`` rows.
-
-    ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
-    model in ``judge_model`` and its ledger stage ``eval-second``."""
-    from tasks.evaluate import SECOND_JUDGE_STAGE, judge_predictions, prediction_from_trajectory
-    from tasks.rollout import sampling_temperature
-
-    async def judge_all(preds: list[Any]) -> list[dict[str, Any]]:
-        kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint}
-        jobs = [judge_predictions(judge, preds, **kw)]
-        if second_judge is not None:
-            jobs.append(judge_predictions(second_judge, preds, stage=SECOND_JUDGE_STAGE, **kw))
-        try:
-            return [row for rows in await asyncio.gather(*jobs) for row in rows]
-        finally:  # network clients belong to this event loop (asyncio.run below): close them with it
-            for j in (judge, second_judge):
-                if j is not None:
-                    await j.aclose()
-
-    rows: list[dict[str, Any]] = []
-    for split, questions in questions_by_split.items():
-        for r in range(runs):
-            with sampling_temperature(engine, temperature):
-                trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
-                                               run_id=run_id)
-            rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r) for t in trajs]))
-    return rows
 
 
 def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None,
@@ -67,6 +32,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     from tasks.datasets import load_questions
     from tasks.evaluate import (
         SECOND_JUDGE_STAGE,
+        evaluate_questions,
         format_summary,
         judge_model_name,
         second_judge_config,

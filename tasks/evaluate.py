@@ -30,8 +30,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from arbor.seeding import derive_seed
 from tasks.format import check_format
 from tasks.reward import exact_match, token_f1
+from tasks.rollout import sampling_temperature
 
 EVAL_COLUMNS = (
     "run_id", "step", "checkpoint", "split", "question_id", "run_index", "answer", "format_valid", "em", "f1",
@@ -404,6 +406,35 @@ def format_summary(summary: EvalSummary, name: str = "checkpoint") -> str:
 
 
 # ---- storage -----------------------------------------------------------------------------------------------------
+
+def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str, Sequence[Any]], *, runs: int,
+                       seed: int, run_id: str, step: int, checkpoint: str | None,
+                       second_judge: Any = None, temperature: float | None = None) -> list[dict[str, Any]]:
+    """Roll out every question once per evaluation run (seeded per run), score, judge; ``eval_results`` rows.
+
+    ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
+    model in ``judge_model`` and its ledger stage ``eval-second``."""
+    async def judge_all(preds: list[Any]) -> list[dict[str, Any]]:
+        kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint}
+        jobs = [judge_predictions(judge, preds, **kw)]
+        if second_judge is not None:
+            jobs.append(judge_predictions(second_judge, preds, stage=SECOND_JUDGE_STAGE, **kw))
+        try:
+            return [row for rows in await asyncio.gather(*jobs) for row in rows]
+        finally:  # network clients belong to this event loop (asyncio.run below): close them with it
+            for j in (judge, second_judge):
+                if j is not None:
+                    await j.aclose()
+
+    rows: list[dict[str, Any]] = []
+    for split, questions in questions_by_split.items():
+        for r in range(runs):
+            with sampling_temperature(engine, temperature):
+                trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
+                                               run_id=run_id)
+            rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r) for t in trajs]))
+    return rows
+
 
 def store_eval_results(rows: Sequence[Mapping[str, Any]], *, run_id: str, step: int, stage: str = "eval",
                        home: Any = None) -> Any:

@@ -5,8 +5,9 @@ Pure torch, no DeepSpeed: every function here is tested against values computed 
 Notation (per response token t of trajectory i):
     r_t      = pi_theta / pi_old = exp(logp - logp_old)       (pi_old recomputed by the trainer at step start)
     A_i      = (R_i - mean_group(R)) / (std_group(R) + eps)   (GRPO, DeepSeekMath; sample std, as slime does)
+    A_{i,t}  = A_i on every token (GRPO), or per token / segment (a method's ``token_advantages``)
     w_t      = min(exp(logp_old - logp_rollout), C)           (TIS weight, detached; slime --use-tis, C = 2)
-    l_t      = -w_t * min(r_t A_i, clip(r_t, 1 - eps_low, 1 + eps_high) A_i)
+    l_t      = -w_t * min(r_t A_{i,t}, clip(r_t, 1 - eps_low, 1 + eps_high) A_{i,t})
     L        = sum_t m_t l_t / sum_t m_t                      (token-level aggregation over the mini-batch)
              + kl_coef * k3(pi_ref || pi_theta) - entropy_coef * H   (both 0 in the paper)
 """
@@ -56,6 +57,25 @@ def group_advantages(
 def broadcast_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:
     """Every response token of trajectory i carries A_i; masked tokens carry 0. ``adv`` [N], ``mask`` [N, T]."""
     return adv[:, None].to(mask.dtype if mask.is_floating_point() else torch.float32) * mask
+
+
+def segment_advantages(n_tokens: int, segments: Sequence[tuple[int, int, float]]) -> Tensor:
+    """Per-token advantages of one trajectory from per-segment ones (stage- or turn-level credit, issue 13).
+
+    Each segment ``(start, end, A)`` gives A to the response tokens ``start <= j < end``; a token in no segment
+    gets 0. Segments must lie inside ``[0, n_tokens)`` and not overlap. One segment ``(0, n, A_i)`` is GRPO's
+    broadcast. Returns a float32 vector of length ``n_tokens``.
+    """
+    out = torch.zeros(n_tokens, dtype=torch.float32)
+    covered = torch.zeros(n_tokens, dtype=torch.bool)
+    for start, end, a in segments:
+        if not 0 <= start <= end <= n_tokens:
+            raise ValueError(f"segment [{start}, {end}) is outside the response's {n_tokens} tokens")
+        if covered[start:end].any():
+            raise ValueError(f"segment [{start}, {end}) overlaps an earlier segment")
+        covered[start:end] = True
+        out[start:end] = a
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- DAPO

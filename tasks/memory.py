@@ -83,14 +83,34 @@ def admission_stats(scores: Sequence[float | None], f1: Sequence[float]) -> tupl
     return population_variance(xs), pearson(xs, ys)
 
 
-def admit(scores: Sequence[float | None], f1: Sequence[float], delta_v: float = 0.05, rho_min: float = 0.0) -> bool:
+@dataclass(frozen=True)
+class Admission:
+    """Eq. 2's verdict on a draft and the statistics behind it."""
+
+    variance: float
+    pearson: float | None
+    admitted: bool
+    reason: str | None  # why a draft was rejected, or a note on an admission by variance alone
+
+
+def admission(scores: Sequence[float | None], f1: Sequence[float], delta_v: float = 0.05,
+              rho_min: float = 0.0) -> Admission:
     """Eq. 2: Var_i(s_i^r) >= delta_v and Pearson({s_i^r}, {F1_i}) >= rho_min.
 
     When the Pearson is undefined (constant F1: the ``unlabeled`` induction mode) the draft is admitted on
     variance alone and the Pearson is recorded as NULL.
     """
     var, p = admission_stats(scores, f1)
-    return passes_variance(var, delta_v) and (p is None or p + RHO_TOL >= rho_min)
+    if not passes_variance(var, delta_v):
+        return Admission(var, p, False, "variance < delta_v")
+    if p is not None and p + RHO_TOL < rho_min:
+        return Admission(var, p, False, "pearson < rho_min")
+    return Admission(var, p, True, "pearson undefined (constant F1): admitted on variance" if p is None else None)
+
+
+def admit(scores: Sequence[float | None], f1: Sequence[float], delta_v: float = 0.05, rho_min: float = 0.0) -> bool:
+    """Eq. 2 as a yes / no (``admission`` has the statistics and the reason)."""
+    return admission(scores, f1, delta_v, rho_min).admitted
 
 
 def exceeds_kappa(n_r: int, kappa: int) -> bool:
@@ -495,17 +515,10 @@ class RubricMemory:
                                             reason=f"{sc.n_failed_edges}/{sc.n_edges} edges failed; not admitted"))
                 continue
             assert sc.scores is not None
-            var, p = admission_stats(sc.scores, d.f1)
-            ok_var = passes_variance(var, self.cfg.delta_v)
-            ok_rho = p is None or p + RHO_TOL >= self.cfg.rho_min
-            if ok_var and ok_rho:
-                why = "pearson undefined (constant F1): admitted on variance" if p is None else None
-                self._emit(rec, self._event(step, "admitted", d.rubric, group=d.group, variance=var, pearson=p,
-                                            reason=why), info)
-            else:
-                why = "variance < delta_v" if not ok_var else "pearson < rho_min"
-                self._emit(rec, self._event(step, "rejected", d.rubric, group=d.group, variance=var, pearson=p,
-                                            reason=why))
+            a = admission(sc.scores, d.f1, self.cfg.delta_v, self.cfg.rho_min)
+            self._emit(rec, self._event(step, "admitted" if a.admitted else "rejected", d.rubric, group=d.group,
+                                        variance=a.variance, pearson=a.pearson, reason=a.reason),
+                       info if a.admitted else None)
         return rec
 
     # ---------------------------------------------------------------- 5. consolidation and capacity (§3.3)

@@ -1,8 +1,9 @@
 """GRPO / DAPO policy optimisation on a real DeepSpeed engine (paper App. B.2; issue 6 §2-§4).
 
 One ``Trainer.train_step(batch, step)`` per rollout step:
-  1. (DAPO) drop zero-variance groups; (optional) overlong penalty;
-  2. GRPO advantages from the shaped rewards (``tasks.losses.group_advantages``);
+  1. (optional) overlong penalty; the method keeps its groups (``Method.select_groups``: DAPO drops zero-variance);
+  2. per-token advantages from the shaped rewards (``Method.token_advantages``; GRPO broadcasts A_i of
+     ``tasks.losses.group_advantages`` to every token);
   3. pi_old: log-probs of the response tokens under the current weights at the rollout temperature (no grad);
   4. ``updates_per_batch`` optimizer updates: each mini-batch is packed by token count into padded micro-batches,
      gradients accumulate over them, DeepSpeed clips and steps once per mini-batch;
@@ -31,14 +32,13 @@ from arbor.seeding import derive_seed
 from tasks import checkpoint as ckpt
 from tasks.losses import (
     LossOut,
-    dynamic_sampling_filter,
-    group_advantages,
     overlong_penalty,
     policy_loss,
     token_entropy,
     token_logprobs,
     zero_variance_groups,
 )
+from tasks.methods import make_method
 from tasks.types import Trajectory
 
 
@@ -338,6 +338,21 @@ def check_trajectory(t: Trajectory) -> None:
         )
 
 
+def loss_positions(t: Trajectory) -> torch.Tensor:
+    """Indices of the response tokens the loss reads (loss_mask 1), in order (``make_micro``'s spans)."""
+    return torch.tensor([j for j, keep in enumerate(t.loss_mask) if keep], dtype=torch.long)
+
+
+def check_token_advantages(batch: list[Trajectory], adv: list[torch.Tensor], method: str) -> None:
+    """A method's ``token_advantages`` must give one value per response token of every trajectory."""
+    if len(adv) != len(batch):
+        raise ValueError(f"method {method}: token_advantages returned {len(adv)} vectors for {len(batch)} trajectories")
+    for t, a in zip(batch, adv, strict=True):
+        if a.ndim != 1 or a.shape[0] != len(t.response_ids):
+            raise ValueError(f"method {method}: token_advantages for {t.traj_id} has shape {tuple(a.shape)}, "
+                             f"expected ({len(t.response_ids)},): one advantage per response token")
+
+
 def reward_of(t: Trajectory) -> float:
     """R_i: the shaped reward (eq. 4) when shaping ran, else the base reward."""
     return float(t.shaped_reward if t.shaped_reward is not None else t.base_reward)
@@ -359,9 +374,9 @@ class Trainer:
         self.home = Path(home) if home is not None else arbor_home()
         self.run_id = cfg.run.run_id or "default"
         self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.home / "checkpoints" / self.run_id
-        self.method = cfg.run.method
+        self.method = make_method(cfg)
         self.eps_low = self.tc.eps_clip_low
-        self.eps_high = self.tc.dapo_eps_clip_high if self.method == "dapo" else self.tc.eps_clip_high
+        self.eps_high = self.method.eps_clip_high(self.tc)
         self.ds_config = deepspeed_config(
             zero_stage=self.tc.zero_stage, bf16=self.tc.bf16, grad_clip=self.tc.grad_clip,
             extra=merge(read_deepspeed_json(self.tc.deepspeed_config), self.tc.deepspeed),
@@ -447,10 +462,9 @@ class Trainer:
         groups = [t.group for t in batch]
         metrics["n_groups"] = float(len(set(groups)))
         metrics["zero_var_groups"] = float(len(zero_variance_groups(rewards, groups)))
-        if self.method == "dapo":
-            keep, dropped = dynamic_sampling_filter(rewards, groups)
-            metrics["dapo_dropped_groups"] = float(dropped)
-            metrics["dapo_kept_groups"] = float(len({groups[i] for i in keep}))
+        keep, chosen = self.method.select_groups(rewards, groups)
+        metrics.update(chosen)
+        if len(keep) < len(batch):
             batch = [batch[i] for i in keep]
             rewards = [rewards[i] for i in keep]
             groups = [groups[i] for i in keep]
@@ -458,13 +472,14 @@ class Trainer:
         metrics["n_trajectories"] = float(len(batch))
         metrics["mean_response_tokens"] = float(sum(lengths) / max(1, len(lengths)))
         metrics["max_response_tokens"] = float(max(lengths, default=0))
-        if not batch:  # DAPO dropped every group: no update, but the version still advances with the step
+        if not batch:  # the method dropped every group (DAPO): no update, but the version still advances with the step
             self.step = step
             self.policy_version += 1
             metrics.update(policy_version=float(self.policy_version), loss=0.0, grad_norm=0.0, updates=0.0)
             return metrics
 
-        adv = group_advantages(rewards, groups, norm=tc.adv_norm, eps=tc.adv_eps)
+        adv = self.method.token_advantages(batch, rewards, groups, tc)
+        check_token_advantages(batch, adv, self.cfg.run.method)
         self.engine.train()  # Qwen3 has no dropout; train mode keeps gradient checkpointing active
         t0 = time.perf_counter()
         logp_old = self.logprobs(batch)  # pi_old: the weights at the start of the step
@@ -532,7 +547,7 @@ class Trainer:
         return metrics
 
     def _micro_loss(
-        self, batch: list[Trajectory], mb: list[int], logp_old: list[torch.Tensor], adv: torch.Tensor,
+        self, batch: list[Trajectory], mb: list[int], logp_old: list[torch.Tensor], adv: list[torch.Tensor],
         n_loss_tokens: float,
     ) -> tuple[LossOut, int]:
         tc = self.tc
@@ -540,7 +555,7 @@ class Trainer:
         n_pos = m.rows.shape[0]
         if mb and m.spans[-1][1] == n_pos and n_pos > 0 and float(m.mask.sum()) > 0:
             old = torch.cat([logp_old[i] for i in mb]).to(self.device)
-            a = torch.cat([adv[i].expand(b - s) for i, (s, b) in zip(mb, m.spans, strict=True)]).to(self.device)
+            a = torch.cat([adv[i][loss_positions(batch[i])] for i in mb]).to(self.device)
         else:  # a padding micro-batch, or one without any loss token: forward/backward for the collectives only
             old = torch.zeros(n_pos, device=self.device)
             a = torch.zeros(n_pos, device=self.device)

@@ -14,6 +14,7 @@ from tasks.group_stats import classify_group
 pytestmark = pytest.mark.slow
 
 METHODS = ("arbor", "grpo", "dapo", "rar", "no-memory")
+PLUGIN = "examples.length_penalty:LengthPenaltyGRPO"  # a user's method by import path (docs/methods.md)
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,8 @@ def runs(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.TempPathFac
     os.environ["ARBOR_HOME"] = str(home)
     for m in METHODS:
         arbor_train(profile="tiny-cpu", overrides=tiny_overrides(sft_policy, **{"run.method": m}), run_id=m)
+    arbor_train(profile="tiny-cpu", overrides=tiny_overrides(sft_policy, **{"run.method": PLUGIN, "run.steps": 1}),
+                run_id="plugin")
     return home
 
 
@@ -120,3 +123,16 @@ def test_no_memory_leaves_the_common_pool_empty(runs: Path) -> None:
     assert {(d["step"], d["group"]) for d in drafts} <= groups
     for d in drafts:  # a draft scores only its source group: its id names the step and group it came from
         assert d["rubric_id"].startswith(f"d{d['step']}.{d['group']}.")
+
+
+def test_a_method_by_import_path_trains_with_its_own_advantages(runs: Path) -> None:
+    """The example plug-in is GRPO with a per-token length penalty in its advantages: the same step-1 rollouts as
+    GRPO (same policy and seeds), no judge work, and a different step-1 update (its loss differs from GRPO's)."""
+    assert table("runs", "plugin", runs)[0]["method"] == PLUGIN
+    mine = sorted((r["group"], r["sample"], tuple(r["response_ids"])) for r in table("trajectories", "plugin", runs))
+    grpo = sorted((r["group"], r["sample"], tuple(r["response_ids"]))
+                  for r in table("trajectories", "grpo", runs) if r["step"] == 1)
+    assert mine == grpo
+    assert not table("judge_calls", "plugin", runs)
+    loss = {m: next(s["loss"] for s in table("steps", m, runs) if s["step"] == 1) for m in ("grpo", "plugin")}
+    assert loss["plugin"] is not None and loss["plugin"] != loss["grpo"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from arbor.config.base import Section
@@ -12,7 +10,9 @@ from arbor.config.base import Section
 class RunConfig(Section):
     profile: str = "tiny-cpu"
     run_id: str | None = None
-    method: Literal["arbor", "grpo", "dapo", "rar", "no-memory"] = "arbor"
+    method: str = Field("arbor", pattern=r"^([a-z][a-z0-9_-]*|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
+                        description="the training method: a registered name (arbor, grpo, dapo, rar, no-memory; "
+                        "tasks/methods/) or a Method subclass as 'pkg.module:ClassName' (docs/methods.md)")
     seed: int = 0
     steps: int = Field(60, ge=0)
     eval_every: int | None = Field(None, ge=1, description="held-out evaluation every N steps (None: never)")

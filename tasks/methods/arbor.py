@@ -1,0 +1,128 @@
+"""ARBOR (paper §3): a rubric memory shared across queries shapes the reward of zero-variance groups.
+
+    score        active selection (§3.4), sparse pairwise judging of every group by the active common rubrics,
+                 n_r / rho_r updates (§3.3)
+    retire       n_r > kappa or rho_r < rho_min (§3.3), at the end of the step's scoring, so a retiring rubric
+                 frees its slot before consolidation
+    induce       contrastive anchors (eq. 1, A.1) -> drafts -> admission by variance and Pearson tests (eq. 2)
+    shape        R_total = R_base + lambda * centred, attenuated rubric term (eq. 3/4; ``tasks.shaping``)
+    consolidate  every K_consol admitted drafts: LLM abstraction + embedding de-duplication (§3.3)
+
+The memory is changed only through ``RubricMemory`` calls of these stages; each returns the events it caused, so a
+resumed run rebuilds the memory from stored events (``tasks.step.rebuild_memory``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from llm.base import CallContext
+from tasks.induction import select_anchors
+from tasks.memory import Activation, DraftResult, Records, RubricMemory, load_pool_file
+from tasks.methods.base import Method, Rows, RubricScores, StepResources
+from tasks.scoring import ScoringJob, score_jobs
+from tasks.stages import fault_point
+from tasks.types import Rubric, Trajectory
+
+
+def induce_drafts(run: StepResources, step: int, trajs: list[Trajectory]
+                  ) -> tuple[list[ScoringJob], list[Any], Rows]:
+    """Contrastive induction on every group with correctness divergence (eq. 1, A.1), each draft scored on its
+    source group: (scoring jobs, their results, the ``draft_scores`` rows)."""
+    plans = []
+    for g in run.groups(trajs):
+        anchors = select_anchors([t.f1 for t in g], [t.response_tokens for t in g], [t.format_valid for t in g])
+        if anchors["mode"] != "skip":
+            plans.append((g, anchors))
+    existing: list[Rubric] = list(run.memory.pool)  # E.1: the previously established (common) rubrics only
+
+    async def induce_all() -> list[Any]:
+        return await asyncio.gather(*[
+            run.judge.induce(g[0].question, g[0].golds, g, anchors, existing,
+                             ctx=CallContext(run.run_id, step, "induce", g[0].group))
+            for g, anchors in plans
+        ])
+
+    outcomes = run.run_async(induce_all()) if plans else []
+    drafts: list[tuple[list[Trajectory], Rubric]] = []
+    for (g, _anchors), out in zip(plans, outcomes, strict=True):
+        for r in RubricMemory.make_drafts(step, g[0].group, out.value or []):
+            drafts.append((g, r))
+    jobs = [ScoringJob(g[0].group, r, g) for g, r in drafts]
+    results = run.run_async(score_jobs(
+        run.judge, jobs, run_id=run.run_id, seed=run.seed, step=step, stage="induce",
+    )) if jobs else []
+    fault_point(step, "induce", "mid")
+    draft_scores = [
+        {"step": step, "group": j.group, "rubric_id": j.rubric.rubric_id, "title": j.rubric.title,
+         "description": j.rubric.description, "counter_description": j.rubric.counter_description,
+         "feature": j.rubric.feature, "direction": j.rubric.direction,
+         "scores": res.scores, "n_edges": res.n_edges, "n_failed_edges": res.n_failed_edges}
+        for j, res in zip(jobs, results, strict=True)
+    ]
+    return jobs, results, draft_scores
+
+
+class Arbor(Method):
+    name = "arbor"
+    uses_memory = True
+
+    def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        """Active selection (§3.4), sparse pairwise judging of every group, n_r / rho_r updates."""
+        rec = Records()
+        if step == 1 and self.cfg.memory.init_from:  # warm start from another run's exported pool (issue 7)
+            src = self.cfg.memory.init_from
+            rec.extend(run.memory.load_pool(step, load_pool_file(src), source=src))
+        active, sel = run.memory.select_active(step)
+        rec.extend(sel)
+        if active and run.judge_capped():
+            active = []
+        groups = run.groups(trajs)
+        jobs = [ScoringJob(g[0].group, r, g) for g in groups for r in active]
+        n_calls = sum(max(len(j.trajectories) - 1, 0) + len(j.trajectories) // 2 for j in jobs)
+        results = run.run_async(score_jobs(
+            run.judge, jobs, run_id=run.run_id, seed=run.seed, step=step, stage="score",
+            on_call_done=run.scoring_progress("score", n_calls),
+        )) if jobs else []
+        fault_point(step, "score", "mid")
+        acts = [Activation(j.rubric.rubric_id, j.group, res, [t.f1 for t in j.trajectories])
+                for j, res in zip(jobs, results, strict=True)]
+        rec.extend(run.memory.apply_activations(step, acts))
+        return {"rubric_events": rec.events, "rubric_activations": rec.activations, "judge_calls": run.judge_rows()}
+
+    def retire(self, run: StepResources, step: int) -> dict[str, Rows]:
+        """End of the step's scoring: retire rubrics with n_r > kappa or rho_r < rho_min (§3.3)."""
+        return {"rubric_events": run.memory.retire(step).events}
+
+    def induce(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        """Drafts from contrastive anchors (eq. 1), admitted into the candidate set D by eq. 2."""
+        if self.cfg.memory.frozen or run.judge_capped():
+            return super().induce(run, step, trajs)
+        jobs, results, draft_scores = induce_drafts(run, step, trajs)
+        results_in = [
+            DraftResult(j.rubric, j.group, j.trajectories[0].question_id, j.trajectories[0].question, res,
+                        [t.f1 for t in j.trajectories])
+            for j, res in zip(jobs, results, strict=True)
+        ]
+        rec = run.memory.admit_drafts(step, results_in)
+        return {"rubric_events": rec.events, "judge_calls": run.judge_rows(), "draft_scores": draft_scores}
+
+    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
+                      draft_scores: Rows) -> RubricScores:
+        """The active common rubrics' scores of each group (a failed activation counts as no score)."""
+        out = RubricScores()
+        for a in sorted(activations, key=lambda a: (a["group"], a["rubric_id"])):
+            out.per_group.setdefault(a["group"], []).append(None if a["judge_error"] else a["scores"])
+        return out
+
+    def consolidate(self, run: StepResources, step: int) -> dict[str, Rows]:
+        """Every K_consol admitted drafts: LLM abstraction + embedding de-dup, capacity, lineage (§3.3)."""
+        if not run.memory.consolidation_due() or run.judge_capped():
+            return super().consolidate(run, step)
+        out = run.run_async(run.judge.consolidate(run.memory.candidates_by_query(), run.memory.pool,
+                                                  ctx=CallContext(run.run_id, step, "consolidate")))
+        if out.value is None:  # the judge failed after retries: keep D, try again at the next step
+            return {**super().consolidate(run, step), "judge_calls": run.judge_rows()}
+        rec = run.memory.consolidate(step, out.value, run.embed)
+        return {"rubric_events": rec.events, "rubric_sources": rec.sources, "judge_calls": run.judge_rows()}

@@ -1,0 +1,130 @@
+"""The method interface: what a training method decides at each stage of an RL step (issue 13, DESIGN §1).
+
+A step runs the same stages for every method (``tasks.step.STAGES``):
+
+    rollout ─► score ─► retire ─► induce ─► shape ─► consolidate ─► train
+
+The stage machinery (storage, resume, timing, metrics) belongs to ``tasks.step.RunState``; a ``Method`` only fills
+in the decisions, each a hook with a do-nothing default, so plain GRPO (``tasks.methods.grpo``) overrides nothing:
+
+    extra_rollouts   more groups after the batch's (DAPO's dynamic sampling)
+    score            judge work on the rollouts before shaping (ARBOR: the active common rubrics, eq. 2 stats)
+    retire           end-of-scoring memory changes (ARBOR: n_r > kappa or rho_r < rho_min)
+    induce           new rubric drafts from the rollouts (ARBOR, no-memory: contrastive induction, eq. 1)
+    rubric_scores    per group, the rubric score vectors that eq. 3/4 shape the base reward with
+    consolidate      memory maintenance after shaping (ARBOR: abstraction into common rubrics)
+    select_groups    which trajectories the trainer keeps (DAPO: drops zero-variance groups)
+    eps_clip_high    the upper PPO clip (DAPO: clip-higher)
+    token_advantages one advantage per response token (GRPO: the group advantage A_i broadcast; a method with
+                     stage- or turn-level credit returns different values along one trajectory)
+
+Every stage hook returns the rows of the stage's tables (``{table: rows}``); a table it does not fill is an empty
+list. Hooks get the run's resources (``StepResources``) and must draw any randomness from ``run.seed`` and the
+step, so a resumed stage reproduces the stored one. A method is a class; ``tasks.methods.resolve_method`` finds the
+built-ins by name and a user's own by import path (``pkg.module:MyMethod``); docs/methods.md has a worked example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from torch import Tensor
+
+from arbor.config import ArborConfig
+from arbor.config.memory import MemoryConfig
+from arbor.config.train import TrainConfig
+from llm.base import Judge
+from tasks.datasets import Question
+from tasks.losses import group_advantages
+from tasks.memory import RubricMemory
+from tasks.types import Trajectory
+
+Rows = list[dict[str, Any]]
+T = TypeVar("T")
+
+
+class StepResources(Protocol):
+    """What a method may use during a stage (implemented by ``tasks.step.RunState``)."""
+
+    cfg: ArborConfig
+    run_id: str
+    questions: list[Question]
+    engine: Any  # a rollout engine: generate_groups(questions, k, seed, step, run_id=..., first_group=...)
+    judge: Judge
+    memory: RubricMemory
+    embed: Callable[[list[str]], Any]
+
+    @property
+    def seed(self) -> int: ...
+
+    def groups(self, trajs: Sequence[Trajectory]) -> list[list[Trajectory]]: ...
+
+    def judge_capped(self) -> bool: ...
+
+    def judge_rows(self) -> Rows: ...
+
+    def run_async(self, coro: Awaitable[T]) -> T: ...
+
+    def scoring_progress(self, stage: str, total: int) -> Callable[[], None]: ...
+
+
+@dataclass
+class RubricScores:
+    """``rubric_scores``' answer: per group id, one score vector per rubric (None: that rubric failed for the
+    group), plus the judge calls and audit rows (``draft_scores``) the shape stage stores."""
+
+    per_group: dict[int, list[Sequence[float | None] | None]] = field(default_factory=dict)
+    judge_calls: Rows = field(default_factory=list)
+    draft_scores: Rows = field(default_factory=list)
+
+
+class Method:
+    """Plain GRPO behaviour; a method overrides the hooks it changes (module docstring)."""
+
+    name: ClassVar[str] = ""
+    uses_memory: ClassVar[bool] = False  # its stages read or change the shared rubric memory
+
+    def __init__(self, cfg: ArborConfig) -> None:
+        self.cfg = cfg
+
+    # -------------------------------------------------------------------------------- stages (rollout -> shape)
+    def extra_rollouts(self, run: StepResources, step: int, batch: list[Question],
+                       trajs: list[Trajectory]) -> list[Trajectory]:
+        return []
+
+    def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        return {"rubric_events": [], "rubric_activations": [], "judge_calls": []}
+
+    def retire(self, run: StepResources, step: int) -> dict[str, Rows]:
+        return {"rubric_events": []}
+
+    def induce(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        return {"rubric_events": [], "judge_calls": [], "draft_scores": []}
+
+    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
+                      draft_scores: Rows) -> RubricScores:
+        return RubricScores()
+
+    def shaping_delta_v(self, memory: MemoryConfig) -> float:
+        """delta_v of the shaping variance filter (§3.4)."""
+        return memory.delta_v
+
+    def consolidate(self, run: StepResources, step: int) -> dict[str, Rows]:
+        return {"rubric_events": [], "rubric_sources": [], "judge_calls": []}
+
+    # -------------------------------------------------------------------------------- the trainer's decisions
+    def eps_clip_high(self, train: TrainConfig) -> float:
+        return train.eps_clip_high
+
+    def select_groups(self, rewards: Sequence[float], groups: Sequence[int]) -> tuple[list[int], dict[str, float]]:
+        """Indices of the trajectories to train on, and metrics about the choice (default: all)."""
+        return list(range(len(rewards))), {}
+
+    def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
+                         train: TrainConfig) -> list[Tensor]:
+        """One float32 advantage per response token of each trajectory (masked tokens are ignored by the loss).
+        GRPO: A_i = (R_i - mean_g) / (std_g + eps) on every token (App. B.2)."""
+        adv = group_advantages(rewards, groups, norm=train.adv_norm, eps=train.adv_eps)
+        return [adv[i].expand(len(t.response_ids)) for i, t in enumerate(batch)]

@@ -1,0 +1,30 @@
+"""ARBOR without memory (App. C.3 ablation): contrastive drafts score only their source group, then are discarded.
+
+Induction is ARBOR's (eq. 1, A.1) but there is no admission, no common pool, no retirement or consolidation: each
+group that diverges in correctness is shaped (eq. 3/4) by the drafts induced from it, and nothing is reused.
+"""
+
+from __future__ import annotations
+
+from tasks.methods.arbor import induce_drafts
+from tasks.methods.base import Method, Rows, RubricScores, StepResources
+from tasks.types import Trajectory
+
+
+class NoMemory(Method):
+    name = "no-memory"
+
+    def induce(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        if self.cfg.memory.frozen or run.judge_capped():
+            return super().induce(run, step, trajs)
+        _jobs, _results, draft_scores = induce_drafts(run, step, trajs)
+        return {"rubric_events": [], "judge_calls": run.judge_rows(), "draft_scores": draft_scores}
+
+    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
+                      draft_scores: Rows) -> RubricScores:
+        """Each group's own drafts (a draft whose every edge failed has no scores and is left out)."""
+        out = RubricScores()
+        for d in draft_scores:
+            if d["scores"] is not None:
+                out.per_group.setdefault(d["group"], []).append(d["scores"])
+        return out

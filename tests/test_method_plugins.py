@@ -1,0 +1,117 @@
+"""Methods as plug-ins (issue 13 items 1-2): the registry, import paths, per-token advantages in the trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from test_train import make_batch, make_trainer, params, tiny_model_dir
+from torch import Tensor
+
+from arbor.config import load_config
+from arbor.config.train import TrainConfig
+from arbor.preflight import check
+from examples.length_penalty import LengthPenaltyGRPO
+from tasks.losses import group_advantages, segment_advantages
+from tasks.methods import REGISTRY, MethodError, resolve_method
+from tasks.methods.grpo import GRPO
+from tasks.types import Trajectory
+
+
+class SegmentGRPO(GRPO):
+    """GRPO's advantages written as one segment per trajectory: must train exactly like the broadcast."""
+
+    name = "grpo-segments"
+
+    def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
+                         train: TrainConfig) -> list[Tensor]:
+        adv = group_advantages(rewards, groups, norm=train.adv_norm, eps=train.adv_eps)
+        return [segment_advantages(len(t.response_ids), [(0, len(t.response_ids), float(a))])
+                for t, a in zip(batch, adv, strict=True)]
+
+
+class NegatedGRPO(GRPO):
+    name = "grpo-negated"
+
+    def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
+                         train: TrainConfig) -> list[Tensor]:
+        return [-a for a in super().token_advantages(batch, rewards, groups, train)]
+
+
+class ShortAdvantages(GRPO):
+    name = "grpo-short"
+
+    def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
+                         train: TrainConfig) -> list[Tensor]:
+        return [a[:-1] for a in super().token_advantages(batch, rewards, groups, train)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("models"))
+
+
+def test_segment_advantages_by_hand() -> None:
+    got = segment_advantages(6, [(0, 2, 1.5), (3, 6, -0.5)])
+    assert got.dtype == torch.float32
+    assert got.tolist() == [1.5, 1.5, 0.0, -0.5, -0.5, -0.5]  # token 2 lies in no segment: 0
+    assert segment_advantages(3, []).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="overlaps"):
+        segment_advantages(6, [(0, 3, 1.0), (2, 4, 1.0)])
+    with pytest.raises(ValueError, match="outside"):
+        segment_advantages(4, [(2, 5, 1.0)])
+
+
+def test_registry_resolves_names_and_import_paths() -> None:
+    assert sorted(REGISTRY) == ["arbor", "dapo", "grpo", "no-memory", "rar"]
+    assert all(resolve_method(name).name == name for name in REGISTRY)
+    assert resolve_method("examples.length_penalty:LengthPenaltyGRPO") is LengthPenaltyGRPO
+    for spec, words in [("grpo2", "unknown method"), ("examples.length_penalty:Nope", "cannot import"),
+                        ("tasks.types:Trajectory", "not a subclass"), ("no_such_pkg.mod:M", "cannot import")]:
+        with pytest.raises(MethodError, match=words) as e:
+            resolve_method(spec)
+        assert str(e.value).startswith("run.method:")
+
+
+def test_a_bad_method_is_refused_before_anything_starts() -> None:
+    missing = check(load_config("tiny-cpu", {"run.method": "no_such_pkg.mod:M"}))
+    assert any(m.startswith("run.method: cannot import 'no_such_pkg.mod:M'") for m in missing), missing
+    with pytest.raises(ValueError, match="run.method"):  # not even a name or an import path
+        load_config("tiny-cpu", {"run.method": "my method"})
+
+
+def test_length_penalty_example_advantages_by_hand() -> None:
+    # rewards [1, 0, 0], lengths [10, 10, 1010], beta 1e-3 -> [0.99, -0.01, -1.01]: mean -0.01, centred [1, 0, -1],
+    # sample std 1 -> A = [1, 0, -1] / (1 + 1e-6); plain GRPO would give [2, -1, -1] / sqrt(3)
+    batch = [Trajectory(run_id="t", step=1, group=0, sample=i, question_id="q", question="?", golds=["a"],
+                        response_ids=[5] * n, loss_mask=[1] * n, rollout_logprobs=[0.0] * n)
+             for i, n in enumerate([10, 10, 1010])]
+    cfg = load_config("tiny-cpu")
+    adv = LengthPenaltyGRPO(cfg).token_advantages(batch, [1.0, 0.0, 0.0], [0, 0, 0], cfg.train)
+    assert [len(a) for a in adv] == [10, 10, 1010]
+    assert [float(a[0]) for a in adv] == pytest.approx([1 / (1 + 1e-6), 0.0, -1 / (1 + 1e-6)], abs=1e-6)
+    plain = GRPO(cfg).token_advantages(batch, [1.0, 0.0, 0.0], [0, 0, 0], cfg.train)
+    assert [float(a[0]) for a in plain] == pytest.approx([2 / 3**0.5, -1 / 3**0.5, -1 / 3**0.5], abs=1e-5)
+
+
+def test_segment_path_trains_bitwise_like_the_broadcast(model_dir: Path, tmp_path: Path) -> None:
+    batch = make_batch(1, 0)
+    ref = make_trainer(model_dir, tmp_path / "a", **{"run.method": "grpo"})
+    seg = make_trainer(model_dir, tmp_path / "b", **{"run.method": "test_method_plugins:SegmentGRPO"})
+    m_ref, m_seg = ref.train_step(batch, 1), seg.train_step(batch, 1)
+    assert m_ref["loss"] == m_seg["loss"] and m_ref["grad_norm"] == m_seg["grad_norm"]
+    pa, pb = params(ref), params(seg)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_token_advantages_reach_the_loss(model_dir: Path, tmp_path: Path) -> None:
+    batch = make_batch(1, 0)
+    m = make_trainer(model_dir, tmp_path / "a", **{"run.method": "grpo"}).train_step(batch, 1)
+    neg = make_trainer(model_dir, tmp_path / "b", **{"run.method": "test_method_plugins:NegatedGRPO"})
+    m_neg = neg.train_step(batch, 1)
+    assert m["loss"] != 0.0 and m_neg["loss"] == pytest.approx(-m["loss"], rel=1e-6)
+    short = make_trainer(model_dir, tmp_path / "c", **{"run.method": "test_method_plugins:ShortAdvantages"})
+    with pytest.raises(ValueError, match="one advantage per response token"):
+        short.train_step(batch, 1)

@@ -56,8 +56,9 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 
 def all_equal(xs: Sequence[float], eps: float = EPS) -> bool:
-    """True when every value is within ``eps`` of the first (an empty or single-value group is uniform)."""
-    return all(abs(x - xs[0]) <= eps for x in xs) if xs else True
+    """max - min <= eps (an empty or single-value group is uniform): the one definition of a zero-variance group,
+    shared by DAPO's filter (``tasks.losses``), Table 2 and ``sql/views/zero_variance_groups.sql``."""
+    return max(xs) - min(xs) <= eps if xs else True
 
 
 def outcome_pattern(f1: Sequence[float], format_valid: Sequence[bool]) -> Pattern:

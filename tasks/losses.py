@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-ZERO_VAR_TOL = 1e-9  # a group whose rewards differ by at most this is outcome-homogeneous (DAPO drops it)
+from tasks.group_stats import EPS, all_equal
+
+ZERO_VAR_TOL = EPS  # a group whose rewards differ by at most this is outcome-homogeneous (DAPO drops it)
 
 
 # ---------------------------------------------------------------------------------------------- advantages
@@ -84,7 +86,7 @@ def zero_variance_groups(rewards: Sequence[float], groups: Sequence[int], tol: f
     by_group: dict[int, list[float]] = {}
     for r, g in zip(rewards, groups, strict=True):
         by_group.setdefault(int(g), []).append(float(r))
-    return {g for g, rs in by_group.items() if max(rs) - min(rs) <= tol}
+    return {g for g, rs in by_group.items() if all_equal(rs, tol)}
 
 
 def dynamic_sampling_filter(
@@ -113,7 +115,7 @@ def dynamic_sampling_refill(
     seen = list(groups_of_rewards)
 
     def informative(rs: list[float]) -> bool:
-        return max(rs) - min(rs) > tol
+        return not all_equal(rs, tol)
 
     kept = [i for i, rs in enumerate(seen) if informative(rs)]
     rounds = 0

@@ -39,6 +39,7 @@ from tasks.methods import Method, make_method
 from tasks.shaping import shape_group
 from tasks.stages import Rows, StageStore
 from tasks.types import Trajectory
+from tasks.weight_sync import sync_policy
 
 T = TypeVar("T")
 
@@ -171,22 +172,8 @@ class RunState:
         return {"eval_results": rows, "judge_calls": self.judge_rows()}
 
     def sync_weights(self) -> None:
-        """After each step: the rollout engine gets the trainer's weights and version (issue 6 item 4)."""
-        version = self.trainer.policy_version
-        if hasattr(self.trainer, "state_dict_for_sync") and hasattr(self.engine, "load_state_dict"):
-            self.engine.load_state_dict(self.trainer.state_dict_for_sync(), version)  # in-process
-        elif hasattr(self.engine, "load_state_dict"):  # trainer in its own process group: via an HF export
-            from safetensors.torch import load_file
-
-            path = self.trainer.export_hf(self.home / "trainer" / self.run_id / "sync")
-            sd: dict[str, Any] = {}
-            for f in sorted(Path(path).glob("*.safetensors")):
-                sd.update(load_file(str(f)))
-            self.engine.load_state_dict(sd, version)
-        else:  # `vllm serve`: the trainer pushes over vLLM's weight-transfer API (docs/gpu.md)
-            if hasattr(self.trainer, "sync_vllm"):
-                self.trainer.sync_vllm(self.cfg.rollout.base_url)
-            self.engine.set_policy_version(version)
+        """After each step: the rollout engine gets the trainer's weights and version (``tasks.weight_sync``)."""
+        sync_policy(self.trainer, self.engine, self.home / "trainer" / self.run_id / "sync", self.cfg.rollout.base_url)
 
     # ------------------------------------------------------------------------------------------ metrics
     def step_row(self, step: int, trajs: list[Trajectory], train_metrics: dict[str, float]) -> dict[str, Any]:

@@ -40,6 +40,31 @@ def sync_weights(trainer: Any, target: Any) -> int:
     return version
 
 
+def sync_policy(trainer: Any, engine: Any, export_dir: Path, base_url: str | None = None) -> int:
+    """After each step, the one path from the trainer's weights to the rollout engine (issue 6 item 4):
+
+    - trainer in this process: :func:`sync_weights` (full state dict, no copy on disk);
+    - trainer in its own process group (``tasks.trainer_service``): an HF export under ``export_dir``, loaded here;
+    - ``vllm serve``: the trainer pushes over vLLM's weight-transfer API (docs/gpu.md); the engine takes the version.
+    Returns the policy version now served."""
+    version = int(trainer.policy_version)
+    if hasattr(trainer, "state_dict_for_sync") and hasattr(engine, "load_state_dict"):
+        return sync_weights(trainer, engine)
+    if hasattr(engine, "load_state_dict"):
+        from safetensors.torch import load_file
+
+        path = trainer.export_hf(export_dir)
+        sd: dict[str, torch.Tensor] = {}
+        for f in sorted(Path(path).glob("*.safetensors")):
+            sd.update(load_file(str(f)))
+        engine.load_state_dict(sd, version)
+        return version
+    if hasattr(trainer, "sync_vllm"):
+        trainer.sync_vllm(base_url)
+    engine.set_policy_version(version)
+    return version
+
+
 def load_into_module(module: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
     """Strict copy, tolerating only a tied ``lm_head.weight`` absent from one side."""
     tied = bool(getattr(getattr(module, "config", None), "tie_word_embeddings", False))

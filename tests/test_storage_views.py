@@ -281,3 +281,23 @@ def test_search_behaviour(tmp_path):
     assert r["n_all_correct"] == 2  # group 0 only
     assert r["mean_searches_all_correct"] == pytest.approx(2.0)
     assert r["repeated_query_share_all_correct"] == pytest.approx(0.5)
+
+
+def test_zero_variance_sql_and_python_agree(tmp_path):
+    """One definition of a zero-variance group (max - min <= 1e-9): the SQL view, Table 2's ``classify_group`` and
+    DAPO's filter count the same groups, including spreads just inside and just outside the tolerance (a group
+    whose values all lie within 1e-9 of the first but spread 1.6e-9 is not zero-variance anywhere)."""
+    from tasks.group_stats import classify_group
+    from tasks.losses import zero_variance_groups
+
+    spreads = [[0.0, 0.0, 0.0], [0.5, 0.5 + 0.9e-9, 0.5], [0.5, 0.5 + 0.8e-9, 0.5 - 0.8e-9],
+               [0.0, 2e-9, 0.0], [1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]]
+    rows = [dict(traj_id=f"zv/1/{g}/{s}", group=g, sample=s, question_id=f"q{g}", question="?", text="...",
+                 format_valid=True, em=0.0, f1=0.5, base_reward=r, shaped_reward=r)
+            for g, rs in enumerate(spreads) for s, r in enumerate(rs)]
+    write_stage("trajectories", rows, run_id="zv", step=1, stage="shape", home=tmp_path)
+    sql = q("select n_groups, base_total from zero_variance_groups where run_id = 'zv' and level = 'step'", tmp_path)
+    by_sql = round(sql[0]["n_groups"] * sql[0]["base_total"])
+    by_table2 = sum(classify_group(rs, [0.5] * 3, [True] * 3).zero_variance for rs in spreads)
+    by_dapo = len(zero_variance_groups([r for rs in spreads for r in rs], [g for g, rs in enumerate(spreads) for _ in rs]))
+    assert by_sql == by_table2 == by_dapo == 3  # groups 0, 1 and 5

@@ -8,6 +8,7 @@ flow machinery (Prefect, torch) or starts anything, and refuses bad input with e
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from enum import StrEnum
@@ -81,16 +82,22 @@ def sql_cmd(
     file: Annotated[Path | None, typer.Option("--file", "-f", help="read the SQL from this file")] = None,
     fmt: Annotated[SqlFormat, typer.Option("--format", help="output format")] = SqlFormat.table,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file (parquet needs it)")] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", help="NAME=VALUE, bound to $NAME in the SQL "
+                                                    "(repeatable), e.g. --param run_id=r1")] = None,
 ) -> None:
     """Query runs with SQL, read-only; works while a training run writes to the same workspace."""
     from storage.sql import SqlError, check_format, query_and_render
 
     if (query is None) == (file is None):
         _fail("give either a query or --file FILE")
+    bad = [p for p in param or [] if "=" not in p or not p.split("=", 1)[0]]
+    if bad:
+        _fail(f"--param {bad[0]}: expected NAME=VALUE")
+    params = dict(p.split("=", 1) for p in param or [])
     try:
         check_format(fmt.value, output)
         text = file.read_text() if file is not None else query
-        out = query_and_render(text or "", fmt=fmt.value, output=output)
+        out = query_and_render(text or "", fmt=fmt.value, output=output, params=params)
     except OSError as e:
         _fail(f"--file {file}: {e.strerror or e}")
     except SqlError as e:
@@ -176,6 +183,11 @@ def _train_config(profile: str | None, run_id: str | None, resume: str | None, o
     return amend_config(stored, overrides)[0]
 
 
+# suggested to the user after a run, the run id bound with --param run_id=...
+STEPS_OF_RUN = ("select step, mean_base_reward, mean_total_reward, format_valid_rate from steps where run_id = $run_id "
+                "order by step")
+
+
 def _next_steps(run_id: str, home: Path, seconds: float) -> None:
     """Where the results are and what to run next (as ``arbor demo`` ends)."""
     me = _me()
@@ -183,8 +195,7 @@ def _next_steps(run_id: str, home: Path, seconds: float) -> None:
     typer.echo(f"results: {home}  (Parquet under data/, catalog.duckdb holds the SQL views)")
     typer.echo("next:")
     typer.echo(f"  {me} report {run_id}")
-    typer.echo(f"  {me} sql \"select step, mean_base_reward, mean_total_reward, format_valid_rate from steps "
-               f"where run_id = '{run_id}' order by step\"")
+    typer.echo(f"  {me} sql '{STEPS_OF_RUN}' --param {shlex.quote('run_id=' + run_id)}")
     typer.echo(f"  {me} runs")
 
 

@@ -11,25 +11,6 @@ from typing import Any
 
 from arbor.paths import arbor_home
 
-COMPARE_SQL = """
-select r.method,
-       r.run_id,
-       avg(s.mean_base_reward)  as base_reward,
-       avg(s.mean_total_reward) as total_reward,
-       avg(s.format_valid_rate) as valid_rate,
-       avg(s.zero_var_base)     as zero_var_base,
-       avg(s.zero_var_total)    as zero_var_total,
-       sum(s.judge_calls)       as judge_calls,
-       (select avg(e.em) from eval_results e where e.run_id = r.run_id)  as heldout_em,
-       (select avg(e.f1) from eval_results e where e.run_id = r.run_id)  as heldout_f1,
-       (select avg(case when e.judge_correct then 1.0 else 0.0 end) from eval_results e
-         where e.run_id = r.run_id)                                      as heldout_acc
-from runs r join steps s using (run_id)
-where r.run_id in ({ids})
-group by r.method, r.run_id
-order by r.method
-"""
-
 
 class CompareError(ValueError):
     """Bad ``arbor compare`` input (methods), named."""
@@ -75,11 +56,10 @@ def run_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[s
     import secrets
 
     from flows.train import arbor_train
-    from storage.sql import query_and_render
+    from storage.sql import query_and_render, sql_file
 
     plan = plan_compare(methods, profile, overrides)
     prefix = prefix or f"compare-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     run_ids = [arbor_train(profile=profile, overrides=sets, run_id=f"{prefix}-{m}") for m, sets in plan.items()]
-    ids = ", ".join(f"'{r}'" for r in run_ids)
-    table = query_and_render(COMPARE_SQL.format(ids=ids), home=arbor_home())
+    table = query_and_render(sql_file("compare_runs"), home=arbor_home(), params={"run_ids": run_ids})
     return run_ids, table

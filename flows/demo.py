@@ -31,7 +31,7 @@ PROFILE = "tiny-world"  # the synthetic world: held-out F1 at the SFT start and 
 def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, profile: str = PROFILE) -> str:
     from flows.train import arbor_train
     from storage.runs import run_row
-    from storage.sql import query_and_render
+    from storage.sql import query_and_render, sql_file
     from tasks.curves import collect_curve_rows, plot_curves
 
     sets = dict(overrides or {})
@@ -56,5 +56,5 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     for title, sql in QUERIES:
         print(f"\n-- {title}\n.venv/bin/arbor sql \"{sql}\"")
     print("\nTable 2 for this run:")
-    print(query_and_render(f"select * from zero_variance_groups where run_id = '{run_id}'"))
+    print(query_and_render(sql_file("zero_variance_of_run"), params={"run_id": run_id}))
     return run_id

@@ -132,9 +132,9 @@ def run_status_table(home: str | os.PathLike[str] | None = None) -> Any:
     """The ``run_status`` view, each unfinished run's status decided by ``owner_alive`` (an Arrow table)."""
     import pyarrow as pa
 
-    from storage.sql import query
+    from storage.sql import query, sql_file
 
-    tbl = query("select * from run_status order by created_at", home=home)
+    tbl = query(sql_file("run_statuses"), home=home)
     statuses = tbl.column("status").to_pylist()
     for i, (rid, status) in enumerate(zip(tbl.column("run_id").to_pylist(), statuses, strict=True)):
         if status in ("running", "crashed"):

@@ -1,12 +1,17 @@
 """Read-only SQL over a workspace (``arbor sql``, ``arbor runs``): one short read-only connection per call, so it
-works while a training run writes Parquet into the same workspace (DESIGN §4)."""
+works while a training run writes Parquet into the same workspace (DESIGN §4).
+
+Every query arbor itself runs is a file ``sql/queries/<name>.sql`` named for its question, read with ``sql_file``;
+values (run ids, steps) are bound as ``$name`` parameters, never pasted into the SQL text."""
 
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
+from collections.abc import Mapping
 from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -16,18 +21,31 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from arbor.paths import SQL_DIR
 from storage.catalog import CatalogError, connect
 
 FORMATS = ("table", "csv", "json", "parquet")
 MAX_CELL = 80  # table output truncates longer cells (use csv/json/parquet for full values)
+QUERIES_DIR = SQL_DIR / "queries"
 
 
 class SqlError(RuntimeError):
     """A query could not be run (bad SQL, a write statement on the read-only catalog, bad format/output)."""
 
 
-def query(sql: str, home: str | os.PathLike[str] | None = None) -> pa.Table:
-    """Run ``sql`` on a read-only connection to the workspace catalog and return the result as Arrow."""
+@functools.cache
+def sql_file(name: str) -> str:
+    """The text of ``sql/queries/<name>.sql`` (read once per process)."""
+    path = QUERIES_DIR / f"{name}.sql"
+    if not path.is_file():
+        raise SqlError(f"no query file {path} (sql/queries/{name}.sql)")
+    return path.read_text()
+
+
+def query(sql: str, params: Mapping[str, Any] | None = None, *,
+          home: str | os.PathLike[str] | None = None) -> pa.Table:
+    """Run ``sql`` with ``$name`` placeholders bound from ``params`` on a read-only connection to the workspace
+    catalog; the result as Arrow."""
     if not sql or not sql.strip():
         raise SqlError("empty query")
     try:
@@ -35,7 +53,7 @@ def query(sql: str, home: str | os.PathLike[str] | None = None) -> pa.Table:
     except CatalogError as e:
         raise SqlError(str(e)) from e
     try:
-        rel = con.sql(sql)  # a statement without a result (e.g. SET) returns None
+        rel = con.sql(sql, params=dict(params) if params else None)  # a statement without a result returns None
         return rel.to_arrow_table() if rel is not None else pa.table({})
     except duckdb.Error as e:
         msg = str(e)
@@ -44,6 +62,12 @@ def query(sql: str, home: str | os.PathLike[str] | None = None) -> pa.Table:
         raise SqlError(msg) from e
     finally:
         con.close()
+
+
+def run_file(name: str, params: Mapping[str, Any] | None = None, *,
+             home: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of ``sql/queries/<name>.sql`` with ``params`` bound, as dicts."""
+    return query(sql_file(name), params, home=home).to_pylist()
 
 
 def _plain(v: Any) -> Any:
@@ -101,13 +125,15 @@ def query_and_render(
     fmt: str = "table",
     output: str | os.PathLike[str] | None = None,
     home: str | os.PathLike[str] | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> str:
-    """Run ``sql`` read-only and render it as ``table``, ``csv``, ``json`` or ``parquet``.
+    """Run ``sql`` read-only (``$name`` placeholders bound from ``params``) and render it as ``table``, ``csv``,
+    ``json`` or ``parquet``.
 
     With ``output`` the result goes to that file and a one-line note is returned; parquet needs ``output``.
     """
     check_format(fmt, output)
-    return render(query(sql, home=home), fmt, output)
+    return render(query(sql, params, home=home), fmt, output)
 
 
 def check_format(fmt: str, output: str | os.PathLike[str] | None = None) -> None:

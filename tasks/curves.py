@@ -95,25 +95,23 @@ def rises_by(delta: MeanSE, n_se: float = 3.0) -> bool:
 def collect_curve_rows(run_ids: Mapping[str, tuple[str, int]], home: Path) -> list[dict[str, Any]]:
     """One row per (run, step) of the runs ``{run_id: (method, seed)}``: every metric of ``CURVE_METRICS`` and a
     few more, read through the SQL views ``eval_summary``, ``steps`` and ``search_behaviour``."""
-    from storage.sql import query
+    from storage.sql import run_file
 
-    ids = ", ".join(f"'{r}'" for r in run_ids)
+    ids = {"run_ids": list(run_ids)}
     rows: dict[tuple[str, int], dict[str, Any]] = {}
 
-    def put(sql: str, keys: tuple[str, ...]) -> None:
-        for r in query(sql.format(ids=ids), home=home).to_pylist():
+    def put(name: str, keys: tuple[str, ...]) -> None:
+        for r in run_file(name, ids, home=home):
             method, seed = run_ids[r["run_id"]]
             row = rows.setdefault((r["run_id"], int(r["step"])),
                                   {"run_id": r["run_id"], "method": method, "seed": seed, "step": int(r["step"])})
             row.update({k: r[k] for k in keys})
 
-    put("select * from eval_summary where run_id in ({ids})",
-        ("strict_f1", "strict_em", "valid_f1", "valid_em", "valid_rate"))
-    put("select * from steps where run_id in ({ids})",
-        ("mean_base_reward", "mean_total_reward", "format_valid_rate", "zero_var_base", "zero_var_total",
-         "wall_seconds"))
-    put("select * from search_behaviour where run_id in ({ids})",
-        ("mean_searches", "repeated_query_share", "repeated_query_share_all_correct", "n_all_correct"))
+    put("eval_summary_of_runs", ("strict_f1", "strict_em", "valid_f1", "valid_em", "valid_rate"))
+    put("steps_of_runs", ("mean_base_reward", "mean_total_reward", "format_valid_rate", "zero_var_base",
+                          "zero_var_total", "wall_seconds"))
+    put("search_behaviour_of_runs", ("mean_searches", "repeated_query_share", "repeated_query_share_all_correct",
+                                     "n_all_correct"))
     return sorted(rows.values(), key=lambda r: (r["method"], r["seed"], r["step"]))
 
 

@@ -447,18 +447,7 @@ def store_eval_results(rows: Sequence[Mapping[str, Any]], *, run_id: str, step: 
 def load_eval_results(run_id: str, step: int | None = None, *, checkpoint: str | None = None,
                       home: Any = None) -> list[dict[str, Any]]:
     """``eval_results`` rows of a run (its latest evaluated step when ``step`` is None) through the SQL view."""
-    from storage.sql import query
+    from storage.sql import run_file
 
-    q = _sql_str(run_id)
-    if step is None:
-        where = f"run_id = {q} and step = (select max(step) from eval_results where run_id = {q})"
-    else:
-        where = f"run_id = {q} and step = {int(step)}"
-    if checkpoint is not None:
-        where += f" and checkpoint = {_sql_str(checkpoint)}"
-    return query(f"select * from eval_results where {where} order by split, question_id, run_index",
-                 home=home).to_pylist()
-
-
-def _sql_str(s: str) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
+    return run_file("eval_results_of_run", {"run_id": run_id, "step": None if step is None else int(step),
+                                            "checkpoint": checkpoint}, home=home)

@@ -16,13 +16,15 @@ Written under ``{home}/reports/{run_id}/`` (``report.md`` and one PNG per figure
   (pass@1, App. C.1) against each, one at a time, with the GRPO runs as the dashed baseline (``runs``,
   ``eval_results``).
 
-Every query is printed in the report next to what it produced, so a reader can rerun it with ``arbor sql``.
+Every query is a file in ``sql/queries/`` with the run id bound as ``$run_id``; the report prints each one next to
+what it produced, with the ``arbor sql --file ... --param run_id=...`` line that reruns it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,14 +49,19 @@ class ReportPaths:
     queries: list[str] = field(default_factory=list)
 
 
-def _q(s: str) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
+def _shown(name: str, **params: Any) -> str:
+    """``sql/queries/<name>.sql`` as the report prints it: the ``arbor sql`` line that reruns it, then its SQL."""
+    from storage.sql import sql_file
+
+    args = " ".join("--param " + shlex.quote(f"{k}={v}") for k, v in params.items())
+    return f"-- arbor sql --file sql/queries/{name}.sql {args}\n{sql_file(name).strip()}"
 
 
-def _query(sql: str, home: Any) -> list[dict[str, Any]]:
-    from storage.sql import query
+def _query(name: str, home: Any, **params: Any) -> tuple[list[dict[str, Any]], str]:
+    """The rows of ``sql/queries/<name>.sql`` with ``params`` bound, and the query as the report prints it."""
+    from storage.sql import run_file
 
-    return query(sql, home=home).to_pylist()
+    return run_file(name, params, home=home), _shown(name, **params)
 
 
 # ---- the figures' data (each returns the SQL it ran and what it computed) ------------------------------------------
@@ -71,10 +78,7 @@ class Table2:
 
 
 def table2(run_id: str, home: Any = None) -> Table2 | None:
-    sql = (f"select n_groups, base_all_correct, base_all_wrong, base_mixed_uniform, base_total,\n"
-           f"       total_all_correct, total_all_wrong, total_mixed_uniform, total_total\n"
-           f"from zero_variance_groups where run_id = {_q(run_id)} and level = 'run'")
-    rows = _query(sql, home)
+    rows, sql = _query("table2_zero_variance", home, run_id=run_id)
     if not rows:
         return None
     r = rows[0]
@@ -86,19 +90,12 @@ def table2(run_id: str, home: Any = None) -> Table2 | None:
 
 def zero_variance_by_step(run_id: str, home: Any = None) -> tuple[list[dict[str, Any]], str]:
     """Per-step fractions of zero-variance groups under R_base and R_total (the Table 2 view at level 'step')."""
-    sql = (f"select step, n_groups, base_total, total_total, converted_share from zero_variance_groups\n"
-           f"where run_id = {_q(run_id)} and level = 'step' order by step")
-    return _query(sql, home), sql
+    return _query("zero_variance_by_step", home, run_id=run_id)
 
 
 def judge_cost(run_id: str, home: Any = None) -> tuple[list[dict[str, Any]], str]:
     """Judge calls, cache hits, errors, tokens and cost per role over the run (view ``judge_cost_per_step``)."""
-    sql = (f"select role, sum(n_calls) as n_calls, sum(n_cache_hits) as n_cache_hits, sum(n_errors) as n_errors,\n"
-           f"       sum(prompt_tokens) as prompt_tokens, sum(completion_tokens) as completion_tokens,\n"
-           f"       sum(cost_usd) as cost_usd\n"
-           f"from judge_cost_per_step where run_id = {_q(run_id)}\n"
-           f"group by role order by role = 'all', role")
-    return _query(sql, home), sql
+    return _query("judge_cost_by_role", home, run_id=run_id)
 
 
 @dataclass(frozen=True)
@@ -114,16 +111,11 @@ class Reuse:
 
 
 def reuse(run_id: str, home: Any = None, top_n: int = TOP_RUBRICS) -> Reuse:
-    sql_top = (f"select rank, rubric_id, title, uses from rubric_reuse\n"
-               f"where run_id = {_q(run_id)} order by rank limit {int(top_n)}")
-    sql_curve = (f"select rank, rubric_fraction, cum_share, n_rubrics, scoring_events from rubric_reuse\n"
-                 f"where run_id = {_q(run_id)} order by rank")
-    sql_conc = (f"select top_fraction, share from rubric_reuse_concentration\n"
-                f"where run_id = {_q(run_id)} order by top_fraction")
-    top = _query(sql_top, home)
-    curve_rows = _query(sql_curve, home)
+    top, sql_top = _query("top_reused_rubrics", home, run_id=run_id, top_n=int(top_n))
+    curve_rows, sql_curve = _query("reuse_curve", home, run_id=run_id)
+    conc_rows, sql_conc = _query("reuse_concentration", home, run_id=run_id)
     conc = {round(float(r["top_fraction"]), 6): (None if r["share"] is None else float(r["share"]))
-            for r in _query(sql_conc, home)}
+            for r in conc_rows}
     curve = [(float(r["rubric_fraction"]), float(r["cum_share"] or 0.0)) for r in curve_rows]
     n = int(curve_rows[0]["n_rubrics"]) if curve_rows else 0
     events = int(curve_rows[0]["scoring_events"] or 0) if curve_rows else 0
@@ -132,23 +124,18 @@ def reuse(run_id: str, home: Any = None, top_n: int = TOP_RUBRICS) -> Reuse:
 
 def rubric_history(run_id: str, home: Any = None) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """rubric_id -> per-step rows (step, n_groups, mean_variance, rho_r, ...), rubrics ordered by uses."""
-    sql = (f"select h.rubric_id, h.step, h.n_groups, h.n_kept, h.mean_variance, h.step_pearson, h.rho_r, h.n_r\n"
-           f"from rubric_history h left join rubric_reuse u using (run_id, rubric_id)\n"
-           f"where h.run_id = {_q(run_id)} order by coalesce(u.rank, 1e9), h.rubric_id, h.step")
+    rows, sql = _query("rubric_history_by_reuse", home, run_id=run_id)
     out: dict[str, list[dict[str, Any]]] = {}
-    for r in _query(sql, home):
+    for r in rows:
         out.setdefault(r["rubric_id"], []).append(r)
     return out, sql
 
 
 def lineage(run_id: str, home: Any = None) -> tuple[dict[str, dict[str, Any]], str]:
     """common_rubric_id -> {title, status, drafts: [draft_rubric_id, draft_title, draft_step, group, question]}."""
-    sql = (f"select common_rubric_id, common_title, common_status, consolidated_step, draft_rubric_id, draft_title,\n"
-           f"       draft_step, \"group\", question_id, question\n"
-           f"from rubric_lineage where run_id = {_q(run_id)}\n"
-           f"order by consolidated_step, common_rubric_id, draft_step, draft_rubric_id")
+    rows, sql = _query("consolidation_lineage", home, run_id=run_id)
     out: dict[str, dict[str, Any]] = {}
-    for r in _query(sql, home):
+    for r in rows:
         c = out.setdefault(r["common_rubric_id"], {"title": r["common_title"], "status": r["common_status"],
                                                    "step": r["consolidated_step"], "drafts": []})
         c["drafts"].append({k: r[k] for k in ("draft_rubric_id", "draft_title", "draft_step", "group",
@@ -173,28 +160,7 @@ class Sweep:
 def sweep(run_id: str, home: Any = None) -> Sweep:
     """Runs of ``run_id``'s profile with their lambda, K_consol (from ``config_json``) and average pass@1 at their
     latest evaluated step: accuracy under the judge with the most rows there (ties: name), and F1."""
-    sql = f"""with last as (select run_id, max(step) as step from eval_results group by run_id),
-latest as (select e.* from eval_results e join last using (run_id, step)),
-judges as (select run_id, judge_model,
-                  row_number() over (partition by run_id order by count(*) desc, judge_model) as k
-           from latest where judge_model is not null group by run_id, judge_model),
-main as (select l.* from latest l left join judges j on j.run_id = l.run_id and j.k = 1
-         where j.judge_model is null or l.judge_model = j.judge_model),
-per_run_index as (select run_id, split, run_index,
-                         avg(case when judge_correct then 1.0 else 0.0 end) as acc,
-                         bool_or(judge_model is not null) as judged, avg(f1) as f1
-                  from main group by run_id, split, run_index),
-per_split as (select run_id, split, avg(acc) as acc, bool_and(judged) as judged, avg(f1) as f1
-              from per_run_index group by run_id, split)
-select r.run_id, r.method,
-       (r.config_json::json -> 'memory' ->> 'lambda_')::double as lambda_,
-       (r.config_json::json -> 'memory' ->> 'k_consol')::bigint as k_consol,
-       case when bool_and(s.judged) then avg(s.acc) end as acc, avg(s.f1) as f1
-from runs r left join per_split s using (run_id)
-where r.profile is not distinct from (select profile from runs where run_id = {_q(run_id)})
-group by r.run_id, r.method, r.config_json
-order by r.run_id"""
-    points = _query(sql, home)
+    points, sql = _query("profile_sweep", home, run_id=run_id)
     metric = "acc" if points and all(p["acc"] is not None for p in points if p["f1"] is not None) else "f1"
     this = next((p for p in points if p["run_id"] == run_id), None)
     return Sweep(points, this, metric, sql)
@@ -324,10 +290,7 @@ def _plot_sweep(s: Sweep, path: Path) -> None:
 
 
 def _known_run(run_id: str, home: Any) -> bool:
-    q = _q(run_id)
-    rows = _query(f"select (select count(*) from runs where run_id = {q}) + "
-                  f"(select count(*) from trajectories where run_id = {q}) + "
-                  f"(select count(*) from rubric_events where run_id = {q}) as n", home)
+    rows, _ = _query("run_row_count", home, run_id=run_id)
     return bool(rows[0]["n"])
 
 
@@ -350,7 +313,7 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
     md += ["## Table 2: zero-variance query-groups under R_base and R_total (§4.3)", ""]
     if t2 is None:
         md += ["No trajectories stored for this run.", ""]
-        queries.append(f"select * from zero_variance_groups where run_id = {_q(run_id)} and level = 'run'")
+        queries.append(_shown("table2_zero_variance", run_id=run_id))
     else:
         queries.append(t2.sql)
         rows = [["R_base"] + [_pct(t2.base[k]) for k, _ in TABLE2_KINDS],

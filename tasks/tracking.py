@@ -126,10 +126,9 @@ def steps_to_tensorboard(run_id: str, home: str | os.PathLike[str] | None = None
     """Rebuild a run's event files from its stored ``steps`` rows (the source of truth); returns the steps logged.
 
     Earlier event files of the run are replaced, so this is idempotent (e.g. after copying a workspace)."""
-    from storage.sql import query
+    from storage.sql import run_file
 
-    q = "'" + run_id.replace("'", "''") + "'"
-    rows = query(f"select * from steps where run_id = {q} order by step", home=home).to_pylist()
+    rows = run_file("steps_of_runs", {"run_ids": [run_id]}, home=home)
     d = tb_dir(run_id, home)
     for f in d.glob("events.out.tfevents.*") if d.exists() else []:
         f.unlink()

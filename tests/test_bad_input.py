@@ -131,7 +131,8 @@ def test_train_reports_next_steps_and_runs_tells_running_from_killed(prefect_har
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"results: {home}" in done.stdout, done.stdout
-    assert "arbor report done" in done.stdout and "where run_id = 'done'" in done.stdout, done.stdout
+    assert "arbor report done" in done.stdout and "where run_id = $run_id" in done.stdout, done.stdout
+    assert "--param run_id=done" in done.stdout, done.stdout
     stored = json.loads(run_row("done", home)["config_json"])
     assert stored["search"]["corpus"] == str(corpus)  # stored absolute: a resume from elsewhere reads the same file
 

@@ -1,0 +1,18 @@
+-- compare_runs: for each run in the list $run_ids, its method, mean training rewards, format-valid rate,
+-- zero-variance fractions, judge calls and held-out EM / F1 / judge accuracy (arbor compare; paper Tables 1, 2, 7)?
+select r.method,
+       r.run_id,
+       avg(s.mean_base_reward)  as base_reward,
+       avg(s.mean_total_reward) as total_reward,
+       avg(s.format_valid_rate) as valid_rate,
+       avg(s.zero_var_base)     as zero_var_base,
+       avg(s.zero_var_total)    as zero_var_total,
+       sum(s.judge_calls)       as judge_calls,
+       (select avg(e.em) from eval_results e where e.run_id = r.run_id)  as heldout_em,
+       (select avg(e.f1) from eval_results e where e.run_id = r.run_id)  as heldout_f1,
+       (select avg(case when e.judge_correct then 1.0 else 0.0 end) from eval_results e
+         where e.run_id = r.run_id)                                      as heldout_acc
+from runs r join steps s using (run_id)
+where list_contains($run_ids, r.run_id)
+group by r.method, r.run_id
+order by r.method

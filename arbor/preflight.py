@@ -120,7 +120,10 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
     missing: list[str] = _file_inputs(cfg)
-    from tasks.methods import MethodError, resolve_method  # the registry imports torch: only when checking a run
+    from tasks.methods import (  # the registry imports torch: only when checking a run
+        MethodError,
+        resolve_method,
+    )
 
     try:
         resolve_method(cfg.run.method)

@@ -1,9 +1,21 @@
-"""``arbor-train``: the ARBOR RL loop as a Prefect flow (DESIGN §1, paper §3 and App. B.2).
+"""``arbor-train``: the RL loop as a Prefect flow (DESIGN §1, paper §3 and App. B.2).
 
-Each step runs the stages of ``tasks.step`` as Prefect tasks; every stage's output is a stored artifact keyed by
-(run_id, step, stage), so running the flow again with the same run id (``arbor train --resume RUN_ID`` or the
-deployment with ``run_id`` set) loads completed stages instead of redoing them, rebuilds the rubric memory from
-its events, restarts the policy from its latest checkpoint and replays the training stages stored after it.
+Each step runs the stages of ``tasks.step`` as Prefect tasks (``score-step3``). A stage task takes the run's
+resources and the references of the stages it reads, commits its tables to the Parquet stage store keyed by
+(run_id, step, stage), and returns a ``StageRef`` to them. Its Prefect cache key is that same triple: a stage that
+completed in an earlier attempt of the run shows as Cached and is not run again; the cache record is written only
+after the stage store committed, and a stage the store does not hold is always recomputed (``refresh_cache``), so
+the store stays the source of truth that SQL reads.
+
+Running the flow again with the same run id (``arbor train --resume RUN_ID``, the deployment with ``run_id``, or
+Retry on a flow run in the Prefect UI: a run started without ``run_id`` takes its id from the Prefect flow run)
+loads completed stages, rebuilds the rubric memory from its events, restarts the policy from its latest
+checkpoint and replays the training stages stored after it. The flow run is named after the run id.
+
+Retries: ``rollout``, ``shape`` and ``eval`` are retried once in place (their inputs are stored and nothing of
+theirs is stored before their commit). The memory stages (``score``, ``retire``, ``induce``, ``consolidate``)
+and ``train`` are not: they change in-process state (the rubric memory, the optimizer) before they commit, so a
+failure there fails the flow run, and the next attempt rebuilds that state from the store.
 """
 
 from __future__ import annotations
@@ -11,23 +23,42 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import Task, flow, get_run_logger, tags, task
+from prefect.cache_policies import CachePolicy
+from prefect.context import TaskRunContext
+from prefect.utilities.annotations import quote
 
 from arbor.config import ArborConfig, load_config
 from arbor.paths import arbor_home, resolve_home_path
 from flows.progress import RunProgress
 from storage.liveness import Heartbeat
 from tasks.stages import StageStore
-from tasks.step import STAGES, RunState, rebuild_memory, timed_stage, trajectories_from_rows
+from tasks.step import STAGES, RunState, rebuild_memory, timed_stage
 
 
 def new_run_id(profile: str) -> str:
-    """A fresh run id: profile, local time to the second and 16 random bits (``tiny-cpu-20260101-120000-1a2b``)."""
+    """A fresh run id. Inside a Prefect flow run: the profile and the flow run's id (``tiny-cpu-3f2a9c1b``), so a
+    retry of that flow run resumes the same arbor run; elsewhere the local time and 16 random bits."""
+    from prefect.runtime import flow_run
+
+    fid = flow_run.id
+    if fid:
+        return f"{profile}-{str(fid).replace('-', '')[:8]}"
     return f"{profile}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def flow_run_name() -> str:
+    """The Prefect flow run's name: the arbor run id it trains (as ``prepare_run`` will resolve it)."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    rid = p.get("run_id") or (p.get("overrides") or {}).get("run.run_id")
+    return str(rid) if rid else new_run_id(str(p.get("profile") or "tiny-cpu"))
 
 
 def stored_config(run_id: str, home: Path) -> ArborConfig | None:
@@ -92,7 +123,8 @@ def start_checkpoint(cfg: ArborConfig, home: Path) -> Path:
 
 
 def open_run(cfg: ArborConfig, home: Path) -> RunState:
-    """Build engines, judge and trainer; restore the policy and the rubric memory from stored artifacts."""
+    """Build engines, judge and trainer; restore the policy and the rubric memory from stored artifacts. The
+    returned ``RunState`` is a context manager that stops what it started."""
     from arbor.preflight import require
     from llm import make_judge
     from tasks.datasets import load_questions
@@ -108,6 +140,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     search = make_search(cfg.search, home=home, world=cfg.world)
     start = start_checkpoint(cfg, home)
     trainer = make_trainer(cfg, start, home, run_id)
+    servers: list[Any] = []
     if cfg.rollout.engine == "transformers":
         policy, tokenizer = load_policy(start, cfg.policy.dtype, home=home)
         engine = make_engine(cfg, policy, tokenizer, search=search, home=home)
@@ -119,18 +152,20 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
             server = Supervised(spec, startup_timeout_s=cfg.cluster.startup_timeout_s,
                                 log_path=str(home / f"vllm-{run_id}.log"))
             server.start()
-            _SERVERS[run_id] = server
+            servers.append(server)
             cfg.rollout.base_url = spec.base_url
         engine = make_engine(cfg, search=search, home=home)
     judge = make_judge(cfg.judge, home=home)
     memory = rebuild_memory(cfg, store, cfg.run.steps)
     state = RunState(cfg=cfg, run_id=run_id, home=home, store=store, questions=questions, engine=engine,
-                     trainer=trainer, judge=judge, memory=memory, embed=_lazy_embedder(cfg.memory.embedder))
-    restore_policy(state)
+                     trainer=trainer, judge=judge, memory=memory, embed=_lazy_embedder(cfg.memory.embedder),
+                     servers=servers)
+    try:
+        restore_policy(state)
+    except BaseException:
+        state.close()
+        raise
     return state
-
-
-_SERVERS: dict[str, Any] = {}
 
 
 def make_trainer(cfg: ArborConfig, start: Path, home: Path, run_id: str) -> Any:
@@ -168,104 +203,126 @@ def restore_policy(state: RunState) -> None:
     last = state.trainer.load_latest() or 0
     step = last + 1
     while state.store.done(step, "train"):
-        trajs = trajectories_from_rows(state.store.load(step, "shape", ("trajectories",))["trajectories"])
-        state.trainer.train_step(trajs, step)
+        state.trainer.train_step(state.trajectories(step, "shape", "trajectories"), step)
         state.trainer.maybe_save(step)
         step += 1
     state.sync_weights()
 
 
 # ------------------------------------------------------------------------------------------------ tasks
-# Tasks take (run_id, step) only: their inputs are the stored artifacts of earlier stages, so Prefect never walks
-# large objects, and a task reads exactly what a resumed run would read.
-_RUNS: dict[str, RunState] = {}
+STAGE_TABLES: dict[str, tuple[str, ...]] = {
+    "rollout": ("rollouts",),
+    "score": ("rubric_events", "rubric_activations", "judge_calls"),
+    "retire": ("rubric_events",),
+    "induce": ("rubric_events", "judge_calls", "draft_scores"),
+    "shape": ("trajectories", "judge_calls", "draft_scores"),
+    "consolidate": ("rubric_events", "rubric_sources", "judge_calls"),
+    "train": ("steps",),
+    "eval": ("eval_results", "judge_calls"),
+}
 
 
-_PROGRESS: dict[str, Any] = {}
+@dataclass(frozen=True)
+class StageRef:
+    """What a stage task returns: the stored artifacts holding its output (read them with ``RunState.store``)."""
+
+    run_id: str
+    step: int
+    stage: str
+    tables: tuple[str, ...]
 
 
-def _stage(run_id: str, step: int, stage: str, tables: tuple[str, ...], compute: Any) -> dict[str, Any]:
-    state = _RUNS[run_id]
-    if run_id in _PROGRESS:
-        _PROGRESS[run_id].stage_started(step, stage)
-    out, _resumed = state.store.run(step, stage, tables, timed_stage(state, stage, lambda: compute(state)))
-    return out
+def stage_cache_key(ctx: TaskRunContext, params: dict[str, Any]) -> str:
+    """A stage's Prefect cache key: (run_id, step, stage)."""
+    return f"arbor-{params['run'].run_id}-step{params['step']}-{ctx.task.name}"
 
 
-def _trajs(state: RunState, step: int, stage: str, table: str) -> list[Any]:
-    return trajectories_from_rows(state.store.load(step, stage, (table,))[table])
+STAGE_CACHE = CachePolicy.from_cache_key_fn(stage_cache_key)
 
 
-@task(name="rollout", retries=1, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def rollout_task(run_id: str, step: int) -> None:
-    _stage(run_id, step, "rollout", ("rollouts",), lambda s: s.rollout(step))
+def _stage(run: RunState, step: int, stage: str, compute: Callable[[], dict[str, Any]]) -> StageRef:
+    if run.progress is not None:
+        run.progress.stage_started(step, stage)
+    run.store.run(step, stage, STAGE_TABLES[stage], timed_stage(run, stage, compute))
+    return StageRef(run.run_id, step, stage, STAGE_TABLES[stage])
 
 
-@task(name="score", cache_policy=NO_CACHE)
-def score_task(run_id: str, step: int) -> None:
-    _stage(run_id, step, "score", ("rubric_events", "rubric_activations", "judge_calls"),
-           lambda s: s.score(step, _trajs(s, step, "rollout", "rollouts")))
+def _rows(run: RunState, ref: StageRef, table: str) -> list[dict[str, Any]]:
+    return run.store.load(ref.step, ref.stage, (table,))[table]
 
 
-@task(name="induce", cache_policy=NO_CACHE)
-def induce_task(run_id: str, step: int) -> None:
-    _stage(run_id, step, "induce", ("rubric_events", "judge_calls", "draft_scores"),
-           lambda s: s.induce(step, _trajs(s, step, "rollout", "rollouts")))
+@task(name="rollout", retries=1, retry_delay_seconds=2, cache_policy=STAGE_CACHE, persist_result=True)
+def rollout_task(run: RunState, step: int) -> StageRef:
+    return _stage(run, step, "rollout", lambda: run.rollout(step))
 
 
-@task(name="shape", cache_policy=NO_CACHE)
-def shape_task(run_id: str, step: int) -> None:
-    def compute(s: RunState) -> dict[str, Any]:
-        acts = s.store.load(step, "score", ("rubric_activations",))["rubric_activations"]
-        drafts = s.store.load(step, "induce", ("draft_scores",))["draft_scores"]
-        return s.shape(step, _trajs(s, step, "rollout", "rollouts"), acts, drafts)
-
-    _stage(run_id, step, "shape", ("trajectories", "judge_calls", "draft_scores"), compute)
+@task(name="score", cache_policy=STAGE_CACHE, persist_result=True)
+def score_task(run: RunState, step: int, rollout: StageRef) -> StageRef:
+    return _stage(run, step, "score", lambda: run.score(step, run.trajectories(step, rollout.stage, "rollouts")))
 
 
-@task(name="consolidate", cache_policy=NO_CACHE)
-def consolidate_task(run_id: str, step: int) -> None:
-    _stage(run_id, step, "consolidate", ("rubric_events", "rubric_sources", "judge_calls"),
-           lambda s: s.consolidate(step))
+@task(name="retire", cache_policy=STAGE_CACHE, persist_result=True)
+def retire_task(run: RunState, step: int, score: StageRef) -> StageRef:
+    return _stage(run, step, "retire", lambda: run.retire(step))
 
 
-@task(name="retire", cache_policy=NO_CACHE)
-def retire_task(run_id: str, step: int) -> None:
-    _stage(run_id, step, "retire", ("rubric_events",), lambda s: s.retire(step))
+@task(name="induce", cache_policy=STAGE_CACHE, persist_result=True)
+def induce_task(run: RunState, step: int, rollout: StageRef, retire: StageRef) -> StageRef:
+    return _stage(run, step, "induce", lambda: run.induce(step, run.trajectories(step, rollout.stage, "rollouts")))
 
 
-@task(name="train", cache_policy=NO_CACHE)
-def train_task(run_id: str, step: int) -> dict[str, Any]:
-    state = _RUNS[run_id]
-    resumed = state.store.done(step, "train")  # then restore_policy already replayed it
-    out = _stage(run_id, step, "train", ("steps",),
-                 lambda s: s.train(step, _trajs(s, step, "shape", "trajectories")))
+@task(name="shape", retries=1, retry_delay_seconds=2, cache_policy=STAGE_CACHE, persist_result=True)
+def shape_task(run: RunState, step: int, rollout: StageRef, score: StageRef, induce: StageRef) -> StageRef:
+    return _stage(run, step, "shape", lambda: run.shape(
+        step, run.trajectories(step, rollout.stage, "rollouts"), _rows(run, score, "rubric_activations"),
+        _rows(run, induce, "draft_scores")))
+
+
+@task(name="consolidate", cache_policy=STAGE_CACHE, persist_result=True)
+def consolidate_task(run: RunState, step: int, induce: StageRef, shape: StageRef) -> StageRef:
+    return _stage(run, step, "consolidate", lambda: run.consolidate(step))
+
+
+@task(name="train", cache_policy=STAGE_CACHE, persist_result=True)
+def train_task(run: RunState, step: int, shape: StageRef, consolidate: StageRef) -> StageRef:
+    """One policy update, then checkpoint and weight sync. A stored train stage was already replayed into the
+    trainer by ``restore_policy``: it is loaded, not trained again."""
+    resumed = run.store.done(step, "train")
+    ref = _stage(run, step, "train", lambda: run.train(step, run.trajectories(step, shape.stage, "trajectories")))
     if not resumed:
-        state.after_train(step)
-    return out["steps"][0]
+        run.after_train(step)
+    return ref
 
 
-@task(name="eval", cache_policy=NO_CACHE)
-def eval_task(run_id: str, step: int) -> None:
-    _stage(run_id, step, "eval", ("eval_results", "judge_calls"), lambda s: s.evaluate(step))
+@task(name="eval", retries=1, retry_delay_seconds=2, cache_policy=STAGE_CACHE, persist_result=True)
+def eval_task(run: RunState, step: int) -> StageRef:
+    return _stage(run, step, "eval", lambda: run.evaluate(step))
 
 
-def run_step(state: RunState, step: int) -> dict[str, Any]:
-    """One RL step: the stages of ``tasks.step.STAGES`` in order, each loaded if already complete."""
-    _RUNS[state.run_id] = state
-    state.stage_seconds = {}
-    rid = state.run_id
-    rollout_task(rid, step)
-    score_task(rid, step)
-    retire_task(rid, step)
-    induce_task(rid, step)
-    shape_task(rid, step)
-    consolidate_task(rid, step)
-    metrics = train_task(rid, step)
-    every = state.cfg.run.eval_every
+def call_stage(t: Task[..., StageRef], run: RunState, step: int, *inputs: StageRef) -> StageRef:
+    """Run a stage task as ``{stage}-step{step}``; a stage the store does not hold is recomputed even when Prefect
+    holds a record of it (the store is the source of truth), one it holds is Cached."""
+    fresh = not run.store.done(step, t.name)
+    keys = STAGE_CACHE.configure(key_storage=str(run.home / "prefect" / "stage-cache"))
+    return t.with_options(task_run_name=f"{t.name}-step{step}", cache_policy=keys, refresh_cache=fresh)(
+        quote(run), step, *inputs)
+
+
+def run_step(run: RunState, step: int) -> dict[str, Any]:
+    """One RL step: the stages of ``tasks.step.STAGES`` in order; returns the step's metrics row."""
+    run.stage_seconds = {}
+    rollout = call_stage(rollout_task, run, step)
+    score = call_stage(score_task, run, step, rollout)
+    retire = call_stage(retire_task, run, step, score)
+    induce = call_stage(induce_task, run, step, rollout, retire)
+    shape = call_stage(shape_task, run, step, rollout, score, induce)
+    consolidate = call_stage(consolidate_task, run, step, induce, shape)
+    train = call_stage(train_task, run, step, shape, consolidate)
+    every = run.cfg.run.eval_every
     if every and step % every == 0:
-        eval_task(rid, step)
-    publish_step(state, step, metrics)
+        call_stage(eval_task, run, step)
+    metrics = _rows(run, train, "steps")[0]
+    publish_step(run, step, metrics)
     return metrics
 
 
@@ -291,10 +348,10 @@ def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
         get_run_logger().warning("could not publish artifacts for step %s: %s", step, e)
 
 
-@flow(name="arbor-train", log_prints=True)
+@flow(name="arbor-train", log_prints=True, flow_run_name=flow_run_name)
 def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None, run_id: str | None = None,
                 resume: bool = False) -> str:
-    """Run (or resume) an ARBOR training run; returns its run id."""
+    """Run (or resume) a training run; returns its run id."""
     from storage.catalog import ensure_catalog
     from tasks.tracking import Tracker
 
@@ -308,35 +365,27 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
     heartbeat = Heartbeat(rid, home).start()  # host, pid, heartbeat: `arbor runs` tells running from crashed
     logger = get_run_logger()
     try:
-        state = open_run(cfg, home)
-        with Tracker(rid, home, config=cfg.model_dump(mode="json"), resume_step=None) as tracker, \
-                RunProgress(cfg.run.steps) as progress:
-            _PROGRESS[rid] = progress
-            state.on_progress = progress.calls
+        with open_run(cfg, home) as run, RunProgress(cfg.run.steps) as progress, \
+                Tracker(rid, home, config=cfg.model_dump(mode="json"), resume_step=None) as tracker, \
+                tags(f"profile:{cfg.run.profile}", f"method:{cfg.run.method}"):
+            run.progress, run.on_progress = progress, progress.calls
             if cfg.run.eval_every and cfg.run.eval_at_start:  # the start point of every learning curve
-                _RUNS[rid] = state
-                eval_task(rid, 0)
+                call_stage(eval_task, run, 0)
             for step in range(1, cfg.run.steps + 1):
                 t0 = time.perf_counter()
-                m = run_step(state, step)
+                m = run_step(run, step)
                 progress.step_done()
                 tracker.log(step, {k: v for k, v in m.items() if isinstance(v, int | float) and k != "step"})
                 logger.info(
                     "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f, pool %d (%.1f s)", step,
                     cfg.run.steps, m["mean_base_reward"], m["mean_total_reward"], m["format_valid_rate"],
-                    m["zero_var_base"], m["zero_var_total"], len(state.memory.pool), time.perf_counter() - t0,
+                    m["zero_var_base"], m["zero_var_total"], len(run.memory.pool), time.perf_counter() - t0,
                 )
     except BaseException:
         store.record(0, "run", "failed", started, time.time())
         raise
     finally:
         heartbeat.stop()
-        _PROGRESS.pop(rid, None)
-        state_ = _RUNS.pop(rid, None)
-        if state_ is not None and hasattr(state_.trainer, "close"):
-            state_.trainer.close()
-        if rid in _SERVERS:
-            _SERVERS.pop(rid).stop()
     store.record(0, "run", "completed", started, time.time())
     return rid
 

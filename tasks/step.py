@@ -49,7 +49,8 @@ MEMORY_STAGES = ("score", "retire", "induce", "consolidate")
 
 @dataclass
 class RunState:
-    """Everything one run's steps share: config, stores, engines, judge, memory."""
+    """Everything one run's steps share: config, stores, engines, judge, memory, and the processes the run started
+    (a supervised ``vllm serve``, a trainer service). A context manager: leaving it stops them."""
 
     cfg: ArborConfig
     run_id: str
@@ -62,6 +63,8 @@ class RunState:
     memory: RubricMemory
     embed: Callable[[list[str]], Any]
     on_progress: Callable[[str, int, int], None] | None = None
+    progress: Any = None  # flows.progress.RunProgress, when a flow shows one
+    servers: list[Any] = field(default_factory=list)  # started processes with .stop() (tasks.serving.Supervised)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     last_train_metrics: dict[str, float] = field(default_factory=dict)
     method: Method = field(init=False)  # the configured one (``run.method``)
@@ -72,6 +75,23 @@ class RunState:
     @property
     def seed(self) -> int:
         return self.cfg.run.seed
+
+    def __enter__(self) -> RunState:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the trainer service and servers this run started (idempotent)."""
+        if hasattr(self.trainer, "close"):
+            self.trainer.close()
+        while self.servers:
+            self.servers.pop().stop()
+
+    def trajectories(self, step: int, stage: str, table: str) -> list[Trajectory]:
+        """The trajectories a completed stage stored (``rollout``: as sampled; ``shape``: with R_total)."""
+        return trajectories_from_rows(self.store.load(step, stage, (table,))[table])
 
     # ------------------------------------------------------------------------------------------ helpers
     def judge_rows(self) -> Rows:

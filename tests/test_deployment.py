@@ -1,6 +1,8 @@
 """The deployment path a user follows (issue 7): a Prefect server on loopback, a process work pool,
 `prefect deploy --all` from prefect.yaml, `prefect deployment run 'arbor-train/tiny-cpu'`, a worker — and a
-completed 1-step run in the workspace."""
+completed 1-step run in the workspace. Then Retry as the Prefect UI does it (issue 13): a deployment run without
+`run_id` fails at step 2 (`ARBOR_FAULT`), is set back to AwaitingRetry through the API, and resumes the same arbor
+run, its finished stages Cached."""
 
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _prefect(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _prefect(args: list[str], env: dict[str, str], timeout: float = 300, ok: bool = True
+            ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([PREFECT, *args], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
                           timeout=timeout)
-    assert proc.returncode == 0, f"prefect {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0 or not ok, f"prefect {' '.join(args)}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
 
 
@@ -66,8 +69,40 @@ def test_deploy_and_run_tiny_cpu(tmp_path: Path) -> None:
         _prefect(["worker", "start", "--pool", "arbor", "--run-once"], env, timeout=600)
         runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
         assert [r["state"]["type"] for r in runs] == ["COMPLETED"], runs  # the worker exits 0 even on failure
+        assert runs[0]["name"] == "deployed"  # the flow run is named after the arbor run
+        deps = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
+        limits = {(d["name"], (d.get("global_concurrency_limit") or {}).get("limit")) for d in deps}
+        assert all((lim == 1) == name.startswith("qwen3") for name, lim in limits), limits  # GPU: one at a time
+
+        # Retry in the UI: a run without run_id, failed at step 2, resumes the same arbor run
+        two = {**overrides, "run.steps": 2}
+        _prefect(["deployment", "run", "arbor-train/tiny-cpu", "--param", f"overrides={json.dumps(two)}"], env)
+        _prefect(["worker", "start", "--pool", "arbor", "--run-once"], {**env, "ARBOR_FAULT": "2:score"},
+                 timeout=600, ok=False)
+        failed = [r for r in httpx.post(f"{api}/flow_runs/filter", json={}, timeout=10).json()
+                  if r["name"] != "deployed"]
+        assert [r["state"]["type"] for r in failed] == ["FAILED"], failed
+        fid, rid = failed[0]["id"], failed[0]["name"]
+        assert rid.startswith("tiny-cpu-") and rid.endswith(fid.replace("-", "")[:8])
+        got = httpx.post(f"{api}/flow_runs/{fid}/set_state", timeout=10,
+                         json={"state": {"type": "SCHEDULED", "name": "AwaitingRetry"}, "force": True}).json()
+        assert got["status"] == "ACCEPT", got
+        _prefect(["worker", "start", "--pool", "arbor", "--run-once"], env, timeout=600)
+        after = httpx.get(f"{api}/flow_runs/{fid}", timeout=10).json()
+        assert after["state"]["type"] == "COMPLETED" and after["name"] == rid, after
+        tasks = httpx.post(f"{api}/task_runs/filter", timeout=10,
+                           json={"flow_runs": {"id": {"any_": [fid]}}}).json()
+        states: dict[str, list[str]] = {}
+        for t in sorted(tasks, key=lambda t: t["expected_start_time"] or ""):
+            states.setdefault(t["name"], []).append(t["state"]["name"])
     finally:
         server.terminate()
         server.wait(timeout=30)
     steps = read_table("steps", run_id="deployed", home=tmp_path / "home").to_pylist()
     assert [s["step"] for s in steps] == [1]
+    # the retried flow run trained the run it started: step 1 from its first attempt (Cached), step 2 completed
+    for stage in ("rollout", "score", "retire", "induce", "shape", "consolidate", "train"):
+        assert states[f"{stage}-step1"] == ["Completed", "Cached"], (stage, states)
+    assert states["rollout-step2"] == ["Completed", "Cached"] and states["score-step2"] == ["Failed", "Completed"]
+    assert [s["step"] for s in read_table("steps", run_id=rid, home=tmp_path / "home").to_pylist()] == [1, 2]
+

@@ -13,7 +13,6 @@ from tasks.reward import normalize_answer
 __all__ = ["normalize_answer", "escape_block", "estimate_tokens", "parse_trajectory", "structure_valid",
            "compact_trajectory", "elision_marker", "min_judge_budget", "PROMPT_TAGS"]
 
-TAGS = ("think", "search", "result", "answer")
 _BLOCK = re.compile(r"<(think|search|result|answer)>(.*?)</\1>", re.S)
 _BOXED = re.compile(r"\\boxed\{(.*)\}", re.S)
 

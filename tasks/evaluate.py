@@ -35,11 +35,6 @@ from tasks.format import check_format
 from tasks.reward import exact_match, token_f1
 from tasks.rollout import sampling_temperature
 
-EVAL_COLUMNS = (
-    "run_id", "step", "checkpoint", "split", "question_id", "run_index", "answer", "format_valid", "em", "f1",
-    "judge_correct", "judge_model",
-)
-
 # Paper benchmark names (Table 1 header) for the shipped split names.
 SPLIT_TITLES = {"bamboogle": "Bamboogle", "hotpotqa": "HotpotQA", "musique": "MuSiQue", "2wiki": "2Wiki"}
 

@@ -30,15 +30,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
-ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+ANSWER_CLOSE = "</answer>"
 BOXED = "\\boxed{"
 
-TAGS = ("think", "search", "result", "answer")
-# String stops for generation (Qwen3 treats these tags as plain text; only <think> is a special token there).
-STOP_STRINGS = (SEARCH_CLOSE, ANSWER_CLOSE)
 
 _TAG_RE = re.compile(r"<(/?)(think|search|result|answer)>")
 # End-of-turn markers a decoder may leave after </answer>; tolerated (they are not content).

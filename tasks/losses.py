@@ -156,7 +156,6 @@ class LossOut:
     tis_sum: float
     tis_clip_sum: float
     entropy_sum: float
-    kl_ref_sum: float
 
 
 def k3_kl(logp: Tensor, logp_ref: Tensor) -> Tensor:
@@ -225,7 +224,6 @@ def policy_loss(
             tis_sum=float((w * m).sum()),
             tis_clip_sum=float((tis_clipped * m).sum()),
             entropy_sum=float((ent * m).sum()),
-            kl_ref_sum=float((kl_ref.detach() * m).sum()),
         )
 
 

@@ -29,9 +29,8 @@ from typing import Any, Protocol
 
 from arbor.config.search import SearchConfig
 from arbor.config.world import WorldConfig
-from arbor.paths import DATA_DIR, PROJECT_ROOT
+from arbor.paths import PROJECT_ROOT
 
-DEFAULT_CORPUS = DATA_DIR / "corpus" / "wiki_passages.jsonl"
 BM25_TOKENIZER = "bm25s-0.3:lower,stopwords=en,no-stemmer"  # part of the index cache key
 WORLD_CORPUS = "world:corpus"  # search.corpus value: the synthetic world's passages (tasks.world)
 

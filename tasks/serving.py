@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,10 +124,3 @@ class Supervised:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def python_server_spec(module: str, port: int, *args: str) -> LaunchSpec:
-    """A Python server module run with this interpreter (the CPU stand-in for `vllm serve` in tests)."""
-    base = f"http://127.0.0.1:{port}"
-    return LaunchSpec(argv=[sys.executable, "-m", module, "--port", str(port), *args],
-                      health_url=f"{base}/health", base_url=f"{base}/v1")

@@ -164,16 +164,6 @@ class VllmWeightTransfer:
         self._post("/reset_prefix_cache")
 
 
-def sync_to_vllm(trainer: Any, transfer: VllmWeightTransfer, engine: Any) -> int:
-    """Push the trainer's weights to ``vllm serve`` and tag the OpenAI rollout engine with the new version."""
-    sd = trainer.state_dict_for_sync()
-    version = int(trainer.policy_version)
-    if getattr(trainer, "rank", 0) == 0:
-        transfer.push(lambda: ((k, v.to("cuda", non_blocking=True)) for k, v in sd.items()))
-        engine.set_policy_version(version)
-    return version
-
-
 def save_and_restart(trainer: Any, out_dir: str | Path, restart: Callable[[Path], None], engine: Any) -> int:
     """Fallback for servers without weight transfer: export HF weights, restart (or reload) the server on them via
     ``restart(path)`` (which must wait until it is healthy), and tag the rollout engine. A restart starts with an

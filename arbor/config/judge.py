@@ -8,8 +8,6 @@ from pydantic import Field
 
 from arbor.config.base import Section
 
-JudgeRole = Literal["induction", "consolidation", "pairwise", "accuracy", "rar_rubrics", "rar_rate"]
-
 
 class JudgeRoleConfig(Section):
     """Optional per-role overrides (``judge.roles.pairwise.model=...``); None inherits the judge-wide value."""

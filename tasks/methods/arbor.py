@@ -66,7 +66,6 @@ def induce_drafts(run: StepResources, step: int, trajs: list[Trajectory]
 
 class Arbor(Method):
     name = "arbor"
-    uses_memory = True
 
     def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Active selection (§3.4), sparse pairwise judging of every group, n_r / rho_r updates."""

@@ -84,7 +84,6 @@ class Method:
     """Plain GRPO behaviour; a method overrides the hooks it changes (module docstring)."""
 
     name: ClassVar[str] = ""
-    uses_memory: ClassVar[bool] = False  # its stages read or change the shared rubric memory
 
     def __init__(self, cfg: ArborConfig) -> None:
         self.cfg = cfg

@@ -16,6 +16,7 @@ from pathlib import Path
 from arbor.config import ArborConfig
 from arbor.config.inputs import is_named_set
 from arbor.paths import PROJECT_ROOT, resolve_home_path
+from tasks.methods import MethodError, check_method
 
 
 class PreflightError(RuntimeError):
@@ -120,13 +121,8 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
     missing: list[str] = _file_inputs(cfg)
-    from tasks.methods import (  # the registry imports torch: only when checking a run
-        MethodError,
-        resolve_method,
-    )
-
     try:
-        resolve_method(cfg.run.method)
+        check_method(cfg.run.method)
     except MethodError as e:
         missing.append(str(e))
     if not _model_available(cfg.policy.model):

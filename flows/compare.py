@@ -23,10 +23,10 @@ def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[
     Raises ``CompareError``, ``ConfigError`` or ``PreflightError`` (each naming the method, key or file)."""
     from arbor.config import ConfigError, load_config
     from arbor.preflight import require
-    from tasks.methods import REGISTRY, MethodError, resolve_method
+    from tasks.methods import MethodError, method_names, resolve_method
 
     if not methods:
-        raise CompareError(f"--methods: give at least one of {', '.join(REGISTRY)}")
+        raise CompareError(f"--methods: give at least one of {', '.join(method_names())}")
     unknown = []
     for m in methods:
         try:
@@ -34,7 +34,7 @@ def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[
         except MethodError:
             unknown.append(m)
     if unknown:
-        raise CompareError(f"--methods: unknown method(s) {', '.join(unknown)}; known: {', '.join(REGISTRY)}, "
+        raise CompareError(f"--methods: unknown method(s) {', '.join(unknown)}; known: {', '.join(method_names())}, "
                            "or a Method subclass as 'pkg.module:ClassName'")
     base = load_config(profile, overrides)
     plan: dict[str, dict[str, Any]] = {}

@@ -35,7 +35,8 @@ from storage.parquet import read_stage
 from tasks.datasets import Question, batch_for_step
 from tasks.group_stats import classify_group
 from tasks.memory import RubricMemory, group_info_from_rows
-from tasks.methods import Method, make_method
+from tasks.methods import make_method
+from tasks.methods.base import Method
 from tasks.shaping import shape_group
 from tasks.stages import Rows, StageStore
 from tasks.types import Trajectory

@@ -15,7 +15,7 @@ from arbor.config.train import TrainConfig
 from arbor.preflight import check
 from examples.length_penalty import LengthPenaltyGRPO
 from tasks.losses import group_advantages, segment_advantages
-from tasks.methods import REGISTRY, MethodError, resolve_method
+from tasks.methods import BUILTIN, MethodError, method_names, resolve_method
 from tasks.methods.grpo import GRPO
 from tasks.types import Trajectory
 
@@ -65,8 +65,8 @@ def test_segment_advantages_by_hand() -> None:
 
 
 def test_registry_resolves_names_and_import_paths() -> None:
-    assert sorted(REGISTRY) == ["arbor", "dapo", "grpo", "no-memory", "rar"]
-    assert all(resolve_method(name).name == name for name in REGISTRY)
+    assert sorted(method_names()) == ["arbor", "dapo", "grpo", "no-memory", "rar"]
+    assert all(resolve_method(name).name == name for name in BUILTIN)
     assert resolve_method("examples.length_penalty:LengthPenaltyGRPO") is LengthPenaltyGRPO
     for spec, words in [("grpo2", "unknown method"), ("examples.length_penalty:Nope", "cannot import"),
                         ("tasks.types:Trajectory", "not a subclass"), ("no_such_pkg.mod:M", "cannot import")]:

@@ -7,28 +7,38 @@
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
 
 A user's method is a subclass of ``tasks.methods.base.Method`` named by ``run.method: pkg.module:ClassName``
-(docs/methods.md).
+(docs/methods.md). This module imports no method (nor torch) until one is resolved, so that checking a config
+(``arbor.preflight``) stays fast.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+from typing import TYPE_CHECKING
 
 from arbor.config import ArborConfig
-from tasks.methods.arbor import Arbor
-from tasks.methods.base import Method, RubricScores, StepResources
-from tasks.methods.dapo import DAPO
-from tasks.methods.grpo import GRPO
-from tasks.methods.no_memory import NoMemory
-from tasks.methods.rar import RaR
 
-REGISTRY: dict[str, type[Method]] = {m.name: m for m in (Arbor, GRPO, DAPO, RaR, NoMemory)}
+if TYPE_CHECKING:
+    from tasks.methods.base import Method
+
+BUILTIN: dict[str, str] = {
+    "arbor": "tasks.methods.arbor:Arbor",
+    "grpo": "tasks.methods.grpo:GRPO",
+    "dapo": "tasks.methods.dapo:DAPO",
+    "rar": "tasks.methods.rar:RaR",
+    "no-memory": "tasks.methods.no_memory:NoMemory",
+}
+REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class MethodError(ValueError):
     """``run.method`` names no registered method and no importable Method class; the message says which."""
+
+
+def method_names() -> list[str]:
+    return [*BUILTIN, *REGISTRY]
 
 
 def register(cls: type[Method]) -> type[Method]:
@@ -39,14 +49,23 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
+def check_method(spec: str) -> None:
+    """Raise ``MethodError`` unless ``spec`` resolves; a built-in name is known without importing anything."""
+    if spec not in BUILTIN:
+        resolve_method(spec)
+
+
 def resolve_method(spec: str) -> type[Method]:
-    """The method class ``spec`` names: a registered name, or ``pkg.module:ClassName`` (imported)."""
+    """The method class ``spec`` names: a built-in or registered name, or ``pkg.module:ClassName`` (imported)."""
+    from tasks.methods.base import Method  # the interface imports torch: only once a method is needed
+
     if spec in REGISTRY:
         return REGISTRY[spec]
-    if not IMPORT_PATH.match(spec):
-        raise MethodError(f"run.method: unknown method {spec!r}; known: {', '.join(REGISTRY)}, "
+    target = BUILTIN.get(spec, spec)
+    if not IMPORT_PATH.match(target):
+        raise MethodError(f"run.method: unknown method {spec!r}; known: {', '.join(method_names())}, "
                           "or a subclass of tasks.methods.base.Method as 'pkg.module:ClassName'")
-    module, _, attr = spec.partition(":")
+    module, _, attr = target.partition(":")
     try:
         obj = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
@@ -61,5 +80,5 @@ def make_method(cfg: ArborConfig) -> Method:
     return resolve_method(cfg.run.method)(cfg)
 
 
-__all__ = ["REGISTRY", "Method", "MethodError", "RubricScores", "StepResources", "make_method", "register",
+__all__ = ["BUILTIN", "REGISTRY", "MethodError", "check_method", "make_method", "method_names", "register",
            "resolve_method"]

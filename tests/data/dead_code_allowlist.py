@@ -15,3 +15,5 @@ _.progress_bars, _.pre_tokenizer, _.chat_template, _.use_cache, _.forward
 exc, et, tb
 # the GPU fallback of docs/gpu.md (save and restart `vllm serve`), wired by the GPU issue
 save_and_restart
+# the built-in methods, imported by the strings of tasks.methods.BUILTIN
+Arbor, DAPO, NoMemory, RaR

@@ -26,9 +26,6 @@ QUERIES = (
 
 
 PROFILE = "tiny-world"  # the synthetic world: held-out F1 at the SFT start and after RL (issue 12)
-# What the demo shortens so it ends within ten minutes on two cores (SFT takes five): a third of the profile's RL
-# steps on half its prompts. bench/learning.py runs the profile as it is (30 steps x 16 prompts, three seeds).
-DEMO_OVERRIDES: dict[str, dict[str, Any]] = {"tiny-world": {"run.steps": 10, "rollout.batch_size": 8}}
 
 
 def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, profile: str = PROFILE) -> str:
@@ -37,7 +34,7 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     from storage.sql import query_and_render, sql_file
     from tasks.curves import collect_curve_rows, plot_curves
 
-    sets = {**DEMO_OVERRIDES.get(profile, {}), **(overrides or {})}
+    sets = dict(overrides or {})
     if steps is not None:
         sets["run.steps"] = steps
     t0 = time.perf_counter()
@@ -53,7 +50,7 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
               f"step {s1} ({f1 - f0:+.3f}); format-valid {v0:.2f} -> {v1:.2f}")
     png = home / "reports" / run_id / "curves.png"
     plot_curves(rows, [method], png, title=f"run {run_id} ({profile}, {method})")
-    print(f"curves: {png}  (bench/learning.py: every method over three seeds, the profile's full length)")
+    print(f"curves: {png}  (bench/learning.py: every method over three seeds)")
     print(f"results: {home}  (Parquet under data/, catalog.duckdb holds the views)\n")
     print("Three SQL queries to try:")
     for title, sql in QUERIES:

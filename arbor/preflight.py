@@ -16,7 +16,6 @@ from pathlib import Path
 from arbor.config import ArborConfig
 from arbor.config.inputs import is_named_set
 from arbor.paths import PROJECT_ROOT, resolve_home_path
-from tasks.methods import MethodError, check_method
 
 
 class PreflightError(RuntimeError):
@@ -121,6 +120,11 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
     missing: list[str] = _file_inputs(cfg)
+    from tasks.methods import (  # only when a run is checked: the CLI's refusals stay fast
+        MethodError,
+        check_method,
+    )
+
     try:
         check_method(cfg.run.method)
     except MethodError as e:

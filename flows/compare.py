@@ -23,14 +23,14 @@ def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[
     Raises ``CompareError``, ``ConfigError`` or ``PreflightError`` (each naming the method, key or file)."""
     from arbor.config import ConfigError, load_config
     from arbor.preflight import require
-    from tasks.methods import MethodError, method_names, resolve_method
+    from tasks.methods import MethodError, check_method, method_names
 
     if not methods:
         raise CompareError(f"--methods: give at least one of {', '.join(method_names())}")
     unknown = []
     for m in methods:
         try:
-            resolve_method(m)
+            check_method(m)
         except MethodError:
             unknown.append(m)
     if unknown:

@@ -33,7 +33,6 @@ from typing import Any, Protocol
 from arbor.seeding import derive_seed
 from tasks.format import check_format
 from tasks.reward import exact_match, token_f1
-from tasks.rollout import sampling_temperature
 
 # Paper benchmark names (Table 1 header) for the shipped split names.
 SPLIT_TITLES = {"bamboogle": "Bamboogle", "hotpotqa": "HotpotQA", "musique": "MuSiQue", "2wiki": "2Wiki"}
@@ -409,6 +408,8 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
 
     ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
     model in ``judge_model`` and its ledger stage ``eval-second``."""
+    from tasks.rollout import sampling_temperature  # torch: keep the CLI input checks fast
+
     async def judge_all(preds: list[Any]) -> list[dict[str, Any]]:
         kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint}
         jobs = [judge_predictions(judge, preds, **kw)]

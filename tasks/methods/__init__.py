@@ -57,14 +57,14 @@ def check_method(spec: str) -> None:
 
 def resolve_method(spec: str) -> type[Method]:
     """The method class ``spec`` names: a built-in or registered name, or ``pkg.module:ClassName`` (imported)."""
-    from tasks.methods.base import Method  # the interface imports torch: only once a method is needed
-
     if spec in REGISTRY:
         return REGISTRY[spec]
     target = BUILTIN.get(spec, spec)
     if not IMPORT_PATH.match(target):
         raise MethodError(f"run.method: unknown method {spec!r}; known: {', '.join(method_names())}, "
                           "or a subclass of tasks.methods.base.Method as 'pkg.module:ClassName'")
+    from tasks.methods.base import Method  # the interface imports torch: only once a method is needed
+
     module, _, attr = target.partition(":")
     try:
         obj = getattr(importlib.import_module(module), attr)

@@ -11,14 +11,15 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_UI_ENABLED := false
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench lock vllm-env clean
 
-$(BIN)/.installed: pyproject.toml
+# pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[dev]"
-	$(BIN)/python -m tasks.train --prebuild-ops
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m arbor.tasks.train --prebuild-ops
 	touch $@
 
 setup: $(BIN)/.installed
@@ -34,6 +35,16 @@ lint: setup
 
 bench: setup
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+lock: setup
+	{ sed -n '1,3p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^arbor' \
+	  | sed -E 's/^torch==([0-9.]+)\+[a-z0-9]+$$/torch==\1/'; } > constraints.new && mv constraints.new constraints.txt
+
+# vLLM in an environment of its own: its fastapi cap and prefect's floor cannot share one (pyproject.toml, gpu extra)
+vllm-env:
+	$(PY) -m venv .venv-vllm
+	.venv-vllm/bin/pip install -q "vllm==0.33.0"
+	@echo "set cluster.vllm_executable=$(CURDIR)/.venv-vllm/bin/vllm"
 
 clean:
 	rm -rf $(VENV) .arbor

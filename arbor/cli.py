@@ -86,7 +86,7 @@ def sql_cmd(
                                                     "(repeatable), e.g. --param run_id=r1")] = None,
 ) -> None:
     """Query runs with SQL, read-only; works while a training run writes to the same workspace."""
-    from storage.sql import SqlError, check_format, query_and_render
+    from arbor.storage.sql import SqlError, check_format, query_and_render
 
     if (query is None) == (file is None):
         _fail("give either a query or --file FILE")
@@ -114,8 +114,8 @@ def runs_cmd(
 
     A run whose process is gone shows `crashed`: its owner (host, pid) is checked on this host, and on another host
     its heartbeat must be younger than two minutes."""
-    from storage.liveness import run_status_table
-    from storage.sql import SqlError, render
+    from arbor.storage.liveness import run_status_table
+    from arbor.storage.sql import SqlError, render
 
     try:
         sys.stdout.write(render(run_status_table(), fmt=fmt.value) + "\n")
@@ -127,7 +127,7 @@ def runs_cmd(
 def disk_cmd(run_id: Annotated[str, typer.Argument(help="the run to measure")]) -> None:
     """Disk usage of one run: Parquet per table, checkpoints, TensorBoard events, reports."""
     from arbor.paths import arbor_home
-    from storage.usage import human, run_disk_usage
+    from arbor.storage.usage import human, run_disk_usage
 
     usage = run_disk_usage(run_id, arbor_home())
     if not usage:
@@ -159,8 +159,8 @@ def _train_config(profile: str | None, run_id: str | None, resume: str | None, o
     """The config ``arbor train`` will run with, every input checked (raises ConfigError / SchemaError)."""
     from arbor.config import ArborConfig, ConfigError, load_config, profile_path
     from arbor.config.resume import amend_config
-    from storage.liveness import owner_alive, read_owner
-    from storage.runs import check_run_id, run_row
+    from arbor.storage.liveness import owner_alive, read_owner
+    from arbor.storage.runs import check_run_id, run_row
 
     if resume is None:
         if run_id is not None and run_row(check_run_id(run_id), home) is not None:
@@ -213,7 +213,7 @@ def train_cmd(
     from arbor.config import ConfigError
     from arbor.paths import arbor_home
     from arbor.preflight import PreflightError, require
-    from storage.schemas import SchemaError
+    from arbor.storage.schemas import SchemaError
 
     overrides = _overrides(sets)
     home = arbor_home()
@@ -222,7 +222,7 @@ def train_cmd(
         require(cfg)
     except (ConfigError, PreflightError, SchemaError) as e:
         _fail(e)
-    from flows.train import arbor_train
+    from arbor.flows.train import arbor_train
 
     t0 = time.perf_counter()
     rid = arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None, run_id=resume or run_id,
@@ -247,7 +247,7 @@ def demo_cmd(
         require(load_config(profile, {**overrides, **({"run.steps": steps} if steps is not None else {})}))
     except (ConfigError, PreflightError) as e:
         _fail(e)
-    from flows.demo import run_demo
+    from arbor.flows.demo import run_demo
 
     run_demo(steps=steps, overrides=overrides, profile=profile)
 
@@ -267,8 +267,8 @@ def rubrics_export_cmd(
     import json
 
     from arbor.paths import arbor_home
-    from storage.runs import run_row
-    from storage.schemas import SchemaError
+    from arbor.storage.runs import run_row
+    from arbor.storage.schemas import SchemaError
 
     home = arbor_home()
     try:
@@ -278,7 +278,7 @@ def rubrics_export_cmd(
         _fail(e)
     if output is not None and not output.expanduser().resolve().parent.is_dir():
         _fail(f"--output {output}: folder {output.expanduser().resolve().parent} does not exist")
-    from flows.pool import export_pool
+    from arbor.flows.pool import export_pool
 
     try:
         data = export_pool(run_id, home, step)
@@ -304,7 +304,7 @@ def eval_cmd(
     """Evaluate a checkpoint: EM, F1, LLM-judge accuracy, strict and valid-only (paper Tables 1 and 5); with
     `--set eval.second_judge_model=MODEL` the same answers are re-judged by MODEL (Table 6, App. C.2)."""
     from arbor.config import ConfigError, load_config
-    from tasks.evaluate import EvalError, second_judge_config
+    from arbor.tasks.evaluate import EvalError, second_judge_config
 
     overrides = _overrides(sets)
     try:  # refuse bad keys and an impossible second judge before any rollout
@@ -314,7 +314,7 @@ def eval_cmd(
     except (ConfigError, EvalError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    from flows.evaluate import arbor_eval
+    from arbor.flows.evaluate import arbor_eval
 
     arbor_eval(checkpoint=checkpoint, profile=profile, overrides=overrides or None, splits=splits,
                runs=runs, limit=limit)
@@ -324,8 +324,8 @@ def eval_cmd(
 def report_cmd(run_id: Annotated[str, typer.Argument(help="the run to report on")]) -> None:
     """Markdown + PNG report of a run (Tables 2 and 3, Figure 5, rubric histories, lineage), from the SQL views."""
     from arbor.paths import arbor_home
-    from storage.parquet import stage_files
-    from storage.schemas import SchemaError
+    from arbor.storage.parquet import stage_files
+    from arbor.storage.schemas import SchemaError
 
     home = arbor_home()
     try:  # a run id that names nothing is refused before the catalog is opened
@@ -333,7 +333,7 @@ def report_cmd(run_id: Annotated[str, typer.Argument(help="the run to report on"
             _fail(f"no run '{run_id}' in {home} (`arbor runs` lists them)")
     except SchemaError as e:
         _fail(e)
-    from tasks.report import ReportError, build_report
+    from arbor.tasks.report import ReportError, build_report
 
     try:
         paths = build_report(run_id)
@@ -350,8 +350,8 @@ def compare_cmd(
 ) -> None:
     """Run several methods on the same data and seeds and print the comparison table."""
     from arbor.config import ConfigError
+    from arbor.flows.compare import CompareError, plan_compare
     from arbor.preflight import PreflightError
-    from flows.compare import CompareError, plan_compare
 
     chosen = [m.strip() for m in methods.split(",") if m.strip()]
     overrides = _overrides(sets)
@@ -359,7 +359,7 @@ def compare_cmd(
         plan_compare(chosen, profile, overrides)
     except (CompareError, ConfigError, PreflightError) as e:
         _fail(e)
-    from flows.compare import run_compare
+    from arbor.flows.compare import run_compare
 
     _ids, table = run_compare(chosen, profile, overrides)
     sys.stdout.write(table + "\n")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+# Where configs/, data/ and sql/ live: inside the package once installed (pyproject.toml's package-dir carries them
+# as package data), beside arbor/ in a source checkout.
+PROJECT_ROOT = PACKAGE_DIR if (PACKAGE_DIR / "sql").is_dir() else PACKAGE_DIR.parent
 DATA_DIR = PROJECT_ROOT / "data"
 SQL_DIR = PROJECT_ROOT / "sql"
 CONFIGS_DIR = PROJECT_ROOT / "configs"

@@ -7,7 +7,6 @@ its API key variable, the search backend's endpoint / key, and vLLM when the flo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -120,7 +119,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
     missing: list[str] = _file_inputs(cfg)
-    from tasks.methods import (  # only when a run is checked: the CLI's refusals stay fast
+    from arbor.tasks.methods import (  # only when a run is checked: the CLI's refusals stay fast
         MethodError,
         check_method,
     )
@@ -158,8 +157,9 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         if not env.get(cfg.search.api_key_env):
             missing.append(f"search.api_key_env: environment variable {cfg.search.api_key_env} is not set")
     if cfg.rollout.engine == "openai":
-        if cfg.cluster.manage_vllm and importlib.util.find_spec("vllm") is None:
-            missing.append("rollout: the flow manages `vllm serve` but vllm is not installed (pip install 'arbor-rl[gpu]')")
+        if cfg.cluster.manage_vllm and shutil.which(cfg.cluster.vllm_executable) is None:
+            missing.append(f"cluster.vllm_executable: the flow manages `vllm serve` but {cfg.cluster.vllm_executable!r} "
+                           "is not an executable here (make vllm-env, docs/gpu.md)")
         if not cfg.cluster.manage_vllm and not cfg.rollout.base_url:
             missing.append("rollout.base_url: an external completions server URL is needed when cluster.manage_vllm=false")
     return missing

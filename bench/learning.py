@@ -16,12 +16,13 @@ method with a ±1 SE band) and ``curves.csv`` (every run's per-step figures) und
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import polars as pl
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,7 +40,7 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 
 def completed(run_id: str, home: Path) -> bool:
-    from storage.parquet import read_stage
+    from arbor.storage.parquet import read_stage
 
     rows = read_stage("stage_runs", run_id=run_id, step=0, stage="run", home=home) or []
     return any(r["status"] == "completed" for r in rows)
@@ -47,8 +48,8 @@ def completed(run_id: str, home: Path) -> bool:
 
 def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Path) -> tuple[str, float]:
     """Train (or reuse) one run; (run id, wall seconds, 0 when reused)."""
-    from flows.train import arbor_train
-    from storage.runs import run_row
+    from arbor.flows.train import arbor_train
+    from arbor.storage.runs import run_row
 
     rid = f"learn-{method}-s{seed}"
     row = run_row(rid, home)
@@ -61,8 +62,8 @@ def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Pat
     return rid, time.perf_counter() - t0
 
 
-def table(rows: list[dict[str, Any]], methods: list[str]) -> str:
-    from tasks.curves import mean_se, rises_by, start_final_delta
+def table(rows: pl.DataFrame, methods: list[str]) -> str:
+    from arbor.tasks.curves import mean_se, rises_by, start_final_delta
 
     f1 = start_final_delta(rows, "strict_f1")
     em = start_final_delta(rows, "strict_em")
@@ -71,13 +72,13 @@ def table(rows: list[dict[str, Any]], methods: list[str]) -> str:
             "train R_base first→last", "train valid", "zero-var base→total", "searches", "repeat (all-correct)"]
     body = []
     for m in methods:
-        mine = [r for r in rows if r["method"] == m]
-        if not mine or m not in f1:
+        mine = rows.filter(pl.col("method") == m)
+        if mine.is_empty() or m not in f1:
             continue
         s0, s1, d = f1[m]
-        steps = sorted({r["step"] for r in mine if r.get("mean_base_reward") is not None})
-        first = mean_se(r.get("mean_base_reward") for r in mine if steps and r["step"] == steps[0])
-        last = mean_se(r.get("mean_base_reward") for r in mine if steps and r["step"] == steps[-1])
+        steps = mine.drop_nulls("mean_base_reward")["step"]
+        first, last = (mean_se(mine.filter(pl.col("step") == at)["mean_base_reward"]) if len(steps) else None
+                       for at in (steps.min(), steps.max()))
         body.append([
             m, str(d.n), str(s0), str(s1), f"{d.mean:+.3f} ± {d.se:.3f}", "yes" if rises_by(d) else "no", str(em[m][1]) if m in em else "-",
             str(vf1[m][1]) if m in vf1 else "-", f"{first.mean:.3f} → {last.mean:.3f}" if first and last else "-",
@@ -89,10 +90,10 @@ def table(rows: list[dict[str, Any]], methods: list[str]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
 
-def _avg(rows: list[dict[str, Any]], key: str) -> str:
-    from tasks.curves import mean_se
+def _avg(rows: pl.DataFrame, key: str) -> str:
+    from arbor.tasks.curves import mean_se
 
-    ms = mean_se(r.get(key) for r in rows)
+    ms = mean_se(rows[key])
     return "-" if ms is None else f"{ms.mean:.3f}"
 
 
@@ -116,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     os.environ["ARBOR_HOME"] = str(home)
 
+    from arbor.flows.sft import sft_checkpoint
+    from arbor.tasks.curves import collect_curve_rows, plot_curves, rises_by, start_final_delta
+
     from arbor.config import load_config
-    from flows.sft import sft_checkpoint
-    from tasks.curves import collect_curve_rows, plot_curves, rises_by, start_final_delta
 
     cfg = load_config(PROFILE, {k: v for k, v in sets.items() if not k.startswith("run.")})
     t0 = time.perf_counter()
@@ -133,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             walls.append((m, seed, wall))
             print(f"{rid}: {'reused' if wall == 0 else f'{wall:.0f} s'}", flush=True)
     rows = collect_curve_rows(run_ids, home)
-    with (out / "curves.csv").open("w", newline="") as f:
-        keys = sorted({k for r in rows for k in r})
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    rows.write_csv(out / "curves.csv")
     plot_curves(rows, methods, out / "curves.png")
     print("\n" + table(rows, methods))
     ran = [x for _, _, x in walls if x > 0]

@@ -18,15 +18,21 @@ import statistics
 import time
 
 import numpy as np
+from arbor.tasks.induction import select_anchors
+from arbor.tasks.judge import (
+    presentation,
+    presentation_swapped,
+    score_group,
+    sparse_edges,
+    verdict_to_outcome,
+)
+from arbor.tasks.memory import Activation, DraftResult, RubricMemory
+from arbor.tasks.reward import base_reward
+from arbor.tasks.shaping import shape_group
+from arbor.tasks.types import RubricDraft
 
 from arbor.config.memory import MemoryConfig
 from arbor.seeding import derive_seed
-from tasks.induction import select_anchors
-from tasks.judge import presentation, presentation_swapped, score_group, sparse_edges, verdict_to_outcome
-from tasks.memory import Activation, DraftResult, RubricMemory
-from tasks.reward import base_reward
-from tasks.shaping import shape_group
-from tasks.types import RubricDraft
 
 ANSWERS = ["Paris", "Lyon", "Marseille", "the Eiffel Tower", "Gustave Eiffel", "1889"]
 FILLER = ("The city is known for its museums, cafes and long history as a centre of art and politics. " * 6).strip()

@@ -22,7 +22,7 @@ MACHINERY = ("score", "retire", "induce", "shape", "consolidate")
 
 
 def stage_times(run_id: str, home: Path) -> dict[tuple[int, str], float]:
-    from storage.parquet import read_table
+    from arbor.storage.parquet import read_table
 
     rows = read_table("stage_runs", run_id=run_id, home=home).to_pylist()
     return {(r["step"], r["stage"]): r["wall_seconds"] or 0.0 for r in rows if r["status"] == "completed"}
@@ -36,7 +36,7 @@ def main() -> None:
     home = Path(args.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     os.environ["ARBOR_HOME"] = str(home)
-    from flows.train import arbor_train
+    from arbor.flows.train import arbor_train
 
     sets = {"run.steps": args.steps}
     rid = f"bench-{int(time.time())}"

@@ -32,7 +32,7 @@ DEFAULTS = {"run.steps": 2, "run.sft_warm_start": False, "run.eval_every": None,
 
 TRAIN = """
 import json, sys
-from flows.train import arbor_train
+from arbor.flows.train import arbor_train
 arbor_train(profile=sys.argv[3], overrides=json.loads(sys.argv[1]), run_id=sys.argv[2])
 """
 
@@ -46,7 +46,7 @@ def train(tree: Path, home: Path, method: str, sets: dict[str, Any], profile: st
 
 
 def rows(table: str, run_id: str, home: Path) -> list[tuple]:
-    from storage.parquet import read_table
+    from arbor.storage.parquet import read_table
 
     out = []
     for r in read_table(table, run_id=run_id, home=home).to_pylist():

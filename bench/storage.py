@@ -17,22 +17,17 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# this file is named storage.py: keep its folder off sys.path so `import storage` finds the package
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-import duckdb  # noqa: E402
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-
-from storage.catalog import ensure_catalog  # noqa: E402
-from storage.parquet import _read_file, stage_path, write_stage  # noqa: E402
-from storage.sql import query  # noqa: E402
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from arbor.storage.catalog import ensure_catalog
+from arbor.storage.parquet import _read_file, stage_path, write_stage
+from arbor.storage.sql import query
 
 
 def trajectory_partition(run_id: str, step: int, n_groups: int, k: int, text_bytes: int, rng) -> pa.Table:

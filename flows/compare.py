@@ -21,9 +21,10 @@ def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[
     """Each method's overrides, every method's config validated and preflighted before any run starts.
 
     Raises ``CompareError``, ``ConfigError`` or ``PreflightError`` (each naming the method, key or file)."""
+    from arbor.tasks.methods import MethodError, check_method, method_names
+
     from arbor.config import ConfigError, load_config
     from arbor.preflight import require
-    from tasks.methods import MethodError, check_method, method_names
 
     if not methods:
         raise CompareError(f"--methods: give at least one of {', '.join(method_names())}")
@@ -55,8 +56,8 @@ def run_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[s
     """Train one run per method (same seed and data), then the comparison table; (run ids, table text)."""
     import secrets
 
-    from flows.train import arbor_train
-    from storage.sql import query_and_render, sql_file
+    from arbor.flows.train import arbor_train
+    from arbor.storage.sql import query_and_render, sql_file
 
     plan = plan_compare(methods, profile, overrides)
     prefix = prefix or f"compare-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"

@@ -29,10 +29,10 @@ PROFILE = "tiny-world"  # the synthetic world: held-out F1 at the SFT start and 
 
 
 def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, profile: str = PROFILE) -> str:
-    from flows.train import arbor_train
-    from storage.runs import run_row
-    from storage.sql import query_and_render, sql_file
-    from tasks.curves import collect_curve_rows, plot_curves
+    from arbor.flows.train import arbor_train
+    from arbor.storage.runs import run_row
+    from arbor.storage.sql import query_and_render, sql_file
+    from arbor.tasks.curves import collect_curve_rows, plot_curves
 
     sets = dict(overrides or {})
     if steps is not None:
@@ -43,7 +43,7 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     print(f"\nrun {run_id} finished in {time.perf_counter() - t0:.0f} s")
     method = (run_row(run_id, home) or {}).get("method") or "arbor"
     rows = collect_curve_rows({run_id: (method, 0)}, home)
-    evals = [(r["step"], r["strict_f1"], r["valid_rate"]) for r in rows if r.get("strict_f1") is not None]
+    evals = rows.drop_nulls("strict_f1").select("step", "strict_f1", "valid_rate").rows()
     if len(evals) >= 2:
         (s0, f0, v0), (s1, f1, v1) = evals[0], evals[-1]
         print(f"held-out F1 (entities never seen in SFT or RL): {f0:.3f} at step {s0} (SFT start) -> {f1:.3f} at "

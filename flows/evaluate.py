@@ -27,10 +27,10 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
              splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
              run_id: str | None = None) -> tuple[str, str]:
     """The body of ``arbor-eval``: evaluate, store, and return (run id, printed tables)."""
-    from llm import make_judge
-    from storage.parquet import write_stage
-    from tasks.datasets import load_questions
-    from tasks.evaluate import (
+    from arbor.llm import make_judge
+    from arbor.storage.parquet import write_stage
+    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.evaluate import (
         SECOND_JUDGE_STAGE,
         evaluate_questions,
         format_summary,
@@ -39,9 +39,9 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         store_eval_results,
         summarize,
     )
-    from tasks.policy import load_policy, policy_source
-    from tasks.rollout import make_engine
-    from tasks.search import make_search
+    from arbor.tasks.policy import load_policy, policy_source
+    from arbor.tasks.rollout import make_engine
+    from arbor.tasks.search import make_search
 
     home = arbor_home()
     cfg = load_config(profile, overrides)

@@ -5,15 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from arbor.tasks.stages import StageStore
+from arbor.tasks.step import rebuild_memory
+
 from arbor.paths import arbor_home
-from tasks.stages import StageStore
-from tasks.step import rebuild_memory
 
 
 def export_pool(run_id: str, home: Path | None = None, step: int | None = None) -> dict[str, Any]:
     """The run's common pool P after its last completed stage (or after step ``step``), rebuilt from its stored
     events. A pool can empty itself by retirement late in a run; ``step`` exports it as it stood earlier."""
-    from flows.train import stored_config
+    from arbor.flows.train import stored_config
 
     home = home or arbor_home()
     cfg = stored_config(run_id, home)

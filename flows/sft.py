@@ -33,7 +33,7 @@ def sft_key(cfg: ArborConfig) -> str:
     if cfg.rollout.system_prompt:  # SFT tokenises with the run's prompt; unset keeps the earlier keys
         parts["system_prompt"] = cfg.rollout.system_prompt
     if "world:" in f"{cfg.sft.data} {cfg.data.train} {cfg.search.corpus}":  # only then: other keys stay as they were
-        from tasks.world import WORLD_VERSION
+        from arbor.tasks.world import WORLD_VERSION
 
         parts["world"] = {**cfg.world.model_dump(mode="json"), "generator": WORLD_VERSION}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
@@ -44,7 +44,7 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
     synthetic world's gold trajectories (``world:train``, ``tasks.world``)."""
     spec = cfg.sft.data
     if spec.startswith("world:"):
-        from tasks.world import build_world_sft_data
+        from arbor.tasks.world import build_world_sft_data
 
         out = home / "sft" / f"data-{key}.jsonl"
         return out if out.exists() else build_world_sft_data(cfg, out, home=home, split=spec.removeprefix("world:"))
@@ -53,8 +53,8 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
         if not path.exists():
             raise FileNotFoundError(f"sft.data: {path} does not exist")
         return path
-    from tasks.datasets import load_questions
-    from tasks.sft_data import build_sft_data
+    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.sft_data import build_sft_data
 
     split = spec.removeprefix("synth:")
     out = home / "sft" / f"data-{key}.jsonl"
@@ -70,8 +70,8 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
 
 def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     """The SFT'd policy for ``cfg`` (trained once, then reused); an HF checkpoint directory."""
-    from tasks.policy import policy_source
-    from tasks.sft import run_sft
+    from arbor.tasks.policy import policy_source
+    from arbor.tasks.sft import run_sft
 
     key = sft_key(cfg)
     out = resolve_home_path(cfg.sft.output) if cfg.sft.output else home / "sft" / f"{cfg.run.profile}-{key}"

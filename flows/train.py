@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arbor.flows.progress import RunProgress
+from arbor.storage.liveness import Heartbeat
+from arbor.tasks.stages import StageStore
+from arbor.tasks.step import STAGES, RunState, rebuild_memory, timed_stage
 from prefect import Task, flow, get_run_logger, tags, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
@@ -35,10 +39,6 @@ from prefect.utilities.annotations import quote
 
 from arbor.config import ArborConfig, load_config
 from arbor.paths import arbor_home, resolve_home_path
-from flows.progress import RunProgress
-from storage.liveness import Heartbeat
-from tasks.stages import StageStore
-from tasks.step import STAGES, RunState, rebuild_memory, timed_stage
 
 
 def new_run_id(profile: str) -> str:
@@ -63,7 +63,7 @@ def flow_run_name() -> str:
 
 def stored_config(run_id: str, home: Path) -> ArborConfig | None:
     """The config a run was started with, with the changes applied on resume since (``runs.config_changes``)."""
-    from storage.runs import run_row
+    from arbor.storage.runs import run_row
 
     row = run_row(run_id, home)
     return ArborConfig.model_validate_json(row["config_json"]) if row else None
@@ -74,9 +74,10 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
     """Resolve the config. A known run id continues that run from its stored config: overrides of the keys that
     are safe on resume (``arbor.config.resume``) are applied and recorded, any other change is refused by name
     (``ConfigError``). ``resume`` with an unknown id is refused; a new run's config is written."""
+    from arbor.storage.parquet import write_stage
+    from arbor.storage.runs import record_config_changes
+
     from arbor.config.resume import amend_config
-    from storage.parquet import write_stage
-    from storage.runs import record_config_changes
 
     if run_id is not None:
         stored = stored_config(run_id, home)
@@ -114,10 +115,10 @@ def start_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     if cfg.run.start_checkpoint and (resolve_home_path(cfg.run.start_checkpoint) / "config.json").exists():
         return resolve_home_path(cfg.run.start_checkpoint)
     if cfg.run.sft_warm_start:
-        from flows.sft import sft_checkpoint
+        from arbor.flows.sft import sft_checkpoint
 
         return sft_checkpoint(cfg, home)
-    from tasks.policy import policy_source
+    from arbor.tasks.policy import policy_source
 
     return Path(policy_source(cfg.policy, home))
 
@@ -125,12 +126,13 @@ def start_checkpoint(cfg: ArborConfig, home: Path) -> Path:
 def open_run(cfg: ArborConfig, home: Path) -> RunState:
     """Build engines, judge and trainer; restore the policy and the rubric memory from stored artifacts. The
     returned ``RunState`` is a context manager that stops what it started."""
+    from arbor.llm import make_judge
+    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.policy import load_policy
+    from arbor.tasks.rollout import make_engine
+    from arbor.tasks.search import make_search
+
     from arbor.preflight import require
-    from llm import make_judge
-    from tasks.datasets import load_questions
-    from tasks.policy import load_policy
-    from tasks.rollout import make_engine
-    from tasks.search import make_search
 
     require(cfg)
     run_id = cfg.run.run_id
@@ -146,7 +148,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
         engine = make_engine(cfg, policy, tokenizer, search=search, home=home)
     else:
         if cfg.cluster.manage_vllm:  # GPU layout: `vllm serve` on cluster.rollout_gpus, supervised by the flow
-            from tasks.serving import Supervised, vllm_serve_spec
+            from arbor.tasks.serving import Supervised, vllm_serve_spec
 
             spec = vllm_serve_spec(cfg, str(start))
             server = Supervised(spec, startup_timeout_s=cfg.cluster.startup_timeout_s,
@@ -172,14 +174,14 @@ def make_trainer(cfg: ArborConfig, start: Path, home: Path, run_id: str) -> Any:
     """In-process DeepSpeed on CPU; under DeepSpeed's launcher (a supervised process group) on GPUs or when
     ``train.service`` is set — the flow drives it step by step through ``tasks.trainer_service``'s channel."""
     if cfg.train.num_gpus > 0 or cfg.train.hostfile or cfg.train.service:
-        from storage.parquet import stage_path
-        from tasks.trainer_service import RemoteTrainer
+        from arbor.storage.parquet import stage_path
+        from arbor.tasks.trainer_service import RemoteTrainer
 
         def batch_path(step: int) -> Path:
             return Path(stage_path("trajectories", run_id=run_id, step=step, stage="shape", home=home))
 
         return RemoteTrainer(cfg, start, home, batch_path)
-    from tasks.train import Trainer
+    from arbor.tasks.train import Trainer
 
     return Trainer(cfg, start, home)
 
@@ -190,7 +192,7 @@ def _lazy_embedder(name: str) -> Any:
 
     def embed(texts: list[str]) -> Any:
         if not fn:
-            from tasks.embed import make_embedder
+            from arbor.tasks.embed import make_embedder
 
             fn.append(make_embedder(name))
         return fn[0](texts)
@@ -328,9 +330,8 @@ def run_step(run: RunState, step: int) -> dict[str, Any]:
 
 def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
     """Prefect artifacts per step: the rubric events and pool, and the step metrics (issue 7 item 1)."""
+    from arbor.tasks.step import read_stage_rows
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
-    from tasks.step import read_stage_rows
 
     events = read_stage_rows(state, step, "rubric_events")
     lines = ["| seq | event | rubric | title | variance | pearson | n_r | rho_r | reason |", "|---|---|---|---|---|---|---|---|---|"]
@@ -352,8 +353,8 @@ def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
 def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None, run_id: str | None = None,
                 resume: bool = False) -> str:
     """Run (or resume) a training run; returns its run id."""
-    from storage.catalog import ensure_catalog
-    from tasks.tracking import Tracker
+    from arbor.storage.catalog import ensure_catalog
+    from arbor.tasks.tracking import Tracker
 
     home = arbor_home()
     ensure_catalog(home)  # create / migrate once, up front; the run never holds the catalog open

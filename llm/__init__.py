@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from arbor.llm.base import JUDGE_CALL_COLUMNS, ROLES, CallContext, Judge, JudgeOutcome, Winner, unswap
+
 from arbor.config.judge import JudgeConfig
 from arbor.paths import arbor_home
-from llm.base import JUDGE_CALL_COLUMNS, ROLES, CallContext, Judge, JudgeOutcome, Winner, unswap
 
 __all__ = ["make_judge", "Judge", "JudgeOutcome", "CallContext", "Winner", "unswap", "ROLES", "JUDGE_CALL_COLUMNS"]
 
@@ -18,9 +19,9 @@ def make_judge(cfg: JudgeConfig, *, home: Path | str | None = None) -> Judge:
     """The configured judge backend; the response cache lives in ``{home}/cache/judge`` (home: ``arbor_home()``)."""
     root = Path(home) if home is not None else arbor_home()
     if cfg.backend == "openai":
-        from llm.openai_backend import OpenAIJudge
+        from arbor.llm.openai_backend import OpenAIJudge
 
         return OpenAIJudge(cfg, home=root)
-    from llm.rules import RulesJudge
+    from arbor.llm.rules import RulesJudge
 
     return RulesJudge(cfg, home=root)

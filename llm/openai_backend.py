@@ -18,14 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletion
-
-from arbor.config.judge import JudgeConfig
-from arbor.seeding import derive_seed
-from llm import prompts
-from llm.base import CallContext, Judge, JudgeOutcome, Winner
-from llm.cache import ResponseCache, cache_key, prompt_hash
-from llm.parse import (
+from arbor.llm import prompts
+from arbor.llm.base import CallContext, Judge, JudgeOutcome, Winner
+from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
+from arbor.llm.parse import (
     ConsolidationOut,
     InductionOut,
     InvalidOutput,
@@ -35,7 +31,11 @@ from llm.parse import (
     parse_accuracy,
     parse_json,
 )
-from tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from openai.types.chat import ChatCompletion
+
+from arbor.config.judge import JudgeConfig
+from arbor.seeding import derive_seed
 
 log = logging.getLogger("arbor.judge")
 CACHE_HEADER = "X-Arbor-Cache-Key"

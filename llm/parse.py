@@ -6,9 +6,8 @@ import json
 import re
 from typing import Any, Literal
 
+from arbor.tasks.types import RubricDraft
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from tasks.types import RubricDraft
 
 
 class InvalidOutput(ValueError):

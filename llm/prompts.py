@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
-from llm.text import compact_trajectory, escape_block
-from tasks.induction import contrast_pairs, unlabeled_members
-from tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.llm.text import compact_trajectory, escape_block
+from arbor.tasks.induction import contrast_pairs, unlabeled_members
+from arbor.tasks.types import Rubric, RubricDraft, Trajectory
 
 PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
 VERSIONS = {

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from llm.base import CallContext, Judge, JudgeOutcome, Winner
-from llm.text import normalize_answer, parse_trajectory, structure_valid
-from tasks.induction import contrast_pairs, unlabeled_members
-from tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.llm.base import CallContext, Judge, JudgeOutcome, Winner
+from arbor.llm.text import normalize_answer, parse_trajectory, structure_valid
+from arbor.tasks.induction import contrast_pairs, unlabeled_members
+from arbor.tasks.types import Rubric, RubricDraft, Trajectory
 
 PROMPT_VERSION = "rules.v1"
 _STOP = set(

@@ -7,8 +7,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from tasks.format import _TRAILING_EOS, BOXED, check_format
-from tasks.reward import normalize_answer
+from arbor.tasks.format import _TRAILING_EOS, BOXED, check_format
+from arbor.tasks.reward import normalize_answer
 
 __all__ = ["normalize_answer", "escape_block", "estimate_tokens", "parse_trajectory", "structure_valid",
            "compact_trajectory", "elision_marker", "min_judge_budget", "PROMPT_TAGS"]

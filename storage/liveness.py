@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from storage.parquet import write_stage
-from storage.runs import run_row
+from arbor.storage.parquet import write_stage
+from arbor.storage.runs import run_row
 
 HEARTBEAT_S = 10.0
 STALE_AFTER_S = 120.0  # keep in step with sql/views/run_status.sql
@@ -131,8 +131,7 @@ class Heartbeat:
 def run_status_table(home: str | os.PathLike[str] | None = None) -> Any:
     """The ``run_status`` view, each unfinished run's status decided by ``owner_alive`` (an Arrow table)."""
     import pyarrow as pa
-
-    from storage.sql import query, sql_file
+    from arbor.storage.sql import query, sql_file
 
     tbl = query(sql_file("run_statuses"), home=home)
     statuses = tbl.column("status").to_pylist()

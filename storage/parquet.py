@@ -20,9 +20,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from arbor.storage.schemas import SchemaError, conform, schema_for
 
 from arbor.paths import arbor_home
-from storage.schemas import SchemaError, conform, schema_for
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -185,7 +185,7 @@ def clear_stage(*, run_id: str, step: int, stage: str, home: str | os.PathLike[s
     path = marker_path(run_id=run_id, step=step, stage=stage, home=home)
     if os.path.exists(path):
         os.remove(path)
-    from storage.schemas import TABLES
+    from arbor.storage.schemas import TABLES
 
     for table in TABLES:
         f = stage_path(table, run_id=run_id, step=step, stage=stage, home=home)

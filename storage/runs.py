@@ -8,8 +8,8 @@ import os
 import time
 from typing import Any
 
-from storage.parquet import _check_name, read_stage, write_stage
-from storage.schemas import SchemaError
+from arbor.storage.parquet import _check_name, read_stage, write_stage
+from arbor.storage.schemas import SchemaError
 
 
 def check_run_id(run_id: str) -> str:

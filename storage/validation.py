@@ -113,7 +113,7 @@ def write_trajectories(
     home: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Validate a trajectory batch, then write it as one stage file (nothing is written when it fails)."""
-    from storage.parquet import write_stage
+    from arbor.storage.parquet import write_stage
 
     validate_trajectories(rows, k)
     return write_stage("trajectories", rows, run_id=run_id, step=step, stage=stage, home=home)

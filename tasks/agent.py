@@ -25,10 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from arbor.config.rollout import RolloutConfig
-from arbor.config.search import SearchConfig
-from arbor.seeding import derive_seed
-from tasks.format import (
+from arbor.tasks.format import (
     ANSWER_CLOSE,
     RESULT_CLOSE,
     RESULT_OPEN,
@@ -36,6 +33,10 @@ from tasks.format import (
     pending_search,
     result_block,
 )
+
+from arbor.config.rollout import RolloutConfig
+from arbor.config.search import SearchConfig
+from arbor.seeding import derive_seed
 
 SYSTEM_PROMPT = (
     "You are a research assistant that answers questions using a Wikipedia search tool.\n"
@@ -204,7 +205,7 @@ class AgentLoop:
         self.budgets = budgets
         self.system_prompt = system_prompt
         if format_results is None:
-            from tasks.search import format_results as _fmt
+            from arbor.tasks.search import format_results as _fmt
             format_results = _fmt
         self.format_results = format_results
         self.eos_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}

@@ -1,6 +1,6 @@
 """Learning curves across seeds (issue 12 item 3): mean and standard error per method and step, pure functions.
 
-Rows come from the SQL views (``eval_summary``, ``steps``, ``zero_variance_groups``, ``search_behaviour``) joined per
+Rows are a polars frame (``collect_curve_rows``) from the SQL views (``eval_summary``, ``steps``, ``zero_variance_groups``, ``search_behaviour``) joined per
 (run, step); a run is one (method, seed). The standard error is over seeds, SE = s / sqrt(n) with the sample
 standard deviation s (n - 1 in the denominator), the convention of CleanRL's and verl's benchmark tables.
 The change from the start, ``delta``, is taken per seed first (final - start of the same run), then averaged: the
@@ -10,11 +10,12 @@ seeds share the SFT start, so the paired difference removes the start's evaluati
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import polars as pl
 
 # (key in the joined rows, label in the table); eval metrics are null at steps without an evaluation
 CURVE_METRICS: tuple[tuple[str, str], ...] = (
@@ -53,37 +54,53 @@ def mean_se(xs: Iterable[float | None]) -> MeanSE | None:
     return MeanSE(m, math.sqrt(s2 / len(v)), len(v))
 
 
-def curves(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[str, dict[int, MeanSE]]:
+Rows = pl.DataFrame | Sequence[Mapping[str, Any]]
+
+
+def as_frame(rows: Rows) -> pl.DataFrame:
+    """Curve rows as a polars frame (a list of dicts is converted; every row's keys count)."""
+    return rows if isinstance(rows, pl.DataFrame) else pl.DataFrame(list(rows), infer_schema_length=None)
+
+
+def _measured(rows: Rows, metric: str, *keys: str) -> pl.DataFrame:
+    """``keys`` and ``metric`` of the rows where ``metric`` is measured (null and NaN dropped)."""
+    df = as_frame(rows)
+    if metric not in df.columns or df.is_empty():
+        return pl.DataFrame(schema={**{k: pl.Int64 for k in keys}, metric: pl.Float64})
+    return (df.select(*keys, pl.col("step").cast(pl.Int64), pl.col(metric).cast(pl.Float64).fill_nan(None))
+            .drop_nulls(metric))
+
+
+def _mean_se(col: str) -> list[pl.Expr]:
+    """mean, SE = s / sqrt(n) (sample s, ddof 1; 0 for one value) and n of ``col`` as aggregation expressions."""
+    x = pl.col(col)
+    return [x.mean().alias(f"{col}_mean"), (x.std(ddof=1) / x.count().sqrt()).fill_null(0.0).alias(f"{col}_se"),
+            x.count().alias(f"{col}_n")]
+
+
+def _ms(row: Mapping[str, Any], col: str) -> MeanSE:
+    return MeanSE(float(row[f"{col}_mean"]), float(row[f"{col}_se"]), int(row[f"{col}_n"]))
+
+
+def curves(rows: Rows, metric: str) -> dict[str, dict[int, MeanSE]]:
     """{method: {step: mean ± SE over the method's seeds}} of ``metric`` (rows: method, seed, step, metric)."""
-    by: dict[str, dict[int, list[float | None]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        by[r["method"]][int(r["step"])].append(r.get(metric))
+    agg = (_measured(rows, metric, "method").group_by("method", "step").agg(_mean_se(metric))
+           .sort("method", "step"))
     out: dict[str, dict[int, MeanSE]] = {}
-    for method, steps in by.items():
-        got = {s: ms for s, xs in sorted(steps.items()) if (ms := mean_se(xs)) is not None}
-        if got:
-            out[method] = got
+    for r in agg.iter_rows(named=True):
+        out.setdefault(r["method"], {})[r["step"]] = _ms(r, metric)
     return out
 
 
-def start_final_delta(rows: Sequence[Mapping[str, Any]], metric: str) -> dict[str, tuple[MeanSE, MeanSE, MeanSE]]:
+def start_final_delta(rows: Rows, metric: str) -> dict[str, tuple[MeanSE, MeanSE, MeanSE]]:
     """{method: (start, final, final - start)}: per seed, the first and last step where ``metric`` is measured;
     each of the three is a mean ± SE over seeds (the delta is paired within a seed)."""
-    per_seed: dict[tuple[str, Any], dict[int, float]] = defaultdict(dict)
-    for r in rows:
-        if r.get(metric) is not None:
-            per_seed[(r["method"], r["seed"])][int(r["step"])] = float(r[metric])
-    by: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for (method, _seed), pts in per_seed.items():
-        if len(pts) >= 2:
-            by[method].append((pts[min(pts)], pts[max(pts)]))
-    out: dict[str, tuple[MeanSE, MeanSE, MeanSE]] = {}
-    for method, pairs in sorted(by.items()):
-        start, final, delta = (mean_se(x) for x in ([a for a, _ in pairs], [b for _, b in pairs],
-                                                     [b - a for a, b in pairs]))
-        assert start is not None and final is not None and delta is not None
-        out[method] = (start, final, delta)
-    return out
+    x = pl.col(metric).sort_by("step")
+    per_seed = (_measured(rows, metric, "method", "seed").group_by("method", "seed")
+                .agg(x.first().alias("start"), x.last().alias("final"), pl.len().alias("points"))
+                .filter(pl.col("points") >= 2).with_columns((pl.col("final") - pl.col("start")).alias("delta")))
+    agg = per_seed.group_by("method").agg(*_mean_se("start"), *_mean_se("final"), *_mean_se("delta")).sort("method")
+    return {r["method"]: (_ms(r, "start"), _ms(r, "final"), _ms(r, "delta")) for r in agg.iter_rows(named=True)}
 
 
 def rises_by(delta: MeanSE, n_se: float = 3.0) -> bool:
@@ -92,30 +109,34 @@ def rises_by(delta: MeanSE, n_se: float = 3.0) -> bool:
     return delta.n > 1 and delta.mean > 0 and delta.mean >= n_se * delta.se
 
 
-def collect_curve_rows(run_ids: Mapping[str, tuple[str, int]], home: Path) -> list[dict[str, Any]]:
+# what each SQL file of sql/queries/ contributes to a curve row
+CURVE_SOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("eval_summary_of_runs", ("strict_f1", "strict_em", "valid_f1", "valid_em", "valid_rate")),
+    ("steps_of_runs", ("mean_base_reward", "mean_total_reward", "format_valid_rate", "zero_var_base",
+                       "zero_var_total", "wall_seconds")),
+    ("search_behaviour_of_runs", ("mean_searches", "repeated_query_share", "repeated_query_share_all_correct",
+                                  "n_all_correct")),
+)
+
+
+def collect_curve_rows(run_ids: Mapping[str, tuple[str, int]], home: Path) -> pl.DataFrame:
     """One row per (run, step) of the runs ``{run_id: (method, seed)}``: every metric of ``CURVE_METRICS`` and a
-    few more, read through the SQL views ``eval_summary``, ``steps`` and ``search_behaviour``."""
-    from storage.sql import run_file
+    few more, read through the SQL views ``eval_summary``, ``steps`` and ``search_behaviour`` and joined in polars."""
+    from arbor.storage.sql import query, sql_file
 
-    ids = {"run_ids": list(run_ids)}
-    rows: dict[tuple[str, int], dict[str, Any]] = {}
-
-    def put(name: str, keys: tuple[str, ...]) -> None:
-        for r in run_file(name, ids, home=home):
-            method, seed = run_ids[r["run_id"]]
-            row = rows.setdefault((r["run_id"], int(r["step"])),
-                                  {"run_id": r["run_id"], "method": method, "seed": seed, "step": int(r["step"])})
-            row.update({k: r[k] for k in keys})
-
-    put("eval_summary_of_runs", ("strict_f1", "strict_em", "valid_f1", "valid_em", "valid_rate"))
-    put("steps_of_runs", ("mean_base_reward", "mean_total_reward", "format_valid_rate", "zero_var_base",
-                          "zero_var_total", "wall_seconds"))
-    put("search_behaviour_of_runs", ("mean_searches", "repeated_query_share", "repeated_query_share_all_correct",
-                                     "n_all_correct"))
-    return sorted(rows.values(), key=lambda r: (r["method"], r["seed"], r["step"]))
+    runs = pl.DataFrame({"run_id": list(run_ids), "method": [m for m, _ in run_ids.values()],
+                         "seed": [s for _, s in run_ids.values()]}, schema_overrides={"seed": pl.Int64})
+    out: pl.DataFrame | None = None
+    for name, keys in CURVE_SOURCES:
+        part = pl.from_arrow(query(sql_file(name), {"run_ids": list(run_ids)}, home=home))
+        assert isinstance(part, pl.DataFrame)
+        part = part.select("run_id", pl.col("step").cast(pl.Int64), *keys)
+        out = part if out is None else out.join(part, on=["run_id", "step"], how="full", coalesce=True)
+    assert out is not None
+    return runs.join(out, on="run_id", how="inner").sort("method", "seed", "step")
 
 
-def plot_curves(rows: Sequence[Mapping[str, Any]], methods: Sequence[str], path: Path,
+def plot_curves(rows: Rows, methods: Sequence[str], path: Path,
                 title: str = "arbor on the synthetic world (tiny-world): mean ± 1 SE over seeds") -> None:
     """One panel per metric of ``CURVE_METRICS``, one line per method with a ±1 SE band; a PNG at ``path``."""
     import matplotlib

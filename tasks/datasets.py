@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbor.tasks.reward import normalize_answer
+
 from arbor.config.world import WorldConfig
 from arbor.paths import DATA_DIR, PROJECT_ROOT
 from arbor.seeding import derive_seed
-from tasks.reward import normalize_answer
 
 BENCHMARKS = ("hotpotqa", "2wiki", "musique", "bamboogle")
 OFFLINE_FILES = {
@@ -260,7 +261,7 @@ def load_questions(spec: str, *, size: int | None = None, seed: int = 0,
     ``world``: the run's ``WorldConfig`` for ``world:*`` specs (default: the section's defaults)."""
     kind, _, name = spec.partition(":")
     if kind == "world" and name:
-        from tasks.world import WorldError, load_world_questions
+        from arbor.tasks.world import WorldError, load_world_questions
 
         try:
             qs = load_world_questions(name, world)

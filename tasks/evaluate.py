@@ -30,9 +30,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from arbor.tasks.format import check_format
+from arbor.tasks.reward import exact_match, token_f1
+
 from arbor.seeding import derive_seed
-from tasks.format import check_format
-from tasks.reward import exact_match, token_f1
 
 # Paper benchmark names (Table 1 header) for the shipped split names.
 SPLIT_TITLES = {"bamboogle": "Bamboogle", "hotpotqa": "HotpotQA", "musique": "MuSiQue", "2wiki": "2Wiki"}
@@ -137,7 +138,7 @@ async def judge_predictions(
     Invalid responses are never sent (their official accuracy is 0 by the strict gate). At most ``concurrency``
     calls are in flight. Each call carries a ``CallContext(run_id, step, stage)`` for the judge ledger.
     """
-    from llm.base import CallContext
+    from arbor.llm.base import CallContext
 
     if concurrency < 1:
         raise EvalError(f"concurrency must be >= 1, got {concurrency}")
@@ -408,7 +409,7 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
 
     ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
     model in ``judge_model`` and its ledger stage ``eval-second``."""
-    from tasks.rollout import sampling_temperature  # torch: keep the CLI input checks fast
+    from arbor.tasks.rollout import sampling_temperature  # torch: keep the CLI input checks fast
 
     async def judge_all(preds: list[Any]) -> list[dict[str, Any]]:
         kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint}
@@ -435,7 +436,7 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
 def store_eval_results(rows: Sequence[Mapping[str, Any]], *, run_id: str, step: int, stage: str = "eval",
                        home: Any = None) -> Any:
     """Write ``eval_results`` rows of one (run, step, stage) with ``storage.parquet.write_stage`` (atomic)."""
-    from storage.parquet import write_stage
+    from arbor.storage.parquet import write_stage
 
     return write_stage("eval_results", [dict(r) for r in rows], run_id=run_id, step=step, stage=stage, home=home)
 
@@ -443,7 +444,7 @@ def store_eval_results(rows: Sequence[Mapping[str, Any]], *, run_id: str, step: 
 def load_eval_results(run_id: str, step: int | None = None, *, checkpoint: str | None = None,
                       home: Any = None) -> list[dict[str, Any]]:
     """``eval_results`` rows of a run (its latest evaluated step when ``step`` is None) through the SQL view."""
-    from storage.sql import run_file
+    from arbor.storage.sql import run_file
 
     return run_file("eval_results_of_run", {"run_id": run_id, "step": None if step is None else int(step),
                                             "checkpoint": checkpoint}, home=home)

@@ -18,9 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from arbor.tasks.group_stats import EPS, all_equal
 from torch import Tensor
-
-from tasks.group_stats import EPS, all_equal
 
 ZERO_VAR_TOL = EPS  # a group whose rewards differ by at most this is outcome-homogeneous (DAPO drops it)
 

@@ -51,7 +51,7 @@ class ReportPaths:
 
 def _shown(name: str, **params: Any) -> str:
     """``sql/queries/<name>.sql`` as the report prints it: the ``arbor sql`` line that reruns it, then its SQL."""
-    from storage.sql import sql_file
+    from arbor.storage.sql import sql_file
 
     args = " ".join("--param " + shlex.quote(f"{k}={v}") for k, v in params.items())
     return f"-- arbor sql --file sql/queries/{name}.sql {args}\n{sql_file(name).strip()}"
@@ -59,7 +59,7 @@ def _shown(name: str, **params: Any) -> str:
 
 def _query(name: str, home: Any, **params: Any) -> tuple[list[dict[str, Any]], str]:
     """The rows of ``sql/queries/<name>.sql`` with ``params`` bound, and the query as the report prints it."""
-    from storage.sql import run_file
+    from arbor.storage.sql import run_file
 
     return run_file(name, params, home=home), _shown(name, **params)
 

@@ -16,8 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tasks.format import check_format
-from tasks.types import Trajectory
+from arbor.tasks.format import check_format
+from arbor.tasks.types import Trajectory
 
 FORMAT_PENALTY = -1.0
 

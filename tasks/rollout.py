@@ -26,12 +26,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from arbor.tasks.agent import SYSTEM_PROMPT, AgentLoop, AgentState, Budgets, Generation, GenRequest
+from arbor.tasks.reward import score_trajectory
+from arbor.tasks.types import Trajectory
 
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
-from tasks.agent import SYSTEM_PROMPT, AgentLoop, AgentState, Budgets, Generation, GenRequest
-from tasks.reward import score_trajectory
-from tasks.types import Trajectory
 
 _TAIL_TOKENS = 16  # stop strings are found in the decoded last tokens (every token decodes to >= 1 character)
 
@@ -524,12 +524,12 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
     from arbor.paths import arbor_home
 
     if search is None:
-        from tasks.search import make_search
+        from arbor.tasks.search import make_search
 
         search = make_search(cfg.search, home=home or arbor_home(), world=cfg.world)
     if cfg.rollout.engine == "transformers":
         if policy is None or tokenizer is None:
-            from tasks.policy import load_policy, policy_source
+            from arbor.tasks.policy import load_policy, policy_source
 
             src = policy_source(cfg.policy, home)
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -537,9 +537,8 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
         return TransformersEngine(cfg, policy, tokenizer, search)
     if cfg.rollout.engine == "openai":
         if tokenizer is None:
+            from arbor.tasks.policy import policy_source
             from transformers import AutoTokenizer
-
-            from tasks.policy import policy_source
             src = policy_source(cfg.policy, home)
             tokenizer = AutoTokenizer.from_pretrained(str(src))
         return OpenAIEngine(cfg, tokenizer, search)

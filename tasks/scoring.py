@@ -13,9 +13,15 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from llm.base import CallContext, Judge
-from tasks.judge import GroupScoring, presentation_swapped, score_group, sparse_edges, verdict_to_outcome
-from tasks.types import Rubric, Trajectory
+from arbor.llm.base import CallContext, Judge
+from arbor.tasks.judge import (
+    GroupScoring,
+    presentation_swapped,
+    score_group,
+    sparse_edges,
+    verdict_to_outcome,
+)
+from arbor.tasks.types import Rubric, Trajectory
 
 
 @dataclass(frozen=True)

@@ -339,7 +339,7 @@ def make_search(cfg: SearchConfig, *, home: str | Path, world: WorldConfig | Non
     backend: SearchBackend
     if cfg.backend == "bm25":
         if cfg.corpus == WORLD_CORPUS:
-            from tasks.world import world_corpus_path
+            from arbor.tasks.world import world_corpus_path
 
             corpus = world_corpus_path(world or WorldConfig(), home)
         else:

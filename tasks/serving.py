@@ -37,7 +37,7 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
         raise ValueError(f"cluster.vllm_tensor_parallel={tp} does not divide {len(c.rollout_gpus)} rollout GPUs")
     dp = max(1, len(c.rollout_gpus) // tp)
     argv = [
-        "vllm", "serve", model_path,
+        c.vllm_executable, "serve", model_path,
         "--host", "127.0.0.1", "--port", str(c.vllm_port),
         "--tensor-parallel-size", str(tp),
         "--data-parallel-size", str(dp),

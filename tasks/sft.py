@@ -20,12 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from arbor.config import ArborConfig
-from arbor.paths import arbor_home
-from arbor.seeding import derive_seed
-from tasks import checkpoint as ckpt
-from tasks.train import (
+from arbor.tasks import checkpoint as ckpt
+from arbor.tasks.train import (
     build_engine,
     deepspeed_config,
     init_single_process_env,
@@ -35,6 +31,10 @@ from tasks.train import (
     pack_by_tokens,
     read_deepspeed_json,
 )
+
+from arbor.config import ArborConfig
+from arbor.paths import arbor_home
+from arbor.seeding import derive_seed
 
 
 @dataclass
@@ -54,7 +54,7 @@ def tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int,
     the same tokens); responses are cut so prompt + response <= ``max_length``.
 
     Returns (examples, number truncated). Rows whose prompt alone reaches ``max_length`` are dropped (counted)."""
-    from tasks.agent import SYSTEM_PROMPT, tokenize_trajectory
+    from arbor.tasks.agent import SYSTEM_PROMPT, tokenize_trajectory
 
     out, truncated = [], 0
     for row in rows:
@@ -99,9 +99,8 @@ def run_sft(
     ``out_dir`` defaults to ``sft.output`` (relative paths: under ARBOR_HOME). Stops after ``sft.epochs`` or when ``sft.max_minutes`` has elapsed (checked before each optimizer update).
     Returns a summary: examples, truncated, updates, epochs_done, first/last loss, seconds, out, stopped_early.
     """
+    from arbor.tasks.sft_data import read_sft_data
     from transformers import AutoTokenizer
-
-    from tasks.sft_data import read_sft_data
 
     init_single_process_env()
     sc, tc = cfg.sft, cfg.train

@@ -26,9 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from arbor.tasks.agent import SYSTEM_PROMPT, tokenize_trajectory
+from arbor.tasks.format import check_format, result_block
+
 from arbor.seeding import derive_seed
-from tasks.agent import SYSTEM_PROMPT, tokenize_trajectory
-from tasks.format import check_format, result_block
 
 # Thoughts are short on purpose: a ~5M-parameter policy learns the *protocol* (think, search, read, answer) from a
 # few hundred examples in minutes on a CPU; long free-text thoughts would spend its capacity on copying prose.
@@ -72,7 +73,7 @@ def synthesize_response(question: Any, search: Any, *, seed: int, top_k: int, ma
                         max_searches: int = 3, format_results: Any = None) -> str:
     """One tag-format response for ``question`` (a ``tasks.datasets.Question`` with ``support_titles``)."""
     if format_results is None:
-        from tasks.search import format_results
+        from arbor.tasks.search import format_results
     rng = random.Random(derive_seed(seed, "sft", question.question_id))
     answer = question.golds[0]
     parts: list[str] = []
@@ -135,10 +136,10 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
                    seed: int = 0, search: Any = None, questions: Sequence[Any] | None = None) -> Path:
     """Synthesise SFT data for ``questions`` (default: the split ``spec``) with the run's search backend and
     budgets; write JSONL to ``out_path``."""
-    from tasks.datasets import load_questions
+    from arbor.tasks.datasets import load_questions
 
     if search is None:
-        from tasks.search import make_search
+        from arbor.tasks.search import make_search
         search = make_search(cfg.search, home=home, world=cfg.world)
     rows = synthesize(questions if questions is not None else load_questions(spec), search, seed=seed, top_k=cfg.search.top_k,
                       max_result_chars=cfg.search.max_result_chars, max_searches=max(1, cfg.rollout.max_searches),

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from storage.parquet import mark_stage_done, read_stage, stage_done, write_stage
+from arbor.storage.parquet import mark_stage_done, read_stage, stage_done, write_stage
 
 Rows = list[dict[str, Any]]
 

@@ -29,18 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from arbor.llm.base import Judge
+from arbor.storage.parquet import read_stage
+from arbor.tasks.datasets import Question, batch_for_step
+from arbor.tasks.group_stats import classify_group
+from arbor.tasks.memory import RubricMemory, group_info_from_rows
+from arbor.tasks.methods import make_method
+from arbor.tasks.methods.base import Method
+from arbor.tasks.shaping import shape_group
+from arbor.tasks.stages import Rows, StageStore
+from arbor.tasks.types import Trajectory
+from arbor.tasks.weight_sync import sync_policy
+
 from arbor.config import ArborConfig
-from llm.base import Judge
-from storage.parquet import read_stage
-from tasks.datasets import Question, batch_for_step
-from tasks.group_stats import classify_group
-from tasks.memory import RubricMemory, group_info_from_rows
-from tasks.methods import make_method
-from tasks.methods.base import Method
-from tasks.shaping import shape_group
-from tasks.stages import Rows, StageStore
-from tasks.types import Trajectory
-from tasks.weight_sync import sync_policy
 
 T = TypeVar("T")
 
@@ -100,7 +101,7 @@ class RunState:
         return self.judge.drain_calls()
 
     def judge_cost_so_far(self) -> float:
-        from storage.parquet import read_table
+        from arbor.storage.parquet import read_table
 
         t = read_table("judge_calls", run_id=self.run_id, home=self.home)
         return float(sum(c or 0.0 for c in t.column("cost_usd").to_pylist())) if t.num_rows else 0.0
@@ -131,7 +132,7 @@ class RunState:
     # ------------------------------------------------------------------------------------------ stages
     def rollout(self, step: int) -> dict[str, Rows]:
         """K trajectories per prompt with the policy of version step-1, base reward, great-expectations check."""
-        from storage.validation import validate_trajectories
+        from arbor.storage.validation import validate_trajectories
 
         batch = batch_for_step(self.questions, self.seed, step, self.cfg.rollout.batch_size)
         trajs = self.engine.generate_groups(batch, self.cfg.rollout.k, self.seed, step, run_id=self.run_id)
@@ -182,8 +183,8 @@ class RunState:
 
     def evaluate(self, step: int) -> dict[str, Rows]:
         """Held-out evaluation every ``run.eval_every`` steps on a fixed small split (issue 8 item 2)."""
-        from tasks.datasets import load_questions
-        from tasks.evaluate import evaluate_questions
+        from arbor.tasks.datasets import load_questions
+        from arbor.tasks.evaluate import evaluate_questions
 
         questions = load_questions(self.cfg.data.eval, world=self.cfg.world)[: self.cfg.run.eval_size]
         rows = evaluate_questions(self.engine, self.judge, {self.cfg.data.eval: questions},

@@ -126,7 +126,7 @@ def steps_to_tensorboard(run_id: str, home: str | os.PathLike[str] | None = None
     """Rebuild a run's event files from its stored ``steps`` rows (the source of truth); returns the steps logged.
 
     Earlier event files of the run are replaced, so this is idempotent (e.g. after copying a workspace)."""
-    from storage.sql import run_file
+    from arbor.storage.sql import run_file
 
     rows = run_file("steps_of_runs", {"run_ids": [run_id]}, home=home)
     d = tb_dir(run_id, home)

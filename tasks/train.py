@@ -25,12 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from arbor.config import ArborConfig
-from arbor.paths import PROJECT_ROOT, arbor_home
-from arbor.seeding import derive_seed
-from tasks import checkpoint as ckpt
-from tasks.losses import (
+from arbor.tasks import checkpoint as ckpt
+from arbor.tasks.losses import (
     LossOut,
     overlong_penalty,
     policy_loss,
@@ -38,8 +34,12 @@ from tasks.losses import (
     token_logprobs,
     zero_variance_groups,
 )
-from tasks.methods import make_method
-from tasks.types import Trajectory
+from arbor.tasks.methods import make_method
+from arbor.tasks.types import Trajectory
+
+from arbor.config import ArborConfig
+from arbor.paths import PROJECT_ROOT, arbor_home
+from arbor.seeding import derive_seed
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -78,7 +78,7 @@ def init_single_process_env(port: int | None = None) -> None:
 def prebuild_deepspeed_ops() -> list[str]:
     """Compile the ops DeepSpeed's CPU accelerator builds on first use (the shm comm op), so tests don't pay ~25 s.
 
-    Run once at set-up: ``python -m tasks.train --prebuild-ops``. The build is cached in ~/.cache/torch_extensions
+    Run once at set-up: ``python -m arbor.tasks.train --prebuild-ops``. The build is cached in ~/.cache/torch_extensions
     (``TORCH_EXTENSIONS_DIR``). On a GPU machine nothing is needed (NCCL; torch AdamW).
     """
     import deepspeed.ops

@@ -192,7 +192,7 @@ class WorldQuestion:
     path: tuple[Hop, ...]
 
     def to_question(self) -> Any:
-        from tasks.datasets import Question
+        from arbor.tasks.datasets import Question
 
         return Question(self.question_id, self.question, [self.answer], f"world:{self.kind}",
                         [h.doc_id for h in self.path], [h.title for h in self.path])
@@ -516,8 +516,8 @@ def render_response(q: WorldQuestion, steps: Sequence[tuple[str, str]], final: s
                     max_result_chars: int | None) -> tuple[str, bool]:
     """(the response text, whether every gold passage was shown): each query goes to the real search backend and its
     hits are rendered exactly as the agent loop renders them."""
-    from tasks.format import result_block
-    from tasks.search import format_results
+    from arbor.tasks.format import result_block
+    from arbor.tasks.search import format_results
 
     parts: list[str] = []
     shown: set[str] = set()
@@ -548,8 +548,8 @@ def synthesize_world(questions: Sequence[WorldQuestion], search: Any, cfg: World
                      max_result_chars: int | None, max_searches: int, variants: int = 1) -> list[dict[str, Any]]:
     """SFT rows ``{question_id, question, golds, response, kind, flaw, grounded}`` (``variants`` differently-seeded
     responses per question); every response passes ``tasks.format.check_format``."""
-    from tasks.format import check_format
-    from tasks.sft_data import SFTDataError
+    from arbor.tasks.format import check_format
+    from arbor.tasks.sft_data import SFTDataError
 
     world = build_world(cfg)
     items = [(v, q) for v in range(variants) for q in questions]
@@ -576,8 +576,8 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
                          split: str = "train") -> Path:
     """``sft.data: world:train``: gold trajectories for the first ``sft.questions`` world training questions
     (``sft.variants`` each), searched with the run's backend over the world corpus; JSONL at ``out_path``."""
-    from tasks.search import WORLD_CORPUS, make_search
-    from tasks.sft_data import SFTDataError, write_jsonl
+    from arbor.tasks.search import WORLD_CORPUS, make_search
+    from arbor.tasks.sft_data import SFTDataError, write_jsonl
 
     if split != "train":
         raise SFTDataError(f"sft.data: world:{split} — SFT data come from world:train only (world:eval is held out)")

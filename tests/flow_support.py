@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from storage.parquet import read_table
+from arbor.storage.parquet import read_table
 
 JUDGE_KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 JUDGE_KEY = "sk-test-secret-0123456789"
@@ -32,8 +32,9 @@ def sft_start(profile: str, fresh_home: Any) -> Path:
     sessions under ARBOR_TEST_SFT_CACHE (developers only; checkpoints are content-addressed)."""
     import os
 
+    from arbor.flows.sft import sft_checkpoint
+
     from arbor.config import load_config
-    from flows.sft import sft_checkpoint
 
     cache = os.environ.get("ARBOR_TEST_SFT_CACHE")
     home = Path(cache) if cache else fresh_home()

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from tasks.agent import (
+from arbor.tasks.agent import (
     SYSTEM_PROMPT,
     AgentLoop,
     Budgets,
@@ -19,9 +18,9 @@ from tasks.agent import (
     encode_text,
     tokenize_trajectory,
 )
-from tasks.format import check_format, result_block
-from tasks.policy import train_tokenizer
-from tasks.search import BM25Search, format_results
+from arbor.tasks.format import check_format, result_block
+from arbor.tasks.policy import train_tokenizer
+from arbor.tasks.search import BM25Search, format_results
 
 PASSAGES = [
     {"id": "p1", "title": "Ed Wood", "text": "Edward Davis Wood Jr. was an American filmmaker and actor."},

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from arbor.storage.parquet import write_stage
 
 from arbor.config import ConfigError, load_config
-from storage.parquet import write_stage
 
 ARBOR = str(Path(sys.executable).parent / "arbor")
 QUIET = ("DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_DISABLE_TELEMETRY", "PREFECT_API_URL")
@@ -78,7 +78,7 @@ def test_validation_imports_neither_prefect_nor_torch(user) -> None:
         "             ['train', '--set', 'rollout.k=1'], ['compare', '--methods', 'foo'],\n"
         "             ['rubrics', 'export', 'nope'], ['train', '--resume', 'r1', '--set', 'run.seed=3']):\n"
         "    try:\n        app(args)\n    except SystemExit as e:\n        assert e.code == 2, (args, e.code)\n"
-        "print(sorted(m for m in ('prefect', 'torch', 'transformers', 'deepspeed', 'flows.train') if m in sys.modules))"
+        "print(sorted(m for m in ('prefect', 'torch', 'transformers', 'deepspeed', 'arbor.flows.train') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -86,8 +86,8 @@ def test_validation_imports_neither_prefect_nor_torch(user) -> None:
 
 
 def test_resume_extends_a_run_and_records_the_change(tmp_path: Path) -> None:
-    from flows.train import prepare_run, stored_config
-    from storage.runs import run_row
+    from arbor.flows.train import prepare_run, stored_config
+    from arbor.storage.runs import run_row
 
     home = tmp_path / "home"
     first = prepare_run("tiny-cpu", {"run.steps": 2, "rollout.k": 4}, "r1", False, home)
@@ -114,10 +114,9 @@ def _statuses(env: dict[str, str], cwd: Path) -> dict[str, str]:
 def test_train_reports_next_steps_and_runs_tells_running_from_killed(prefect_harness, tmp_path: Path) -> None:
     """A real `arbor train`: a finished run prints where its results are and what to run next; a live run shows
     `running` (and cannot be resumed twice); SIGKILLed, it shows `crashed` at once."""
+    from arbor.storage.liveness import read_owner
+    from arbor.storage.runs import run_row
     from prefect.settings import PREFECT_API_URL
-
-    from storage.liveness import read_owner
-    from storage.runs import run_row
 
     home = tmp_path / "home"
     env = {**os.environ, "ARBOR_HOME": str(home), "PREFECT_API_URL": str(PREFECT_API_URL.value())}

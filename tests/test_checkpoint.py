@@ -6,8 +6,7 @@ import random
 from pathlib import Path
 
 import torch
-
-from tasks import checkpoint as ckpt
+from arbor.tasks import checkpoint as ckpt
 
 
 def save(root: Path, step: int, metric: float | None = None, payload: str = "w") -> Path:

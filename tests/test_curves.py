@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from tasks.curves import curves, mean_se, rises_by, start_final_delta
+from arbor.tasks.curves import curves, mean_se, rises_by, start_final_delta
 
 
 def test_mean_se_by_hand() -> None:

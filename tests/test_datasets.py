@@ -10,8 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from tasks.datasets import (
+from arbor.tasks.datasets import (
     BENCHMARKS,
     DatasetError,
     arpo_leaked,
@@ -22,7 +21,7 @@ from tasks.datasets import (
     offline_questions,
     read_questions,
 )
-from tasks.reward import normalize_answer
+from arbor.tasks.reward import normalize_answer
 
 
 def _bench_keys() -> dict[str, set[str]]:
@@ -137,7 +136,7 @@ def test_offline_gold_paragraphs_are_in_the_corpus() -> None:
 
 
 def test_shipped_corpus_matches_a_rebuild(tmp_path: Path) -> None:
-    from tasks.datasets import CORPUS_FILE, build_corpus
+    from arbor.tasks.datasets import CORPUS_FILE, build_corpus
 
     rebuilt = build_corpus(tmp_path / "c.jsonl")
     assert rebuilt.read_bytes() == CORPUS_FILE.read_bytes()

@@ -7,10 +7,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
-from arbor.config.judge import JudgeConfig
-from llm import make_judge
-from tasks.evaluate import (
+from arbor.llm import make_judge
+from arbor.tasks.evaluate import (
     EvalError,
     Prediction,
     eval_rows,
@@ -24,7 +22,9 @@ from tasks.evaluate import (
     store_eval_results,
     summarize,
 )
-from tasks.types import Trajectory
+from arbor.tasks.types import Trajectory
+
+from arbor.config.judge import JudgeConfig
 from tests.openai_server import FaultPlan, OpenAIServer
 
 

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from arbor.tasks.stages import InjectedFault
+from arbor.tasks.step import STAGES
 from flow_support import (
     JUDGE_KEY,
     JUDGE_KEY_ENV,
@@ -24,16 +26,13 @@ from flow_support import (
     tiny_overrides,
 )
 
-from tasks.stages import InjectedFault
-from tasks.step import STAGES
-
 pytestmark = pytest.mark.slow
 
 RUN = "ref"
 
 
 def _train(home: Path, run_id: str, overrides: dict, resume: bool = False) -> str:
-    from flows.train import arbor_train
+    from arbor.flows.train import arbor_train
 
     os.environ["ARBOR_HOME"] = str(home)
     return arbor_train(profile="tiny-cpu", overrides=overrides, run_id=run_id, resume=resume)
@@ -131,7 +130,7 @@ def test_resume_after_sigkill_mid_stage(reference, sft_policy: Path, tmp_path: P
 def test_export_and_warm_start_rubric_pool(reference, sft_policy: Path, tmp_path: Path) -> None:
     import json
 
-    from flows.pool import export_pool
+    from arbor.flows.pool import export_pool
 
     ref_home, _ = reference
     events = table("rubric_events", RUN, ref_home)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from tasks.format import (
+from arbor.tasks.format import (
     check_format,
     extract_answer,
     extract_results,
@@ -15,6 +12,8 @@ from tasks.format import (
     pending_search,
     result_block,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 GOOD = (
     "<think>I need the director's birthplace.</think>\n"

@@ -5,11 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from arbor.seeding import coin
-from tasks.judge import (
+from arbor.tasks.judge import (
     edge_scores,
     presentation,
     presentation_swapped,
@@ -17,6 +13,10 @@ from tasks.judge import (
     sparse_edges,
     verdict_to_outcome,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arbor.seeding import coin
 
 
 def test_eight_trajectories_hand_built():

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from tasks.group_stats import (
+from arbor.tasks.group_stats import (
     all_equal,
     classify_group,
     outcome_pattern,

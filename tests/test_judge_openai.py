@@ -12,15 +12,15 @@ from pathlib import Path
 
 import openai_server
 import pytest
+from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
+from arbor.llm.cache import cache_key
+from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge
+from arbor.tasks.evaluate import Prediction, judge_predictions, pass_at_1
+from arbor.tasks.judge import presentation_swapped, sparse_edges, verdict_to_outcome
+from arbor.tasks.types import Rubric, Trajectory
 from openai_server import FaultPlan, OpenAIServer
 
 from arbor.config.judge import JudgeConfig
-from llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
-from llm.cache import cache_key
-from llm.openai_backend import JudgeSetupError, OpenAIJudge
-from tasks.evaluate import Prediction, judge_predictions, pass_at_1
-from tasks.judge import presentation_swapped, sparse_edges, verdict_to_outcome
-from tasks.types import Rubric, Trajectory
 
 KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 SECRET = "sk-arbor-test-7f3c9d2e1b-DO-NOT-LEAK"
@@ -304,7 +304,7 @@ def test_swap_is_undone(server: OpenAIServer, tmp_path: Path) -> None:
 
 def test_api_key_never_appears_in_logs_ledger_cache_or_parquet(server: OpenAIServer, tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    from storage.parquet import write_stage
+    from arbor.storage.parquet import write_stage
 
     caplog.set_level(logging.DEBUG)  # every logger: ours, openai's, httpx's
     server.plan = FaultPlan(queue=["429", "500", "malformed", "hang"], hang_s=1.0)

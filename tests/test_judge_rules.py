@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
+from arbor.llm.rules import FEATURES, feature_value, question_entities
+from arbor.tasks.induction import select_anchors
+from arbor.tasks.judge import score_group, sparse_edges, verdict_to_outcome
+from arbor.tasks.memory import admission_stats, admit
+from arbor.tasks.types import Rubric, RubricDraft, Trajectory
 from make_rules_fixtures import OUT, build
 
 from arbor.config.judge import JudgeConfig
 from arbor.seeding import coin
-from llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
-from llm.rules import FEATURES, feature_value, question_entities
-from tasks.induction import select_anchors
-from tasks.judge import score_group, sparse_edges, verdict_to_outcome
-from tasks.memory import admission_stats, admit
-from tasks.types import Rubric, RubricDraft, Trajectory
 
 Q = "Who directed the film Ed Wood starring Johnny Depp?"
 
@@ -82,7 +82,7 @@ def test_fixture_search_results_are_real_corpus_paragraphs() -> None:
     corpus = json.loads((Path(__file__).parent.parent / "data/offline/hotpotqa_dev100_distractor.json").read_text())
     paragraphs = {f"{t}: {''.join(s).strip()}" for item in corpus
                   for t, s in zip(item["context"]["title"], item["context"]["sentences"], strict=True)}
-    from llm.text import parse_trajectory
+    from arbor.llm.text import parse_trajectory
 
     for name in ("positive", "negative"):
         for grp in groups(name):

@@ -19,17 +19,19 @@ from pathlib import Path
 
 from arbor.paths import PROJECT_ROOT
 
-PACKAGES = ("arbor", "storage", "llm", "tasks", "flows")
+# source folder -> import name (pyproject.toml's package-dir: one ``arbor`` namespace)
+PACKAGES = {"arbor": "arbor", "storage": "arbor.storage", "llm": "arbor.llm", "tasks": "arbor.tasks",
+            "flows": "arbor.flows"}
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("arbor.config", "arbor.paths", "arbor.seeding", "tasks.types", "tasks.format", "tasks.reward",
-              "tasks.induction", "tasks.group_stats")),
-    ("storage", ("storage",)),
-    ("judges", ("llm",)),
-    ("environment", ("tasks",)),
-    ("methods", ("tasks.methods", "tasks.step", "tasks.stages", "tasks.train", "tasks.trainer_service", "tasks.sft",
-                 "arbor.preflight")),
-    ("flows", ("flows",)),
-    ("cli", ("arbor",)),
+    ("base", ("arbor", "arbor.config", "arbor.paths", "arbor.seeding", "arbor.tasks.types", "arbor.tasks.format",
+              "arbor.tasks.reward", "arbor.tasks.induction", "arbor.tasks.group_stats")),
+    ("storage", ("arbor.storage",)),
+    ("judges", ("arbor.llm",)),
+    ("environment", ("arbor.tasks",)),
+    ("methods", ("arbor.tasks.methods", "arbor.tasks.step", "arbor.tasks.stages", "arbor.tasks.train",
+                 "arbor.tasks.trainer_service", "arbor.tasks.sft", "arbor.preflight")),
+    ("flows", ("arbor.flows",)),
+    ("cli", ("arbor.cli",)),
 ]
 
 
@@ -54,18 +56,21 @@ def imports(path: Path) -> list[str]:
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(PROJECT_ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    folder, *parts = path.relative_to(PROJECT_ROOT).with_suffix("").parts
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join([PACKAGES[folder], *parts])
 
 
 def upward_imports() -> list[str]:
     found = []
-    for pkg in PACKAGES:
+    for pkg in PACKAGES:  # source folders
         for path in sorted((PROJECT_ROOT / pkg).rglob("*.py")):
             me = module_name(path)
             mine = layer_of(me)
             assert mine is not None, me
             for target in imports(path):
+                if target.split(".")[0] in PACKAGES and target.split(".")[0] != "arbor":
+                    found.append(f"{me} imports {target} by its source folder: installed, only arbor.* exists")
                 theirs = layer_of(target)
                 if theirs is not None and theirs > mine:
                     found.append(f"{me} ({LAYERS[mine][0]}) imports {target} ({LAYERS[theirs][0]})")
@@ -73,11 +78,11 @@ def upward_imports() -> list[str]:
 
 
 def test_layer_of_by_hand() -> None:
-    assert LAYERS[layer_of("tasks.format")][0] == "base"  # type: ignore[index]
-    assert LAYERS[layer_of("tasks.memory")][0] == "environment"  # type: ignore[index]
-    assert LAYERS[layer_of("tasks.methods.arbor")][0] == "methods"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.format")][0] == "base"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.memory")][0] == "environment"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.methods.arbor")][0] == "methods"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.cli")][0] == "cli"  # type: ignore[index]
-    assert layer_of("torch") is None and layer_of("tasksx") is None
+    assert layer_of("torch") is None and layer_of("tasks.format") is None  # source folder names are not modules
 
 
 def test_imports_point_downward_only() -> None:

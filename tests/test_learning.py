@@ -32,7 +32,7 @@ def world_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _train(home: Path, run_id: str, overrides: dict[str, Any]) -> str:
-    from flows.train import arbor_train
+    from arbor.flows.train import arbor_train
 
     os.environ["ARBOR_HOME"] = str(home)
     return arbor_train(profile="tiny-world", overrides=overrides, run_id=run_id)

@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-
-from tasks.losses import (
+from arbor.tasks.losses import (
     broadcast_to_tokens,
     dynamic_sampling_filter,
     dynamic_sampling_refill,

@@ -6,11 +6,9 @@ import json
 
 import numpy as np
 import pytest
-
-from arbor.config.memory import MemoryConfig
-from tasks.group_stats import pearson
-from tasks.judge import GroupScoring
-from tasks.memory import (
+from arbor.tasks.group_stats import pearson
+from arbor.tasks.judge import GroupScoring
+from arbor.tasks.memory import (
     ACTIVATION_COLUMNS,
     EVENT_COLUMNS,
     SOURCE_COLUMNS,
@@ -23,7 +21,9 @@ from tasks.memory import (
     admit,
     load_pool_file,
 )
-from tasks.types import RubricDraft
+from arbor.tasks.types import RubricDraft
+
+from arbor.config.memory import MemoryConfig
 
 
 def ok(scores):
@@ -494,7 +494,7 @@ def test_consolidation_with_no_output_clears_d_and_replays():
 
 def test_rows_fit_storage_schemas_and_replay_after_a_parquet_round_trip(tmp_path):
     """The rows go through the real storage layer (Parquet files) and come back to the identical state."""
-    from storage.parquet import read_stage, write_stage
+    from arbor.storage.parquet import read_stage, write_stage
 
     cfg = MemoryConfig(k_consol=2, pool_max=2, maturity=1, kappa=1)
     mem, groups = RubricMemory(cfg), {}

@@ -20,14 +20,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from arbor.tasks.induction import select_anchors
+from arbor.tasks.judge import (
+    presentation,
+    presentation_swapped,
+    score_group,
+    sparse_edges,
+    verdict_to_outcome,
+)
+from arbor.tasks.memory import Activation, DraftResult, GroupInfo, Records, RubricMemory
+from arbor.tasks.shaping import shape_group
+from arbor.tasks.types import Rubric, RubricDraft
 
 from arbor.config.memory import MemoryConfig
 from arbor.seeding import derive_seed
-from tasks.induction import select_anchors
-from tasks.judge import presentation, presentation_swapped, score_group, sparse_edges, verdict_to_outcome
-from tasks.memory import Activation, DraftResult, GroupInfo, Records, RubricMemory
-from tasks.shaping import shape_group
-from tasks.types import Rubric, RubricDraft
 
 SEED, STEPS, GROUPS, K = 11, 200, 8, 8
 OUTAGE = {100, 101}

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from arbor.tasks.losses import group_advantages, segment_advantages
+from arbor.tasks.methods import BUILTIN, MethodError, method_names, resolve_method
+from arbor.tasks.methods.grpo import GRPO
+from arbor.tasks.types import Trajectory
 from test_train import make_batch, make_trainer, params, tiny_model_dir
 from torch import Tensor
 
@@ -14,10 +18,6 @@ from arbor.config import load_config
 from arbor.config.train import TrainConfig
 from arbor.preflight import check
 from examples.length_penalty import LengthPenaltyGRPO
-from tasks.losses import group_advantages, segment_advantages
-from tasks.methods import BUILTIN, MethodError, method_names, resolve_method
-from tasks.methods.grpo import GRPO
-from tasks.types import Trajectory
 
 
 class SegmentGRPO(GRPO):
@@ -69,7 +69,7 @@ def test_registry_resolves_names_and_import_paths() -> None:
     assert all(resolve_method(name).name == name for name in BUILTIN)
     assert resolve_method("examples.length_penalty:LengthPenaltyGRPO") is LengthPenaltyGRPO
     for spec, words in [("grpo2", "unknown method"), ("examples.length_penalty:Nope", "cannot import"),
-                        ("tasks.types:Trajectory", "not a subclass"), ("no_such_pkg.mod:M", "cannot import")]:
+                        ("arbor.tasks.types:Trajectory", "not a subclass"), ("no_such_pkg.mod:M", "cannot import")]:
         with pytest.raises(MethodError, match=words) as e:
             resolve_method(spec)
         assert str(e.value).startswith("run.method:")

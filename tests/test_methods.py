@@ -7,9 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+from arbor.tasks.group_stats import classify_group
 from flow_support import table, tiny_overrides
-
-from tasks.group_stats import classify_group
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +18,7 @@ PLUGIN = "examples.length_penalty:LengthPenaltyGRPO"  # a user's method by impor
 
 @pytest.fixture(scope="module")
 def runs(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from flows.train import arbor_train
+    from arbor.flows.train import arbor_train
 
     home = tmp_path_factory.mktemp("methods_home")
     os.environ["ARBOR_HOME"] = str(home)

@@ -22,6 +22,18 @@ def test_qwen3_8b_on_a_cpu_box_lists_everything_missing() -> None:
         require(cfg, gpu_count=0, env={})
 
 
+def test_vllm_executable_is_looked_up_where_the_flow_will_start_it(tmp_path) -> None:
+    """vLLM may live in an environment of its own (make vllm-env): preflight checks the configured command."""
+    gone = str(tmp_path / "no-venv" / "bin" / "vllm")
+    missing = "\n".join(check(load_config("qwen3-8b", {"cluster.vllm_executable": gone}), gpu_count=8, env={}))
+    assert f"cluster.vllm_executable: the flow manages `vllm serve` but {gone!r}" in missing
+    present = tmp_path / "vllm"
+    present.write_text("#!/bin/sh\n")
+    present.chmod(0o755)
+    ok = "\n".join(check(load_config("qwen3-8b", {"cluster.vllm_executable": str(present)}), gpu_count=8, env={}))
+    assert "cluster.vllm_executable" not in ok
+
+
 def test_tiny_cpu_needs_nothing() -> None:
     assert check(load_config("tiny-cpu"), gpu_count=0, env={}) == []
 

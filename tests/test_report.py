@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from storage.parquet import write_stage
-from tasks.report import (
+from arbor.storage.parquet import write_stage
+from arbor.tasks.report import (
     ReportError,
     build_report,
     judge_cost,

@@ -11,10 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from arbor.config.search import SearchConfig
-from tasks.datasets import CORPUS_FILE, offline_questions
-from tasks.search import (
+from arbor.tasks.datasets import CORPUS_FILE, offline_questions
+from arbor.tasks.search import (
     BM25Search,
     CachedSearch,
     SearchError,
@@ -23,6 +21,8 @@ from tasks.search import (
     load_corpus,
     make_search,
 )
+
+from arbor.config.search import SearchConfig
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from arbor.cli import app
-from arbor.config.judge import JudgeConfig
-from flows.evaluate import run_eval
-from llm import make_judge
-from storage.sql import query
-from tasks.datasets import load_questions
-from tasks.evaluate import (
+from arbor.flows.evaluate import run_eval
+from arbor.llm import make_judge
+from arbor.storage.sql import query
+from arbor.tasks.datasets import load_questions
+from arbor.tasks.evaluate import (
     EvalError,
     Prediction,
     format_judges,
@@ -25,6 +21,10 @@ from tasks.evaluate import (
     second_judge_config,
     summarize,
 )
+from typer.testing import CliRunner
+
+from arbor.cli import app
+from arbor.config.judge import JudgeConfig
 from tests.flow_support import JUDGE_KEY, JUDGE_KEY_ENV, openai_judge
 from tests.openai_server import FaultPlan, OpenAIServer, _norm
 

@@ -6,9 +6,9 @@ import socket
 import sys
 
 import pytest
+from arbor.tasks.serving import LaunchSpec, ServerDied, Supervised, vllm_serve_spec
 
 from arbor.config import load_config
-from tasks.serving import LaunchSpec, ServerDied, Supervised, vllm_serve_spec
 
 
 def _free_port() -> int:
@@ -28,6 +28,8 @@ def test_vllm_serve_command_for_profile() -> None:
     assert "--weight-transfer-config" in a
     assert spec.env == {"CUDA_VISIBLE_DEVICES": "0,1"}
     assert spec.base_url.endswith(":8000/v1")
+    own_env = load_config("qwen3-8b", {"cluster.vllm_executable": "/opt/vllm-env/bin/vllm"})
+    assert vllm_serve_spec(own_env, "/m").argv[:2] == ["/opt/vllm-env/bin/vllm", "serve"]
 
 
 def test_tensor_parallel_must_divide_rollout_gpus() -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from arbor.tasks.shaping import shape_group, shape_rewards
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from tasks.shaping import shape_group, shape_rewards
 
 T, F = True, False
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from storage.parquet import read_stage, read_table, stage_done
-from tasks.stages import InjectedFault, StageStore
+from arbor.storage.parquet import read_stage, read_table, stage_done
+from arbor.tasks.stages import InjectedFault, StageStore
 
 
 def _rows(n: int, step: int) -> list[dict]:

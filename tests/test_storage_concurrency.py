@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-from storage.catalog import ensure_catalog
+from arbor.storage.catalog import ensure_catalog
 
 ROWS_PER_FILE = 7
 N_FILES = 25
@@ -17,7 +17,7 @@ MIN_QUERIES = 100
 
 READER = textwrap.dedent("""
     import json, os, sys
-    from storage.sql import query
+    from arbor.storage.sql import query
     home, progress, done_flag, out = sys.argv[1:5]
     counts, n, writer_done = [], 0, False
     while True:
@@ -34,7 +34,7 @@ READER = textwrap.dedent("""
 
 WRITER = textwrap.dedent("""
     import os, sys, time
-    from storage.parquet import write_stage
+    from arbor.storage.parquet import write_stage
     home, progress, done_flag = sys.argv[1:4]
     def reader_queries():
         try:

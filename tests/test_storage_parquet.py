@@ -7,8 +7,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from storage.parquet import (
+from arbor.storage.parquet import (
     clear_stage,
     mark_stage_done,
     read_stage,
@@ -17,8 +16,8 @@ from storage.parquet import (
     stage_files,
     write_stage,
 )
-from storage.schemas import SCHEMAS, SchemaError, conform
-from tasks.types import Trajectory
+from arbor.storage.schemas import SCHEMAS, SchemaError, conform
+from arbor.tasks.types import Trajectory
 
 
 def _traj(step: int, group: int, sample: int, f1: float = 0.5) -> dict:

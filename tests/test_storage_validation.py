@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from storage.parquet import read_table
-from storage.validation import ValidationError, validate_trajectories, write_trajectories
+from arbor.storage.parquet import read_table
+from arbor.storage.validation import ValidationError, validate_trajectories, write_trajectories
 
 K = 4
 

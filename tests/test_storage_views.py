@@ -5,9 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-
-from storage.parquet import write_stage
-from storage.sql import query
+from arbor.storage.parquet import write_stage
+from arbor.storage.sql import query
 
 K = 4
 
@@ -287,8 +286,8 @@ def test_zero_variance_sql_and_python_agree(tmp_path):
     """One definition of a zero-variance group (max - min <= 1e-9): the SQL view, Table 2's ``classify_group`` and
     DAPO's filter count the same groups, including spreads just inside and just outside the tolerance (a group
     whose values all lie within 1e-9 of the first but spread 1.6e-9 is not zero-variance anywhere)."""
-    from tasks.group_stats import classify_group
-    from tasks.losses import zero_variance_groups
+    from arbor.tasks.group_stats import classify_group
+    from arbor.tasks.losses import zero_variance_groups
 
     spreads = [[0.0, 0.0, 0.0], [0.5, 0.5 + 0.9e-9, 0.5], [0.5, 0.5 + 0.8e-9, 0.5 - 0.8e-9],
                [0.0, 2e-9, 0.0], [1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]]

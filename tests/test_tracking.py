@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from tasks.tracking import (
+from arbor.tasks.tracking import (
     Tracker,
     TrackingError,
     clean_metrics,
@@ -68,7 +67,7 @@ def test_wandb_only_when_configured(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_steps_table_replayed_into_tensorboard(arbor_home: Path) -> None:
-    from storage.parquet import write_stage
+    from arbor.storage.parquet import write_stage
 
     for step, (reward, kl) in enumerate([(0.1, 1e-3), (0.3, None)]):
         write_stage("steps", [{"mean_base_reward": reward, "approx_kl": kl, "n_groups": 8, "wall_seconds": 2.5}],

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from arbor.tasks.policy import build_tiny_policy, load_policy
+from arbor.tasks.rollout import TransformersEngine
+from arbor.tasks.train import Trainer
+from arbor.tasks.types import Trajectory
+from arbor.tasks.weight_sync import sync_weights
 
 from arbor.config import load_config
-from tasks.policy import build_tiny_policy, load_policy
-from tasks.rollout import TransformersEngine
-from tasks.train import Trainer
-from tasks.types import Trajectory
-from tasks.weight_sync import sync_weights
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
-
-from arbor.config import ConfigError, load_config
-from arbor.config.search import SearchConfig
-from arbor.config.world import WorldConfig
-from tasks.datasets import DatasetError, load_questions
-from tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
-from tasks.search import WORLD_CORPUS, bm25_tokenize, format_results, load_corpus, make_search
-from tasks.world import (
+from arbor.tasks.datasets import DatasetError, load_questions
+from arbor.tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
+from arbor.tasks.search import WORLD_CORPUS, bm25_tokenize, format_results, load_corpus, make_search
+from arbor.tasks.world import (
     Entity,
     World,
     WorldError,
@@ -27,6 +23,10 @@ from tasks.world import (
     world_corpus_path,
     world_questions,
 )
+
+from arbor.config import ConfigError, load_config
+from arbor.config.search import SearchConfig
+from arbor.config.world import WorldConfig
 
 SMALL = WorldConfig(people=40, cities=12, films=40, companies=16, train_questions=120, eval_questions=40)
 TOP_K, MAX_CHARS = 3, 200  # the tiny-cpu search budget
@@ -64,7 +64,7 @@ def test_same_config_gives_identical_world_and_another_seed_a_different_one(tmp_
     a, b = world_corpus_path(SMALL, tmp_path / "a"), world_corpus_path(SMALL, tmp_path / "b")
     assert a.name == b.name and a.read_bytes() == b.read_bytes()
     assert world_corpus_path(SMALL, tmp_path / "a").stat().st_mtime_ns == a.stat().st_mtime_ns  # written once
-    from tasks import world as w
+    from arbor.tasks import world as w
 
     w._build_world.cache_clear()
     w._world_questions.cache_clear()  # regenerate from scratch, not from the cache
@@ -82,7 +82,7 @@ def test_same_config_gives_identical_world_and_another_seed_a_different_one(tmp_
 
 
 def test_names_are_unique_short_and_kept_by_bm25() -> None:
-    from tasks.policy import TinyPolicyConfig, train_tokenizer
+    from arbor.tasks.policy import TinyPolicyConfig, train_tokenizer
 
     world = build_world(WorldConfig())
     names = [e.name for e in world.entities.values()]
@@ -252,8 +252,8 @@ def test_sft_responses_fit_the_tiny_budget(sft_rows) -> None:
 
 
 def test_world_sft_data_through_flows_sft(arbor_home: Path) -> None:
-    from flows.sft import sft_data_path, sft_key
-    from tasks.sft_data import SFTDataError, read_sft_data
+    from arbor.flows.sft import sft_data_path, sft_key
+    from arbor.tasks.sft_data import SFTDataError, read_sft_data
 
     over = {"sft.data": "world:train", "data.train": "world:train", "search.corpus": WORLD_CORPUS,
             "sft.questions": 20, "sft.variants": 2, "world.train_questions": 60, "world.people": 40,

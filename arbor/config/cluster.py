@@ -14,4 +14,6 @@ class ClusterConfig(Section):
     vllm_tensor_parallel: int = Field(1, ge=1)
     vllm_extra_args: list[str] = Field(default_factory=list)
     manage_vllm: bool = Field(True, description="the flow starts and supervises `vllm serve` itself")
+    vllm_executable: str = Field("vllm", description="the `vllm` command the flow starts: a name on PATH or a path, "
+                                 "e.g. .venv-vllm/bin/vllm from `make vllm-env` (vLLM's pins and prefect's differ)")
     startup_timeout_s: float = Field(900.0, gt=0)

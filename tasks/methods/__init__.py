@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 from arbor.config import ArborConfig
 
 if TYPE_CHECKING:
-    from tasks.methods.base import Method
+    from arbor.tasks.methods.base import Method
 
 BUILTIN: dict[str, str] = {
-    "arbor": "tasks.methods.arbor:Arbor",
-    "grpo": "tasks.methods.grpo:GRPO",
-    "dapo": "tasks.methods.dapo:DAPO",
-    "rar": "tasks.methods.rar:RaR",
-    "no-memory": "tasks.methods.no_memory:NoMemory",
+    "arbor": "arbor.tasks.methods.arbor:Arbor",
+    "grpo": "arbor.tasks.methods.grpo:GRPO",
+    "dapo": "arbor.tasks.methods.dapo:DAPO",
+    "rar": "arbor.tasks.methods.rar:RaR",
+    "no-memory": "arbor.tasks.methods.no_memory:NoMemory",
 }
 REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -63,7 +63,7 @@ def resolve_method(spec: str) -> type[Method]:
     if not IMPORT_PATH.match(target):
         raise MethodError(f"run.method: unknown method {spec!r}; known: {', '.join(method_names())}, "
                           "or a subclass of tasks.methods.base.Method as 'pkg.module:ClassName'")
-    from tasks.methods.base import Method  # the interface imports torch: only once a method is needed
+    from arbor.tasks.methods.base import Method  # the interface imports torch: only once a method is needed
 
     module, _, attr = target.partition(":")
     try:

@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from llm.base import CallContext
-from tasks.induction import select_anchors
-from tasks.memory import Activation, DraftResult, Records, RubricMemory, load_pool_file
-from tasks.methods.base import Method, Rows, RubricScores, StepResources
-from tasks.scoring import ScoringJob, score_jobs
-from tasks.stages import fault_point
-from tasks.types import Rubric, Trajectory
+from arbor.llm.base import CallContext
+from arbor.tasks.induction import select_anchors
+from arbor.tasks.memory import Activation, DraftResult, Records, RubricMemory, load_pool_file
+from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
+from arbor.tasks.scoring import ScoringJob, score_jobs
+from arbor.tasks.stages import fault_point
+from arbor.tasks.types import Rubric, Trajectory
 
 
 def induce_drafts(run: StepResources, step: int, trajs: list[Trajectory]

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from arbor.tasks.datasets import Question, resample_questions
+from arbor.tasks.losses import dynamic_sampling_filter, dynamic_sampling_refill
+from arbor.tasks.methods.base import Method, StepResources
+from arbor.tasks.types import Trajectory
+
 from arbor.config.train import TrainConfig
-from tasks.datasets import Question, resample_questions
-from tasks.losses import dynamic_sampling_filter, dynamic_sampling_refill
-from tasks.methods.base import Method, StepResources
-from tasks.types import Trajectory
 
 
 class DAPO(Method):

@@ -6,7 +6,7 @@ groups kept, the group advantage broadcast to every response token. The baseline
 
 from __future__ import annotations
 
-from tasks.methods.base import Method
+from arbor.tasks.methods.base import Method
 
 
 class GRPO(Method):

@@ -6,9 +6,9 @@ group that diverges in correctness is shaped (eq. 3/4) by the drafts induced fro
 
 from __future__ import annotations
 
-from tasks.methods.arbor import induce_drafts
-from tasks.methods.base import Method, Rows, RubricScores, StepResources
-from tasks.types import Trajectory
+from arbor.tasks.methods.arbor import induce_drafts
+from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
+from arbor.tasks.types import Trajectory
 
 
 class NoMemory(Method):

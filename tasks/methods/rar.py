@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
+from arbor.llm.base import CallContext
+from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
+from arbor.tasks.types import Trajectory
+
 from arbor.config.memory import MemoryConfig
-from llm.base import CallContext
-from tasks.methods.base import Method, Rows, RubricScores, StepResources
-from tasks.types import Trajectory
 
 
 def rating_to_score(rating: float) -> float:

@@ -21,15 +21,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from arbor.llm import CallContext, make_judge  # noqa: E402
-from arbor.llm.cache import cache_key  # noqa: E402
-from arbor.llm.prompts import pairwise_messages  # noqa: E402
-from arbor.tasks.judge import sparse_edges  # noqa: E402
-from arbor.tasks.types import Rubric, Trajectory  # noqa: E402
 from openai_server import start_server_process  # noqa: E402
 
 from arbor.config.judge import JudgeConfig  # noqa: E402
+from arbor.llm import CallContext, make_judge  # noqa: E402
+from arbor.llm.cache import cache_key  # noqa: E402
+from arbor.llm.prompts import pairwise_messages  # noqa: E402
 from arbor.seeding import coin  # noqa: E402
+from arbor.tasks.judge import sparse_edges  # noqa: E402
+from arbor.tasks.types import Rubric, Trajectory  # noqa: E402
 
 KEY_ENV = "ARBOR_BENCH_JUDGE_KEY"
 RUBRIC = Rubric("bench", "Precise Entity Queries", "Names the question's entities in each query.",

@@ -18,6 +18,9 @@ import statistics
 import time
 
 import numpy as np
+
+from arbor.config.memory import MemoryConfig
+from arbor.seeding import derive_seed
 from arbor.tasks.induction import select_anchors
 from arbor.tasks.judge import (
     presentation,
@@ -30,9 +33,6 @@ from arbor.tasks.memory import Activation, DraftResult, RubricMemory
 from arbor.tasks.reward import base_reward
 from arbor.tasks.shaping import shape_group
 from arbor.tasks.types import RubricDraft
-
-from arbor.config.memory import MemoryConfig
-from arbor.seeding import derive_seed
 
 ANSWERS = ["Paris", "Lyon", "Marseille", "the Eiffel Tower", "Gustave Eiffel", "1889"]
 FILLER = ("The city is known for its museums, cafes and long history as a centre of art and politics. " * 6).strip()

@@ -32,14 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from arbor.config import load_config  # noqa: E402
+from arbor.paths import arbor_home  # noqa: E402
 from arbor.tasks.agent import AgentLoop, build_prompt_ids  # noqa: E402
 from arbor.tasks.datasets import load_questions  # noqa: E402
 from arbor.tasks.policy import BENCH_50M, TinyPolicyConfig, build_tiny_model, build_tiny_policy, n_parameters  # noqa: E402
 from arbor.tasks.rollout import TransformersEngine  # noqa: E402
 from arbor.tasks.search import make_search  # noqa: E402
-
-from arbor.config import load_config  # noqa: E402
-from arbor.paths import arbor_home  # noqa: E402
 
 SIZES = {
     "5m": TinyPolicyConfig(),

@@ -25,6 +25,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from arbor.storage.catalog import ensure_catalog
 from arbor.storage.parquet import _read_file, stage_path, write_stage
 from arbor.storage.sql import query

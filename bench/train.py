@@ -21,12 +21,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from arbor.tasks.losses import group_advantages, policy_loss  # noqa: E402
-from arbor.tasks.train import PolicyHead, Trainer, make_micro, synchronize  # noqa: E402
-from arbor.tasks.types import Trajectory  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from arbor.config import load_config  # noqa: E402
+from arbor.tasks.losses import group_advantages, policy_loss  # noqa: E402
+from arbor.tasks.train import PolicyHead, Trainer, make_micro, synchronize  # noqa: E402
+from arbor.tasks.types import Trajectory  # noqa: E402
 
 TINY = dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)

@@ -21,10 +21,9 @@ def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[
     """Each method's overrides, every method's config validated and preflighted before any run starts.
 
     Raises ``CompareError``, ``ConfigError`` or ``PreflightError`` (each naming the method, key or file)."""
-    from arbor.tasks.methods import MethodError, check_method, method_names
-
     from arbor.config import ConfigError, load_config
     from arbor.preflight import require
+    from arbor.tasks.methods import MethodError, check_method, method_names
 
     if not methods:
         raise CompareError(f"--methods: give at least one of {', '.join(method_names())}")

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from arbor.paths import arbor_home
 from arbor.tasks.stages import StageStore
 from arbor.tasks.step import rebuild_memory
-
-from arbor.paths import arbor_home
 
 
 def export_pool(run_id: str, home: Path | None = None, step: int | None = None) -> dict[str, Any]:

@@ -28,17 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arbor.flows.progress import RunProgress
-from arbor.storage.liveness import Heartbeat
-from arbor.tasks.stages import StageStore
-from arbor.tasks.step import STAGES, RunState, rebuild_memory, timed_stage
 from prefect import Task, flow, get_run_logger, tags, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 from prefect.utilities.annotations import quote
 
 from arbor.config import ArborConfig, load_config
+from arbor.flows.progress import RunProgress
 from arbor.paths import arbor_home, resolve_home_path
+from arbor.storage.liveness import Heartbeat
+from arbor.tasks.stages import StageStore
+from arbor.tasks.step import STAGES, RunState, rebuild_memory, timed_stage
 
 
 def new_run_id(profile: str) -> str:
@@ -74,10 +74,9 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
     """Resolve the config. A known run id continues that run from its stored config: overrides of the keys that
     are safe on resume (``arbor.config.resume``) are applied and recorded, any other change is refused by name
     (``ConfigError``). ``resume`` with an unknown id is refused; a new run's config is written."""
+    from arbor.config.resume import amend_config
     from arbor.storage.parquet import write_stage
     from arbor.storage.runs import record_config_changes
-
-    from arbor.config.resume import amend_config
 
     if run_id is not None:
         stored = stored_config(run_id, home)
@@ -127,12 +126,11 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     """Build engines, judge and trainer; restore the policy and the rubric memory from stored artifacts. The
     returned ``RunState`` is a context manager that stops what it started."""
     from arbor.llm import make_judge
+    from arbor.preflight import require
     from arbor.tasks.datasets import load_questions
     from arbor.tasks.policy import load_policy
     from arbor.tasks.rollout import make_engine
     from arbor.tasks.search import make_search
-
-    from arbor.preflight import require
 
     require(cfg)
     run_id = cfg.run.run_id
@@ -330,8 +328,9 @@ def run_step(run: RunState, step: int) -> dict[str, Any]:
 
 def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
     """Prefect artifacts per step: the rubric events and pool, and the step metrics (issue 7 item 1)."""
-    from arbor.tasks.step import read_stage_rows
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    from arbor.tasks.step import read_stage_rows
 
     events = read_stage_rows(state, step, "rubric_events")
     lines = ["| seq | event | rubric | title | variance | pearson | n_r | rho_r | reason |", "|---|---|---|---|---|---|---|---|---|"]

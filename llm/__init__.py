@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from arbor.llm.base import JUDGE_CALL_COLUMNS, ROLES, CallContext, Judge, JudgeOutcome, Winner, unswap
-
 from arbor.config.judge import JudgeConfig
+from arbor.llm.base import JUDGE_CALL_COLUMNS, ROLES, CallContext, Judge, JudgeOutcome, Winner, unswap
 from arbor.paths import arbor_home
 
 __all__ = ["make_judge", "Judge", "JudgeOutcome", "CallContext", "Winner", "unswap", "ROLES", "JUDGE_CALL_COLUMNS"]

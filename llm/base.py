@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
-
 from arbor.config.judge import JudgeConfig
+from arbor.tasks.types import Rubric, RubricDraft, Trajectory
 
 T = TypeVar("T")
 Winner = Literal["A", "B", "TIE"]

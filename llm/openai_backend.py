@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
+
+from arbor.config.judge import JudgeConfig
 from arbor.llm import prompts
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Winner
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
@@ -31,11 +34,8 @@ from arbor.llm.parse import (
     parse_accuracy,
     parse_json,
 )
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
-from openai.types.chat import ChatCompletion
-
-from arbor.config.judge import JudgeConfig
 from arbor.seeding import derive_seed
+from arbor.tasks.types import Rubric, RubricDraft, Trajectory
 
 log = logging.getLogger("arbor.judge")
 CACHE_HEADER = "X-Arbor-Cache-Key"

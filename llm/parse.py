@@ -6,8 +6,9 @@ import json
 import re
 from typing import Any, Literal
 
-from arbor.tasks.types import RubricDraft
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from arbor.tasks.types import RubricDraft
 
 
 class InvalidOutput(ValueError):

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import duckdb
-from arbor.storage.parquet import _atomic_write_parquet, data_dir, table_dir
-from arbor.storage.schemas import TABLES, empty_table, schema_fingerprint
 
 from arbor.paths import SQL_DIR, arbor_home
+from arbor.storage.parquet import _atomic_write_parquet, data_dir, table_dir
+from arbor.storage.schemas import TABLES, empty_table, schema_fingerprint
 
 CATALOG_FILE = "catalog.duckdb"
 _MIGRATION = re.compile(r"^(\d{3})_[A-Za-z0-9_]+\.sql$")

@@ -131,6 +131,7 @@ class Heartbeat:
 def run_status_table(home: str | os.PathLike[str] | None = None) -> Any:
     """The ``run_status`` view, each unfinished run's status decided by ``owner_alive`` (an Arrow table)."""
     import pyarrow as pa
+
     from arbor.storage.sql import query, sql_file
 
     tbl = query(sql_file("run_statuses"), home=home)

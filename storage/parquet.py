@@ -20,9 +20,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from arbor.storage.schemas import SchemaError, conform, schema_for
 
 from arbor.paths import arbor_home
+from arbor.storage.schemas import SchemaError, conform, schema_for
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 

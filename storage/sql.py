@@ -20,9 +20,9 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
-from arbor.storage.catalog import CatalogError, connect
 
 from arbor.paths import SQL_DIR
+from arbor.storage.catalog import CatalogError, connect
 
 FORMATS = ("table", "csv", "json", "parquet")
 MAX_CELL = 80  # table output truncates longer cells (use csv/json/parquet for full values)

@@ -25,6 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from arbor.config.rollout import RolloutConfig
+from arbor.config.search import SearchConfig
+from arbor.seeding import derive_seed
 from arbor.tasks.format import (
     ANSWER_CLOSE,
     RESULT_CLOSE,
@@ -33,10 +36,6 @@ from arbor.tasks.format import (
     pending_search,
     result_block,
 )
-
-from arbor.config.rollout import RolloutConfig
-from arbor.config.search import SearchConfig
-from arbor.seeding import derive_seed
 
 SYSTEM_PROMPT = (
     "You are a research assistant that answers questions using a Wikipedia search tool.\n"

@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arbor.tasks.reward import normalize_answer
-
 from arbor.config.world import WorldConfig
 from arbor.paths import DATA_DIR, PROJECT_ROOT
 from arbor.seeding import derive_seed
+from arbor.tasks.reward import normalize_answer
 
 BENCHMARKS = ("hotpotqa", "2wiki", "musique", "bamboogle")
 OFFLINE_FILES = {

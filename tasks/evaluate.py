@@ -30,10 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from arbor.seeding import derive_seed
 from arbor.tasks.format import check_format
 from arbor.tasks.reward import exact_match, token_f1
-
-from arbor.seeding import derive_seed
 
 # Paper benchmark names (Table 1 header) for the shipped split names.
 SPLIT_TITLES = {"bamboogle": "Bamboogle", "hotpotqa": "HotpotQA", "musique": "MuSiQue", "2wiki": "2Wiki"}

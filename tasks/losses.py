@@ -18,8 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from arbor.tasks.group_stats import EPS, all_equal
 from torch import Tensor
+
+from arbor.tasks.group_stats import EPS, all_equal
 
 ZERO_VAR_TOL = EPS  # a group whose rewards differ by at most this is outcome-homogeneous (DAPO drops it)
 
@@ -53,11 +54,6 @@ def group_advantages(
             std = rg.std(correction=1) if rg.numel() > 1 else torch.zeros((), dtype=r.dtype)
             adv[idx] = centred / (std + eps)
     return adv.float()
-
-
-def broadcast_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:
-    """Every response token of trajectory i carries A_i; masked tokens carry 0. ``adv`` [N], ``mask`` [N, T]."""
-    return adv[:, None].to(mask.dtype if mask.is_floating_point() else torch.float32) * mask
 
 
 def segment_advantages(n_tokens: int, segments: Sequence[tuple[int, int, float]]) -> Tensor:

@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from arbor.config.memory import MemoryConfig
 from arbor.tasks.group_stats import pearson, population_variance
 from arbor.tasks.judge import GroupScoring
 from arbor.tasks.shaping import passes_variance
 from arbor.tasks.types import Rubric, RubricDraft
-
-from arbor.config.memory import MemoryConfig
 
 EVENT_COLUMNS = (
     "step", "seq", "group", "rubric_id", "event", "kind", "title", "description", "counter_description",

@@ -26,12 +26,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from arbor.tasks.agent import SYSTEM_PROMPT, AgentLoop, AgentState, Budgets, Generation, GenRequest
-from arbor.tasks.reward import score_trajectory
-from arbor.tasks.types import Trajectory
 
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
+from arbor.tasks.agent import SYSTEM_PROMPT, AgentLoop, AgentState, Budgets, Generation, GenRequest
+from arbor.tasks.reward import score_trajectory
+from arbor.tasks.types import Trajectory
 
 _TAIL_TOKENS = 16  # stop strings are found in the decoded last tokens (every token decodes to >= 1 character)
 
@@ -537,8 +537,9 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
         return TransformersEngine(cfg, policy, tokenizer, search)
     if cfg.rollout.engine == "openai":
         if tokenizer is None:
-            from arbor.tasks.policy import policy_source
             from transformers import AutoTokenizer
+
+            from arbor.tasks.policy import policy_source
             src = policy_source(cfg.policy, home)
             tokenizer = AutoTokenizer.from_pretrained(str(src))
         return OpenAIEngine(cfg, tokenizer, search)

@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from arbor.config import ArborConfig
+from arbor.paths import arbor_home
+from arbor.seeding import derive_seed
 from arbor.tasks import checkpoint as ckpt
 from arbor.tasks.train import (
     build_engine,
@@ -31,10 +35,6 @@ from arbor.tasks.train import (
     pack_by_tokens,
     read_deepspeed_json,
 )
-
-from arbor.config import ArborConfig
-from arbor.paths import arbor_home
-from arbor.seeding import derive_seed
 
 
 @dataclass
@@ -99,8 +99,9 @@ def run_sft(
     ``out_dir`` defaults to ``sft.output`` (relative paths: under ARBOR_HOME). Stops after ``sft.epochs`` or when ``sft.max_minutes`` has elapsed (checked before each optimizer update).
     Returns a summary: examples, truncated, updates, epochs_done, first/last loss, seconds, out, stopped_early.
     """
-    from arbor.tasks.sft_data import read_sft_data
     from transformers import AutoTokenizer
+
+    from arbor.tasks.sft_data import read_sft_data
 
     init_single_process_env()
     sc, tc = cfg.sft, cfg.train

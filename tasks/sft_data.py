@@ -26,10 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from arbor.seeding import derive_seed
 from arbor.tasks.agent import SYSTEM_PROMPT, tokenize_trajectory
 from arbor.tasks.format import check_format, result_block
-
-from arbor.seeding import derive_seed
 
 # Thoughts are short on purpose: a ~5M-parameter policy learns the *protocol* (think, search, read, answer) from a
 # few hundred examples in minutes on a CPU; long free-text thoughts would spend its capacity on copying prose.

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from arbor.config import ArborConfig
 from arbor.llm.base import Judge
 from arbor.storage.parquet import read_stage
 from arbor.tasks.datasets import Question, batch_for_step
@@ -40,8 +41,6 @@ from arbor.tasks.shaping import shape_group
 from arbor.tasks.stages import Rows, StageStore
 from arbor.tasks.types import Trajectory
 from arbor.tasks.weight_sync import sync_policy
-
-from arbor.config import ArborConfig
 
 T = TypeVar("T")
 

@@ -25,6 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from arbor.config import ArborConfig
+from arbor.paths import PROJECT_ROOT, arbor_home
+from arbor.seeding import derive_seed
 from arbor.tasks import checkpoint as ckpt
 from arbor.tasks.losses import (
     LossOut,
@@ -36,10 +40,6 @@ from arbor.tasks.losses import (
 )
 from arbor.tasks.methods import make_method
 from arbor.tasks.types import Trajectory
-
-from arbor.config import ArborConfig
-from arbor.paths import PROJECT_ROOT, arbor_home
-from arbor.seeding import derive_seed
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -290,16 +290,19 @@ class Micro:
     mask: torch.Tensor  # 1 per loss position; all 0 for a padding micro-batch
     spans: list[tuple[int, int]]  # per sequence: its slice of the flat positions
     tokens: int  # real (unpadded) tokens
+    adv: torch.Tensor  # the per-token advantage at each loss position (zeros when none was given)
 
     def to(self, device: Any) -> Micro:
         return Micro(self.ids.to(device), self.att.to(device), self.rows.to(device), self.cols.to(device),
                      self.targets.to(device), self.rollout_lp.to(device), self.mask.to(device), self.spans,
-                     self.tokens)
+                     self.tokens, self.adv.to(device))
 
 
 def make_micro(prompts: list[list[int]], responses: list[list[int]], masks: list[list[int]],
-               rollout_lps: list[list[float]] | None = None, dummy: bool = False) -> Micro:
-    """Right-padded sequences and the loss positions: response token j of row b is predicted at P_b - 1 + j."""
+               rollout_lps: list[list[float]] | None = None, dummy: bool = False,
+               advantages: list[torch.Tensor] | None = None) -> Micro:
+    """Right-padded sequences and the loss positions: response token j of row b is predicted at P_b - 1 + j.
+    ``advantages`` (one value per response token, ``Method.token_advantages``) are read at the same positions."""
     seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
     L = max(len(s) for s in seqs)
     ids = torch.zeros((len(seqs), L), dtype=torch.long)
@@ -309,22 +312,26 @@ def make_micro(prompts: list[list[int]], responses: list[list[int]], masks: list
     tgts: list[int] = []
     rlp: list[float] = []
     spans = []
+    adv: list[torch.Tensor] = []
     for b, (p, r, m) in enumerate(zip(prompts, responses, masks, strict=True)):
         ids[b, : len(p) + len(r)] = torch.tensor(p + r)
         att[b, : len(p) + len(r)] = 1
         start = len(rows)
-        for j, keep in enumerate(m):
-            if keep:
-                rows.append(b)
-                cols.append(len(p) - 1 + j)
-                tgts.append(r[j])
-                rlp.append(rollout_lps[b][j] if rollout_lps is not None else 0.0)
+        keep = [j for j, k in enumerate(m) if k]
+        for j in keep:
+            rows.append(b)
+            cols.append(len(p) - 1 + j)
+            tgts.append(r[j])
+            rlp.append(rollout_lps[b][j] if rollout_lps is not None else 0.0)
+        if advantages is not None:
+            adv.append(advantages[b][torch.tensor(keep, dtype=torch.long)])
         spans.append((start, len(rows)))
     if not rows:  # no loss token at all: one placeholder position, masked out
-        rows, cols, tgts, rlp, dummy = [0], [0], [0], [0.0], True
+        rows, cols, tgts, rlp, dummy, adv = [0], [0], [0], [0.0], True, []
     mask = torch.zeros(len(rows)) if dummy else torch.ones(len(rows))
     return Micro(ids, att, torch.tensor(rows), torch.tensor(cols), torch.tensor(tgts),
-                 torch.tensor(rlp, dtype=torch.float32), mask, spans, sum(len(s) for s in seqs))
+                 torch.tensor(rlp, dtype=torch.float32), mask, spans, sum(len(s) for s in seqs),
+                 torch.cat(adv) if adv else torch.zeros(len(rows)))
 
 
 def check_trajectory(t: Trajectory) -> None:
@@ -336,11 +343,6 @@ def check_trajectory(t: Trajectory) -> None:
             f"trajectory {t.traj_id}: response_ids ({n}), loss_mask ({len(t.loss_mask)}) and rollout_logprobs "
             f"({len(t.rollout_logprobs)}) must have equal lengths"
         )
-
-
-def loss_positions(t: Trajectory) -> torch.Tensor:
-    """Indices of the response tokens the loss reads (loss_mask 1), in order (``make_micro``'s spans)."""
-    return torch.tensor([j for j, keep in enumerate(t.loss_mask) if keep], dtype=torch.long)
 
 
 def check_token_advantages(batch: list[Trajectory], adv: list[torch.Tensor], method: str) -> None:
@@ -406,9 +408,11 @@ class Trainer:
         if self.world > 1:
             dist.barrier()
 
-    def _micro(self, trajs: list[Trajectory], dummy: bool = False) -> Micro:
+    def _micro(self, trajs: list[Trajectory], dummy: bool = False,
+               advantages: list[torch.Tensor] | None = None) -> Micro:
         return make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                          [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs], dummy).to(self.device)
+                          [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs], dummy,
+                          advantages).to(self.device)
 
     @torch.no_grad()
     def logprobs(self, trajs: list[Trajectory]) -> list[torch.Tensor]:
@@ -551,11 +555,12 @@ class Trainer:
         n_loss_tokens: float,
     ) -> tuple[LossOut, int]:
         tc = self.tc
-        m = self._micro([batch[i] for i in mb] if mb else [batch[0]], dummy=not mb)
+        m = self._micro([batch[i] for i in mb] if mb else [batch[0]], dummy=not mb,
+                        advantages=[adv[i] for i in mb] if mb else None)
         n_pos = m.rows.shape[0]
         if mb and m.spans[-1][1] == n_pos and n_pos > 0 and float(m.mask.sum()) > 0:
             old = torch.cat([logp_old[i] for i in mb]).to(self.device)
-            a = torch.cat([adv[i][loss_positions(batch[i])] for i in mb]).to(self.device)
+            a = m.adv
         else:  # a padding micro-batch, or one without any loss token: forward/backward for the collectives only
             old = torch.zeros(n_pos, device=self.device)
             a = torch.zeros(n_pos, device=self.device)

@@ -89,6 +89,7 @@ def build_launch_command(
 # ---------------------------------------------------------------------------------------------- server side
 def read_batch(path: str | Path) -> list[Any]:
     import pyarrow.parquet as pq
+
     from arbor.tasks.types import Trajectory
 
     p = Path(path)

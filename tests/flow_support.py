@@ -32,9 +32,8 @@ def sft_start(profile: str, fresh_home: Any) -> Path:
     sessions under ARBOR_TEST_SFT_CACHE (developers only; checkpoints are content-addressed)."""
     import os
 
-    from arbor.flows.sft import sft_checkpoint
-
     from arbor.config import load_config
+    from arbor.flows.sft import sft_checkpoint
 
     cache = os.environ.get("ARBOR_TEST_SFT_CACHE")
     home = Path(cache) if cache else fresh_home()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from arbor.tasks.agent import (
     SYSTEM_PROMPT,
     AgentLoop,

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from arbor.storage.parquet import write_stage
 
 from arbor.config import ConfigError, load_config
+from arbor.storage.parquet import write_stage
 
 ARBOR = str(Path(sys.executable).parent / "arbor")
 QUIET = ("DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_DISABLE_TELEMETRY", "PREFECT_API_URL")
@@ -114,9 +114,10 @@ def _statuses(env: dict[str, str], cwd: Path) -> dict[str, str]:
 def test_train_reports_next_steps_and_runs_tells_running_from_killed(prefect_harness, tmp_path: Path) -> None:
     """A real `arbor train`: a finished run prints where its results are and what to run next; a live run shows
     `running` (and cannot be resumed twice); SIGKILLed, it shows `crashed` at once."""
+    from prefect.settings import PREFECT_API_URL
+
     from arbor.storage.liveness import read_owner
     from arbor.storage.runs import run_row
-    from prefect.settings import PREFECT_API_URL
 
     home = tmp_path / "home"
     env = {**os.environ, "ARBOR_HOME": str(home), "PREFECT_API_URL": str(PREFECT_API_URL.value())}

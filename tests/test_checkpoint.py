@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import torch
+
 from arbor.tasks import checkpoint as ckpt
 
 

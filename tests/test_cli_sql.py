@@ -12,10 +12,10 @@ from datetime import UTC, datetime
 
 import pyarrow.parquet as pq
 import pytest
-from arbor.storage.parquet import write_stage
 from typer.testing import CliRunner
 
 from arbor.cli import app
+from arbor.storage.parquet import write_stage
 
 EIGHT = {"runs", "steps", "trajectories", "rubrics", "rubric_events", "rubric_activations", "rubric_sources",
          "judge_calls"}

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 import re
 
-from arbor.llm.text import compact_trajectory, estimate_tokens, parse_trajectory
-from arbor.tasks.format import check_format, extract_searches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from arbor.llm.text import compact_trajectory, estimate_tokens, parse_trajectory
+from arbor.tasks.format import check_format, extract_searches
 
 TAG = re.compile(r"</?(?:think|search|result|answer)>")
 MARKER = re.compile(r"\[\.\.\. \d+ tokens elided \.\.\.\]")
@@ -212,9 +213,8 @@ def test_qwen3_budget_keeps_every_reasoning_and_query_character() -> None:
 
 def test_qwen3_profiles_budget_covers_a_full_response() -> None:
     """budget >= response tokens + one elision marker per possible result block (docs/decisions.md, issue 11)."""
-    from arbor.llm.text import min_judge_budget
-
     from arbor.config import load_config
+    from arbor.llm.text import min_judge_budget
 
     for profile in ("qwen3-4b", "qwen3-8b", "qwen3-14b"):
         cfg = load_config(profile)

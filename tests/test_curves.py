@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+
 from arbor.tasks.curves import curves, mean_se, rises_by, start_final_delta
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from arbor.tasks.datasets import (
     BENCHMARKS,
     DatasetError,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from arbor.storage.parquet import read_table
 
 from arbor.paths import PROJECT_ROOT
+from arbor.storage.parquet import read_table
 
 pytestmark = pytest.mark.slow
 

@@ -7,6 +7,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
+from arbor.config.judge import JudgeConfig
 from arbor.llm import make_judge
 from arbor.tasks.evaluate import (
     EvalError,
@@ -23,8 +25,6 @@ from arbor.tasks.evaluate import (
     summarize,
 )
 from arbor.tasks.types import Trajectory
-
-from arbor.config.judge import JudgeConfig
 from tests.openai_server import FaultPlan, OpenAIServer
 
 

@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from arbor.tasks.stages import InjectedFault
-from arbor.tasks.step import STAGES
 from flow_support import (
     JUDGE_KEY,
     JUDGE_KEY_ENV,
@@ -25,6 +23,9 @@ from flow_support import (
     table,
     tiny_overrides,
 )
+
+from arbor.tasks.stages import InjectedFault
+from arbor.tasks.step import STAGES
 
 pytestmark = pytest.mark.slow
 

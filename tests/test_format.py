@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from arbor.tasks.format import (
     check_format,
     extract_answer,
@@ -12,8 +15,6 @@ from arbor.tasks.format import (
     pending_search,
     result_block,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 GOOD = (
     "<think>I need the director's birthplace.</think>\n"

@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arbor.seeding import coin
 from arbor.tasks.judge import (
     edge_scores,
     presentation,
@@ -13,10 +17,6 @@ from arbor.tasks.judge import (
     sparse_edges,
     verdict_to_outcome,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from arbor.seeding import coin
 
 
 def test_eight_trajectories_hand_built():

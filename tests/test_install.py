@@ -11,6 +11,7 @@ on the path: the test asserts that the code which ran came from the wheel.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -33,9 +34,13 @@ def _only(paths: list[Path]) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # built from a copy: setuptools' build/ folder would otherwise carry stale files from earlier builds into it
+    src = tmp_path_factory.mktemp("src") / "arbor"
+    shutil.copytree(PROJECT_ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", ".arbor", "__pycache__", "out", ".*_cache", ".hypothesis"))
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
-                    str(PROJECT_ROOT)], check=True, capture_output=True, timeout=300)
+                    str(src)], check=True, capture_output=True, timeout=300)
     return _only(sorted(dist.glob("arbor_rl-*.whl")))
 
 

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import openai_server
 import pytest
+from openai_server import FaultPlan, OpenAIServer
+
+from arbor.config.judge import JudgeConfig
 from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
 from arbor.llm.cache import cache_key
 from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge
 from arbor.tasks.evaluate import Prediction, judge_predictions, pass_at_1
 from arbor.tasks.judge import presentation_swapped, sparse_edges, verdict_to_outcome
 from arbor.tasks.types import Rubric, Trajectory
-from openai_server import FaultPlan, OpenAIServer
-
-from arbor.config.judge import JudgeConfig
 
 KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 SECRET = "sk-arbor-test-7f3c9d2e1b-DO-NOT-LEAK"

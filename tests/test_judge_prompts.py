@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from arbor.llm import prompts
 from arbor.llm.cache import ResponseCache, cache_key
 from arbor.llm.parse import InvalidOutput, PairwiseOut, extract_json, parse_accuracy, parse_json

@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from make_rules_fixtures import OUT, build
+
+from arbor.config.judge import JudgeConfig
 from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
 from arbor.llm.rules import FEATURES, feature_value, question_entities
+from arbor.seeding import coin
 from arbor.tasks.induction import select_anchors
 from arbor.tasks.judge import score_group, sparse_edges, verdict_to_outcome
 from arbor.tasks.memory import admission_stats, admit
 from arbor.tasks.types import Rubric, RubricDraft, Trajectory
-from make_rules_fixtures import OUT, build
-
-from arbor.config.judge import JudgeConfig
-from arbor.seeding import coin
 
 Q = "Who directed the film Ed Wood starring Johnny Depp?"
 

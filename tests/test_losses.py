@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
+
 from arbor.tasks.losses import (
-    broadcast_to_tokens,
     dynamic_sampling_filter,
     dynamic_sampling_refill,
     group_advantages,
@@ -47,11 +47,6 @@ def test_group_advantages_mean_only_by_hand() -> None:
 def test_group_advantages_rejects_unknown_norm() -> None:
     with pytest.raises(ValueError, match="adv_norm"):
         group_advantages([1.0], [0], norm="rank")
-
-
-def test_broadcast_to_tokens_zero_on_masked() -> None:
-    out = broadcast_to_tokens(torch.tensor([2.0, -1.0]), torch.tensor([[1, 0, 1], [0, 1, 1]]))
-    assert out.tolist() == [[2.0, 0.0, 2.0], [-0.0, -1.0, -1.0]]
 
 
 # ---------------------------------------------------------------------------------------------- clipped surrogate
@@ -116,7 +111,7 @@ def test_masked_tokens_contribute_nothing() -> None:
     old = t([[0.0, -20.0, 0.0]])
     rollout = t([[0.0, 0.0, 0.0]])
     mask = t([[1.0, 0.0, 1.0]])
-    adv = broadcast_to_tokens(torch.tensor([1.0], dtype=torch.float64), mask)
+    adv = t([[1.0, 100.0, 1.0]])
     out = policy_loss(logp, old, rollout, adv, mask, tis_cap=2.0)
     # unmasked tokens: -1.1 and -0.9 (both inside the clip range), over 2 loss tokens: -1.0
     assert out.loss.item() == pytest.approx(-1.0)

@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+
+from arbor.config.memory import MemoryConfig
 from arbor.tasks.group_stats import pearson
 from arbor.tasks.judge import GroupScoring
 from arbor.tasks.memory import (
@@ -22,8 +24,6 @@ from arbor.tasks.memory import (
     load_pool_file,
 )
 from arbor.tasks.types import RubricDraft
-
-from arbor.config.memory import MemoryConfig
 
 
 def ok(scores):

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from arbor.config.memory import MemoryConfig
 from arbor.tasks.embed import embed_texts, load_embedder, make_embedder, model_path
 from arbor.tasks.judge import GroupScoring
 from arbor.tasks.memory import DraftResult, RubricMemory
 from arbor.tasks.types import RubricDraft
-
-from arbor.config.memory import MemoryConfig
 
 
 def test_default_model_is_the_packaged_one():

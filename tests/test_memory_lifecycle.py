@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+
+from arbor.config.memory import MemoryConfig
+from arbor.seeding import derive_seed
 from arbor.tasks.induction import select_anchors
 from arbor.tasks.judge import (
     presentation,
@@ -31,9 +34,6 @@ from arbor.tasks.judge import (
 from arbor.tasks.memory import Activation, DraftResult, GroupInfo, Records, RubricMemory
 from arbor.tasks.shaping import shape_group
 from arbor.tasks.types import Rubric, RubricDraft
-
-from arbor.config.memory import MemoryConfig
-from arbor.seeding import derive_seed
 
 SEED, STEPS, GROUPS, K = 11, 200, 8, 8
 OUTAGE = {100, 101}

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from arbor.tasks.losses import group_advantages, segment_advantages
-from arbor.tasks.methods import BUILTIN, MethodError, method_names, resolve_method
-from arbor.tasks.methods.grpo import GRPO
-from arbor.tasks.types import Trajectory
 from test_train import make_batch, make_trainer, params, tiny_model_dir
 from torch import Tensor
 
 from arbor.config import load_config
 from arbor.config.train import TrainConfig
 from arbor.preflight import check
+from arbor.tasks.losses import group_advantages, segment_advantages
+from arbor.tasks.methods import BUILTIN, MethodError, method_names, resolve_method
+from arbor.tasks.methods.grpo import GRPO
+from arbor.tasks.types import Trajectory
 from examples.length_penalty import LengthPenaltyGRPO
 
 
@@ -115,3 +115,15 @@ def test_token_advantages_reach_the_loss(model_dir: Path, tmp_path: Path) -> Non
     short = make_trainer(model_dir, tmp_path / "c", **{"run.method": "test_method_plugins:ShortAdvantages"})
     with pytest.raises(ValueError, match="one advantage per response token"):
         short.train_step(batch, 1)
+
+
+def test_micro_batch_reads_advantages_at_the_loss_positions() -> None:
+    """make_micro gathers a per-token advantage exactly where the loss reads a token (loss_mask 1), by hand."""
+    from arbor.tasks.train import make_micro
+
+    m = make_micro([[1, 2], [3]], [[4, 5, 6], [7, 8]], [[1, 0, 1], [0, 1]],
+                   advantages=[torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.4, 0.5])])
+    # row 0: prompt length 2, response tokens 0 and 2 -> columns 1 and 3; row 1: prompt 1, token 1 -> column 1
+    assert m.rows.tolist() == [0, 0, 1] and m.cols.tolist() == [1, 3, 1] and m.targets.tolist() == [4, 6, 8]
+    assert m.adv.tolist() == pytest.approx([0.1, 0.3, 0.5])
+    assert make_micro([[1]], [[2, 3]], [[1, 1]]).adv.tolist() == [0.0, 0.0]  # none given: zeros

@@ -7,8 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
-from arbor.tasks.group_stats import classify_group
 from flow_support import table, tiny_overrides
+
+from arbor.tasks.group_stats import classify_group
 
 pytestmark = pytest.mark.slow
 

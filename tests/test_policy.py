@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from arbor.tasks.agent import build_prompt_ids
 from arbor.tasks.policy import (
     BENCH_50M,
@@ -112,7 +113,6 @@ def test_hub_id_offline_fails_clearly(tmp_path, monkeypatch):
 
 def test_policy_source_follows_the_config(tmp_path, monkeypatch):
     import arbor.tasks.policy as policy
-
     from arbor.config import load_config
 
     monkeypatch.setattr(policy, "tokenizer_training_text", lambda *a, **k: iter(TEXTS * 50))  # data only, fast

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from arbor.storage.parquet import write_stage
 from arbor.tasks.report import (
     ReportError,

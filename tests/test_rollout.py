@@ -11,6 +11,8 @@ import random
 import httpx
 import pytest
 import torch
+
+from arbor.config import load_config
 from arbor.tasks.agent import check_prefix_property
 from arbor.tasks.datasets import load_questions
 from arbor.tasks.format import result_block
@@ -18,8 +20,6 @@ from arbor.tasks.policy import TinyPolicyConfig, build_tiny_model, train_tokeniz
 from arbor.tasks.rollout import OpenAIEngine, RolloutError, TransformersEngine, make_engine
 from arbor.tasks.search import format_results, make_search
 from arbor.tasks.sft_data import tokenize_sft_example
-
-from arbor.config import load_config
 from tests.completions_server import CompletionsServer
 
 SP = "Search, then answer."

@@ -11,6 +11,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from arbor.config.search import SearchConfig
 from arbor.tasks.datasets import CORPUS_FILE, offline_questions
 from arbor.tasks.search import (
     BM25Search,
@@ -21,8 +23,6 @@ from arbor.tasks.search import (
     load_corpus,
     make_search,
 )
-
-from arbor.config.search import SearchConfig
 
 
 @pytest.fixture(scope="module")

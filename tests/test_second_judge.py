@@ -8,6 +8,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from arbor.cli import app
+from arbor.config.judge import JudgeConfig
 from arbor.flows.evaluate import run_eval
 from arbor.llm import make_judge
 from arbor.storage.sql import query
@@ -21,10 +25,6 @@ from arbor.tasks.evaluate import (
     second_judge_config,
     summarize,
 )
-from typer.testing import CliRunner
-
-from arbor.cli import app
-from arbor.config.judge import JudgeConfig
 from tests.flow_support import JUDGE_KEY, JUDGE_KEY_ENV, openai_judge
 from tests.openai_server import FaultPlan, OpenAIServer, _norm
 

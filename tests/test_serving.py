@@ -6,9 +6,9 @@ import socket
 import sys
 
 import pytest
-from arbor.tasks.serving import LaunchSpec, ServerDied, Supervised, vllm_serve_spec
 
 from arbor.config import load_config
+from arbor.tasks.serving import LaunchSpec, ServerDied, Supervised, vllm_serve_spec
 
 
 def _free_port() -> int:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from arbor.config import load_config
 from arbor.tasks.agent import tokenize_trajectory
 from arbor.tasks.policy import build_tiny_policy
 from arbor.tasks.sft import batches, run_sft, sft_loss, tokenize_rows
 from arbor.tasks.sft_data import SFTDataError
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from arbor.config import load_config
 
 ROWS = [
     {"question": "Who wrote Hamlet?", "golds": ["William Shakespeare"],

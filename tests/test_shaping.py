@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from arbor.tasks.shaping import shape_group, shape_rewards
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from arbor.tasks.shaping import shape_group, shape_rewards
 
 T, F = True, False
 

@@ -9,11 +9,11 @@ import shlex
 from pathlib import Path
 
 import pytest
-from arbor.storage.sql import QUERIES_DIR, SqlError, query, run_file, sql_file
 from typer.testing import CliRunner
 
 from arbor.cli import app
 from arbor.paths import PROJECT_ROOT
+from arbor.storage.sql import QUERIES_DIR, SqlError, query, run_file, sql_file
 
 CODE_DIRS = ("arbor", "tasks", "flows", "storage")
 QUOTED = "it's"  # a run id that breaks any query built by pasting it between quotes
@@ -75,7 +75,6 @@ def test_a_quote_in_a_value_round_trips(arbor_home: Path) -> None:
     """Run ids cannot hold a quote (they name folders), but checkpoints can: bound, it selects exactly its rows."""
     from arbor.tasks.evaluate import eval_rows, load_eval_results, store_eval_results
     from arbor.tasks.report import _known_run
-
     from tests.test_evaluate import PREDS
 
     for stage, ckpt in (("eval", QUOTED), ("eval-b", "plain")):

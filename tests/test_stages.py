@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from arbor.storage.parquet import read_stage, read_table, stage_done
 from arbor.tasks.stages import InjectedFault, StageStore
 

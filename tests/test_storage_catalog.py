@@ -6,6 +6,8 @@ import shutil
 
 import duckdb
 import pytest
+
+from arbor.paths import SQL_DIR
 from arbor.storage import catalog
 from arbor.storage.catalog import (
     CATALOG_FILE,
@@ -17,8 +19,6 @@ from arbor.storage.catalog import (
 )
 from arbor.storage.parquet import write_stage
 from arbor.storage.sql import SqlError, query
-
-from arbor.paths import SQL_DIR
 
 REQUIRED = {"runs", "steps", "trajectories", "rubrics", "rubric_events", "rubric_activations", "rubric_sources",
             "judge_calls", "stage_runs", "eval_results", "run_status", "rubric_reuse", "rubric_reuse_concentration",
@@ -156,6 +156,7 @@ def test_files_from_an_older_schema_read_new_columns_as_null(tmp_path):
     """A file written before a column existed (here: without most judge_calls columns) stays readable."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from arbor.storage.parquet import read_stage, stage_path
 
     old = stage_path("judge_calls", run_id="r", step=1, stage="score", home=tmp_path)

@@ -7,6 +7,7 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from arbor.storage.parquet import (
     clear_stage,
     mark_stage_done,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from arbor.storage.parquet import read_table
 from arbor.storage.validation import ValidationError, validate_trajectories, write_trajectories
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+
 from arbor.storage.parquet import write_stage
 from arbor.storage.sql import query
 

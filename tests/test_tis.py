@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from arbor.config import load_config
 from arbor.tasks.datasets import load_questions
 from arbor.tasks.policy import load_policy
 from arbor.tasks.rollout import make_engine
 from arbor.tasks.search import make_search
 from arbor.tasks.train import PolicyHead, Trainer, scoring_temperature
-
-from arbor.config import load_config
 
 pytestmark = pytest.mark.slow
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from arbor.tasks import checkpoint as ckpt
-from arbor.tasks.train import Trainer, pack_by_tokens, scoring_temperature
-from arbor.tasks.types import Trajectory
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from arbor.config import load_config
+from arbor.tasks import checkpoint as ckpt
+from arbor.tasks.train import Trainer, pack_by_tokens, scoring_temperature
+from arbor.tasks.types import Trajectory
 
 VOCAB = 64
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from arbor.tasks.trainer_service import TrainerService, build_launch_command
-from arbor.tasks.types import Trajectory
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from arbor.config import load_config
+from arbor.tasks.trainer_service import TrainerService, build_launch_command
+from arbor.tasks.types import Trajectory
 
 
 def test_launch_command_cpu_and_gpu() -> None:

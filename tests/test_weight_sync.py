@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from arbor.config import load_config
 from arbor.tasks.policy import build_tiny_policy, load_policy
 from arbor.tasks.rollout import TransformersEngine
 from arbor.tasks.train import Trainer
 from arbor.tasks.types import Trajectory
 from arbor.tasks.weight_sync import sync_weights
-
-from arbor.config import load_config
 
 
 @pytest.fixture(scope="module")

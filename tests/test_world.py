@@ -8,6 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+
+from arbor.config import ConfigError, load_config
+from arbor.config.search import SearchConfig
+from arbor.config.world import WorldConfig
 from arbor.tasks.datasets import DatasetError, load_questions
 from arbor.tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
 from arbor.tasks.search import WORLD_CORPUS, bm25_tokenize, format_results, load_corpus, make_search
@@ -23,10 +27,6 @@ from arbor.tasks.world import (
     world_corpus_path,
     world_questions,
 )
-
-from arbor.config import ConfigError, load_config
-from arbor.config.search import SearchConfig
-from arbor.config.world import WorldConfig
 
 SMALL = WorldConfig(people=40, cities=12, films=40, companies=16, train_questions=120, eval_questions=40)
 TOP_K, MAX_CHARS = 3, 200  # the tiny-cpu search budget

@@ -30,16 +30,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from arbor.llm.base import Judge
-from arbor.tasks.datasets import Question
-from arbor.tasks.losses import group_advantages
-from arbor.tasks.memory import RubricMemory
-from arbor.tasks.types import Trajectory
 from torch import Tensor
 
 from arbor.config import ArborConfig
 from arbor.config.memory import MemoryConfig
 from arbor.config.train import TrainConfig
+from arbor.llm.base import Judge
+from arbor.tasks.datasets import Question
+from arbor.tasks.losses import group_advantages
+from arbor.tasks.memory import RubricMemory
+from arbor.tasks.types import Trajectory
 
 Rows = list[dict[str, Any]]
 T = TypeVar("T")

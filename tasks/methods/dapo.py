@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from arbor.config.train import TrainConfig
 from arbor.tasks.datasets import Question, resample_questions
 from arbor.tasks.losses import dynamic_sampling_filter, dynamic_sampling_refill
 from arbor.tasks.methods.base import Method, StepResources
 from arbor.tasks.types import Trajectory
-
-from arbor.config.train import TrainConfig
 
 
 class DAPO(Method):

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 
+from arbor.config.memory import MemoryConfig
 from arbor.llm.base import CallContext
 from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
 from arbor.tasks.types import Trajectory
-
-from arbor.config.memory import MemoryConfig
 
 
 def rating_to_score(rating: float) -> float:

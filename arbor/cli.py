@@ -208,14 +208,16 @@ def train_cmd(
                                                "--set, change its length, eval cadence, judge endpoint, "
                                                "concurrency, cost cap or checkpointing")] = None,
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
+    args: Annotated[list[str] | None, typer.Argument(help="key=value overrides, the same as --set (Hydra style)",
+                                                     show_default=False)] = None,
 ) -> None:
-    """Run (or resume) the arbor-train flow."""
+    """Run (or resume) the arbor-train flow: `arbor train -p tiny-world train.lr=3e-4 run.steps=20`."""
     from arbor.config import ConfigError
     from arbor.paths import arbor_home
     from arbor.preflight import PreflightError, require
     from arbor.storage.schemas import SchemaError
 
-    overrides = _overrides(sets)
+    overrides = _overrides([*(sets or []), *(args or [])])
     home = arbor_home()
     try:  # refuse unknown keys, bad values, unknown or live runs and missing resources before anything runs
         cfg = _train_config(profile, run_id, resume, overrides, home)
@@ -236,13 +238,15 @@ def demo_cmd(
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
     profile: Annotated[str, typer.Option("--profile", "-p", help="tiny-world (the synthetic world, held-out F1 before "
                                          "and after RL) or tiny-cpu (Wikipedia passages, mechanics)")] = "tiny-world",
+    args: Annotated[list[str] | None, typer.Argument(help="key=value overrides, the same as --set",
+                                                     show_default=False)] = None,
 ) -> None:
     """The embedded default end to end: tiny policy, SFT warm start, ARBOR steps with the rules judge and BM25
     (tiny-world: held-out F1 before and after RL)."""
     from arbor.config import ConfigError, load_config
     from arbor.preflight import PreflightError, require
 
-    overrides = _overrides(sets)
+    overrides = _overrides([*(sets or []), *(args or [])])
     try:
         require(load_config(profile, {**overrides, **({"run.steps": steps} if steps is not None else {})}))
     except (ConfigError, PreflightError) as e:
@@ -250,6 +254,30 @@ def demo_cmd(
     from arbor.flows.demo import run_demo
 
     run_demo(steps=steps, overrides=overrides, profile=profile)
+
+
+config_app = typer.Typer(help="The resolved config: every value and where it came from.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show_cmd(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="configs/<profile>.yaml or a YAML path")] = "tiny-cpu",
+    sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
+    args: Annotated[list[str] | None, typer.Argument(help="key=value overrides, the same as --set",
+                                                     show_default=False)] = None,
+) -> None:
+    """Print the resolved config as YAML, each value marked default, profile or override (what a run with the
+    same arguments writes to ARBOR_HOME/runs/<run_id>/config.yaml)."""
+    from arbor.config import ConfigError, load_config
+    from arbor.config.show import config_sources, render_config
+
+    overrides = _overrides([*(sets or []), *(args or [])])
+    try:
+        cfg = load_config(profile, overrides)
+        typer.echo(render_config(cfg, config_sources(profile, overrides)), nl=False)
+    except ConfigError as e:
+        _fail(e)
 
 
 rubrics_app = typer.Typer(help="The rubric pool as an artifact: export it, warm-start another run from it.",

@@ -104,6 +104,13 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
         if value and not is_named_set(value) and not _input_file(value, anchor).exists():
             where = " and ".join(dict.fromkeys(str(d) for d in (cwd, anchor)))
             missing.append(f"{key}: no such file {value} (looked in {where})")
+        elif value and not is_named_set(value) and key in ("data.train", "data.eval"):
+            from arbor.tasks.datasets import DatasetError, fields_of, read_questions
+
+            try:  # every row, with the configured field mapping: a malformed one is named before anything starts
+                read_questions(_input_file(value, anchor), fields=fields_of(cfg.data))
+            except DatasetError as e:
+                missing.append(f"{key}: {e}")
     return missing
 
 

@@ -53,7 +53,7 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
         if not path.exists():
             raise FileNotFoundError(f"sft.data: {path} does not exist")
         return path
-    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.datasets import fields_of, load_questions
     from arbor.tasks.sft_data import build_sft_data
 
     split = spec.removeprefix("synth:")
@@ -61,7 +61,8 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
     if out.exists():
         return out
     if split == "train":  # the run's own training questions (data.train, data.train_size, run.seed)
-        questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, world=cfg.world)
+        questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, world=cfg.world,
+                                   fields=fields_of(cfg.data))
         questions = questions[: cfg.sft.questions] if cfg.sft.questions else questions
     else:
         questions = load_questions(split if ":" in split else split.replace("-", ":", 1))  # offline-train ok

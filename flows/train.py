@@ -75,6 +75,7 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
     are safe on resume (``arbor.config.resume``) are applied and recorded, any other change is refused by name
     (``ConfigError``). ``resume`` with an unknown id is refused; a new run's config is written."""
     from arbor.config.resume import amend_config
+    from arbor.config.show import config_sources, read_sources, write_run_config
     from arbor.storage.parquet import write_stage
     from arbor.storage.runs import record_config_changes
 
@@ -84,6 +85,8 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
             cfg, changes = amend_config(stored, overrides)
             if changes:
                 record_config_changes(run_id, cfg.to_json(), changes, home)
+                path = run_config_path(run_id, home)
+                write_run_config(path, cfg, {**read_sources(path), **{k: "override (resume)" for k in changes}})
                 print(f"run {run_id} resumed with " + ", ".join(  # logged by the flow (log_prints)
                     f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changes.items())))
             return cfg
@@ -96,7 +99,19 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
         "run_id": rid, "profile": cfg.run.profile, "method": cfg.run.method, "seed": cfg.run.seed,
         "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": _git_sha(),
     }], run_id=rid, step=0, stage="run", home=home)
+    write_run_config(run_config_path(rid, home), cfg, config_sources(profile, _as_mapping(overrides)))
     return cfg
+
+
+def run_config_path(run_id: str, home: Path) -> Path:
+    """The run's resolved config with each value's source, beside its artifacts (``arbor config show``'s text)."""
+    return home / "runs" / run_id / "config.yaml"
+
+
+def _as_mapping(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:
+    from arbor.config import _split
+
+    return dict(overrides or {}) if not isinstance(overrides, list) else dict(_split(o) for o in overrides)
 
 
 def _git_sha() -> str | None:
@@ -127,7 +142,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     returned ``RunState`` is a context manager that stops what it started."""
     from arbor.llm import make_judge
     from arbor.preflight import require
-    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.datasets import fields_of, load_questions
     from arbor.tasks.policy import load_policy
     from arbor.tasks.rollout import make_engine
     from arbor.tasks.search import make_search
@@ -136,7 +151,8 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     run_id = cfg.run.run_id
     assert run_id is not None
     store = StageStore(run_id, home)
-    questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, world=cfg.world)
+    questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, world=cfg.world,
+                               fields=fields_of(cfg.data))
     search = make_search(cfg.search, home=home, world=cfg.world)
     start = start_checkpoint(cfg, home)
     trainer = make_trainer(cfg, start, home, run_id)

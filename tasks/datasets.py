@@ -13,7 +13,10 @@ Named specs for ``load_questions``:
 - ``world:train`` / ``world:eval``: the synthetic multi-hop world's questions (``tasks.world``; sizes, seed and mix
   from the ``world`` config section, passed as ``world=cfg.world``); eval questions only involve entities that no
   train question mentions. Their corpus is ``search.corpus: world:corpus``.
-- anything else is a path to a ``{question, answer | answers}`` JSONL / Parquet file.
+- anything else is a path: a JSONL or Parquet file, or a Hugging Face ``save_to_disk`` folder, with fields
+  ``question`` and ``answer | answers | golden_answers`` (Search-R1 / FlashRAG) by default, or where
+  ``data.question_field`` / ``data.answer_field`` / ``data.id_field`` say (dotted paths, e.g. verl's
+  ``reward_model.ground_truth``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbor.config.data import DataConfig
 from arbor.config.world import WorldConfig
 from arbor.paths import DATA_DIR, PROJECT_ROOT
 from arbor.seeding import derive_seed
@@ -67,44 +71,108 @@ class Question:
 # ----------------------------------------------------------------------------------------------- generic loader
 
 
-def _row_to_question(row: Any, where: str, default_id: str) -> Question:
+ANSWER_FIELDS = ("answer", "answers", "golden_answers")  # arbor's, and Search-R1 / FlashRAG's
+ID_FIELDS = ("question_id", "id")
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Where a row keeps its question, answers and id (``data.question_field`` / ``answer_field`` / ``id_field``).
+
+    Dotted paths reach into nested records (verl: ``reward_model.ground_truth``). ``answer=None`` takes whichever
+    of ``ANSWER_FIELDS`` the row has (exactly one); an answer may be a string, a list of strings, or a mapping with
+    a ``target`` list (Search-R1's verl data: ``ground_truth = {"target": [...]}``)."""
+
+    question: str = "question"
+    answer: str | None = None
+    id: str | None = None
+
+
+def field_value(row: dict[str, Any], dotted: str) -> Any:
+    """``row["a"]["b"]`` for ``"a.b"``, or ``_MISSING``."""
+    node: Any = row
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _row_to_question(row: Any, where: str, default_id: str, fields: Fields = Fields()) -> Question:
     if not isinstance(row, dict):
-        raise DatasetError(f"{where}: expected an object {{question, answer | answers}}, got {type(row).__name__}")
-    q = row.get("question")
+        raise DatasetError(f"{where}: expected an object with '{fields.question}' and an answer field, got "
+                           f"{type(row).__name__}")
+    q = field_value(row, fields.question)
     if not isinstance(q, str) or not q.strip():
-        raise DatasetError(f"{where}: 'question' must be a non-empty string")
-    if ("answer" in row) == ("answers" in row):
-        raise DatasetError(f"{where}: exactly one of 'answer' or 'answers' is required")
-    raw = row["answer"] if "answer" in row else row["answers"]
+        raise DatasetError(f"{where}: field '{fields.question}' must be a non-empty string"
+                           + (" (missing; set data.question_field)" if q is _MISSING else ""))
+    if fields.answer is not None:
+        name, raw = fields.answer, field_value(row, fields.answer)
+        if raw is _MISSING:
+            raise DatasetError(f"{where}: field '{name}' (data.answer_field) is missing")
+    else:
+        present = [k for k in ANSWER_FIELDS if k in row]
+        if len(present) != 1:
+            raise DatasetError(f"{where}: exactly one of {', '.join(repr(k) for k in ANSWER_FIELDS)} is required "
+                               f"(found {len(present) or 'none'}; or name one with data.answer_field)")
+        name, raw = present[0], row[present[0]]
+    if isinstance(raw, dict) and "target" in raw:
+        raw = raw["target"]
     golds = [raw] if isinstance(raw, str) else raw
     if not isinstance(golds, list) or not golds or not all(isinstance(g, str) and g.strip() for g in golds):
-        raise DatasetError(f"{where}: the answer must be a non-empty string or a non-empty list of them")
-    qid = next((row[k] for k in ("question_id", "id") if row.get(k) is not None), default_id)
+        raise DatasetError(f"{where}: field '{name}' must be a non-empty string or a non-empty list of them")
+    ids = [fields.id] if fields.id is not None else list(ID_FIELDS)
+    qid = next((v for k in ids if (v := field_value(row, k)) is not _MISSING and v is not None), default_id)
     if not isinstance(qid, (str, int)):
-        raise DatasetError(f"{where}: 'question_id' / 'id' must be a string or integer")
+        raise DatasetError(f"{where}: field '{'/'.join(ids)}' (the id) must be a string or integer")
     return Question(str(qid), q.strip(), [g.strip() for g in golds])
 
 
-def read_questions(path: str | Path, id_prefix: str | None = None) -> list[Question]:
-    """Load ``{question, answer | answers, question_id? | id?}`` rows from JSONL or Parquet, validated.
+def _hf_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a Hugging Face ``datasets`` folder written by ``save_to_disk`` (Arrow stream files listed in
+    ``state.json``), read with pyarrow: no ``datasets`` import, no hub."""
+    import pyarrow as pa
 
-    A bad row raises ``DatasetError("<file>:<line>: ...")`` (Parquet: ``<file>: row <n>``). Ids default to
-    ``<id_prefix or file stem>-<line number>``; duplicate ids are refused.
+    if (path / "dataset_dict.json").exists():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        raise DatasetError(f"{path}: a DatasetDict with splits {splits}; point data.train / data.eval at one of "
+                           f"them, e.g. {path / (splits[0] if splits else 'train')}")
+    state = path / "state.json"
+    if not state.exists():
+        raise DatasetError(f"{path}: a folder, but not a Hugging Face save_to_disk dataset (no state.json)")
+    try:
+        files = [path / f["filename"] for f in json.loads(state.read_text())["_data_files"]]
+        tables = [pa.ipc.open_stream(pa.memory_map(str(f))).read_all() for f in files]
+    except (OSError, KeyError, ValueError, pa.ArrowInvalid) as e:
+        raise DatasetError(f"{path}: not a readable save_to_disk dataset: {e}") from e
+    return [r for t in tables for r in t.to_pylist()]
+
+
+def read_questions(path: str | Path, id_prefix: str | None = None, fields: Fields = Fields()) -> list[Question]:
+    """Load question rows from JSONL, Parquet or a Hugging Face ``save_to_disk`` folder, validated.
+
+    Fields as in ``Fields`` (default: ``question``, ``answer | answers | golden_answers``, ``question_id | id``).
+    A bad row raises ``DatasetError("<file>:<line>: ...")`` naming the field (Parquet and Arrow: ``<file>: row
+    <n>``). Ids default to ``<id_prefix or file stem>-<line number>``; duplicate ids are refused.
     """
     path = Path(path)
     if not path.exists():
         raise DatasetError(f"question file not found: {path}")
     prefix = id_prefix or path.stem
     out: list[Question] = []
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+    if path.is_dir() or path.suffix == ".parquet":
+        if path.is_dir():
+            rows = _hf_rows(path)
+        else:
+            import pyarrow.parquet as pq
 
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-            raise DatasetError(f"{path}: not a readable Parquet file: {e}") from e
+            try:
+                rows = pq.read_table(path).to_pylist()
+            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+                raise DatasetError(f"{path}: not a readable Parquet file: {e}") from e
         for i, row in enumerate(rows, 1):
-            out.append(_row_to_question(row, f"{path}: row {i}", f"{prefix}-{i}"))
+            out.append(_row_to_question(row, f"{path}: row {i}", f"{prefix}-{i}", fields))
     else:
         with open(path, encoding="utf-8") as f:
             for i, line in enumerate(f, 1):
@@ -114,7 +182,7 @@ def read_questions(path: str | Path, id_prefix: str | None = None) -> list[Quest
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise DatasetError(f"{path}:{i}: not valid JSON: {e.msg}") from e
-                out.append(_row_to_question(row, f"{path}:{i}", f"{prefix}-{i}"))
+                out.append(_row_to_question(row, f"{path}:{i}", f"{prefix}-{i}", fields))
     seen: dict[str, int] = {}
     for n, q in enumerate(out, 1):
         if q.question_id in seen:
@@ -254,10 +322,11 @@ def _offline_split() -> dict[str, tuple[Question, ...]]:
 
 
 def load_questions(spec: str, *, size: int | None = None, seed: int = 0,
-                   world: WorldConfig | None = None) -> list[Question]:
+                   world: WorldConfig | None = None, fields: Fields = Fields()) -> list[Question]:
     """Resolve a named split (module docstring) or a file path; ``size``: a seeded sample of that many.
 
-    ``world``: the run's ``WorldConfig`` for ``world:*`` specs (default: the section's defaults)."""
+    ``world``: the run's ``WorldConfig`` for ``world:*`` specs (default: the section's defaults); ``fields``: where
+    a user's file keeps its question, answers and id (``fields_of(cfg.data)``)."""
     kind, _, name = spec.partition(":")
     if kind == "world" and name:
         from arbor.tasks.world import WorldError, load_world_questions
@@ -287,9 +356,14 @@ def load_questions(spec: str, *, size: int | None = None, seed: int = 0,
             path = PROJECT_ROOT / path
         if not path.exists():
             raise DatasetError(f"question set {spec!r} is neither a named split (offline:train, offline:eval, "
-                               f"arpo:train2k, bench:hotpotqa, ...) nor an existing file")
-        qs = read_questions(path)
+                               f"arpo:train2k, bench:hotpotqa, ...) nor an existing file or folder")
+        qs = read_questions(path, fields=fields)
     return sample_questions(qs, size, seed) if size is not None else qs
+
+
+def fields_of(data: DataConfig) -> Fields:
+    """The ``data`` section's field mapping."""
+    return Fields(data.question_field, data.answer_field, data.id_field)
 
 
 def sample_questions(questions: Sequence[Question], n: int, seed: int) -> list[Question]:

@@ -182,10 +182,11 @@ class RunState:
 
     def evaluate(self, step: int) -> dict[str, Rows]:
         """Held-out evaluation every ``run.eval_every`` steps on a fixed small split (issue 8 item 2)."""
-        from arbor.tasks.datasets import load_questions
+        from arbor.tasks.datasets import fields_of, load_questions
         from arbor.tasks.evaluate import evaluate_questions
 
-        questions = load_questions(self.cfg.data.eval, world=self.cfg.world)[: self.cfg.run.eval_size]
+        questions = load_questions(self.cfg.data.eval, world=self.cfg.world,
+                                   fields=fields_of(self.cfg.data))[: self.cfg.run.eval_size]
         rows = evaluate_questions(self.engine, self.judge, {self.cfg.data.eval: questions},
                                   runs=self.cfg.run.eval_runs, seed=self.seed, run_id=self.run_id, step=step,
                                   checkpoint=f"policy-v{self.trainer.policy_version}",

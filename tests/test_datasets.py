@@ -42,8 +42,8 @@ def test_loader_accepts_both_answer_shapes(tmp_path: Path) -> None:
     [
         ("{not json", "not valid JSON"),
         ('{"answer": "A"}', "'question' must be a non-empty string"),
-        ('{"question": "Q?", "answer": "A", "answers": ["A"]}', "exactly one of 'answer' or 'answers'"),
-        ('{"question": "Q?"}', "exactly one of 'answer' or 'answers'"),
+        ('{"question": "Q?", "answer": "A", "answers": ["A"]}', "exactly one of 'answer', 'answers', 'golden_answers'"),
+        ('{"question": "Q?"}', "exactly one of 'answer', 'answers', 'golden_answers' is required (found none"),
         ('{"question": "Q?", "answers": []}', "non-empty list"),
         ('{"question": "Q?", "answer": 3}', "non-empty string or a non-empty list"),
         ('["Q?", "A"]', "expected an object"),
@@ -60,7 +60,7 @@ def test_bad_row_names_file_and_line(tmp_path: Path, bad_line: str, message: str
 def test_parquet_loader_and_bad_row(tmp_path: Path) -> None:
     f = tmp_path / "qs.parquet"
     pq.write_table(pa.Table.from_pylist([{"question": "Q?", "answer": "A"}, {"question": "", "answer": "B"}]), f)
-    with pytest.raises(DatasetError, match=r"qs\.parquet: row 2: 'question'"):
+    with pytest.raises(DatasetError, match=r"qs\.parquet: row 2: field 'question'"):
         read_questions(f)
     pq.write_table(pa.Table.from_pylist([{"question": "Q?", "answers": ["A", "a"]}]), f)
     assert read_questions(f)[0].golds == ["A", "a"]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from flow_support import (
     JUDGE_KEY,
     JUDGE_KEY_ENV,
@@ -24,6 +25,7 @@ from flow_support import (
     tiny_overrides,
 )
 
+from arbor.config import ArborConfig
 from arbor.tasks.stages import InjectedFault
 from arbor.tasks.step import STAGES
 
@@ -57,6 +59,12 @@ def test_two_step_run_satisfies_lifecycle_invariants(reference) -> None:
     assert counts and max(counts.values()) == 1  # every judge prompt reached the server once
     steps = sorted(table("steps", RUN, home), key=lambda r: r["step"])
     assert len(steps) == 2
+    # the resolved config beside the run's artifacts: the stored config, each value's source, no secret
+    written = (home / "runs" / RUN / "config.yaml").read_text()
+    stored = ArborConfig.model_validate_json(table("runs", RUN, home)[0]["config_json"])
+    assert ArborConfig.model_validate(yaml.safe_load(written)) == stored
+    assert '  model: "test-judge"  # override' in written and "  eps_clip_low: 0.2  # default" in written
+    assert JUDGE_KEY not in written
     # step 1 trains version-0 rollouts with version-0 weights at the rollout temperature: TIS weights are 1
     assert abs(steps[0]["tis_mean"] - 1.0) < 1e-3 and steps[0]["tis_clip_frac"] == 0.0, steps[0]
     kinds = {e["event"] for e in events}
@@ -164,23 +172,56 @@ def test_frozen_memory_admits_and_retires_nothing(sft_policy: Path, tmp_path: Pa
                 if e["event"] in ("induced", "admitted", "consolidated", "retired")]
 
 
-def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness) -> None:
-    """`--set data.train=... --set search.corpus=...` run one step on a user's files (random tiny policy)."""
+def _question_rows(fmt: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """Four questions in one of the formats users have (issue 14 item 2); (data path, field overrides)."""
     import json
 
-    data = tmp_path / "my_questions.jsonl"
-    data.write_text("".join(json.dumps({"question": f"Who wrote book number {i}?", "answer": f"Author {i}"}) + "\n"
-                            for i in range(4)))
+    qs = [(f"q{i}", f"Who wrote book number {i}?", f"Author {i}") for i in range(4)]
+    if fmt == "jsonl":  # arbor's own
+        path = tmp_path / "my_questions.jsonl"
+        path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for _, q, a in qs))
+        return str(path), {}
+    if fmt == "flashrag-hf":  # FlashRAG / Search-R1 rows, saved by Hugging Face datasets' save_to_disk
+        import datasets
+
+        path = tmp_path / "my_hf_dataset"
+        datasets.Dataset.from_list([{"id": i, "question": q, "golden_answers": [a, a.lower()]} for i, q, a in qs]
+                                   ).save_to_disk(str(path))
+        return str(path), {}
+    assert fmt == "verl-parquet"  # verl's RL parquet as Search-R1 writes it: nested reward_model / extra_info
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "my_verl.parquet"
+    pq.write_table(pa.Table.from_pylist([
+        {"data_source": "books", "prompt": [{"role": "user", "content": f"(template) {q}"}],
+         "reward_model": {"style": "rule", "ground_truth": {"target": [a]}}, "extra_info": {"index": i, "question": q}}
+        for i, q, a in qs]), path)
+    return str(path), {"data.question_field": "extra_info.question", "data.answer_field": "reward_model.ground_truth",
+                       "data.id_field": "extra_info.index"}
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "flashrag-hf", "verl-parquet"])
+def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness, fmt: str) -> None:
+    """`--set data.train=... --set search.corpus=...` run one step on a user's files (random tiny policy), in each
+    data format arbor reads."""
+    import json
+
+    data, fields = _question_rows(fmt, tmp_path)
     corpus = tmp_path / "my_corpus.jsonl"
     corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
                               + "\n" for i in range(20)))
     home = tmp_path / "home"
-    o = {"run.steps": 1, "run.sft_warm_start": False, "data.train": str(data), "search.corpus": str(corpus),
-         "rollout.batch_size": 2, "rollout.k": 2, "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2}
-    o.update({"data.eval": str(data), "run.eval_every": 1, "run.eval_size": 2, "run.eval_runs": 1})
+    o = {"run.steps": 1, "run.sft_warm_start": False, "data.train": data, "search.corpus": str(corpus),
+         "rollout.batch_size": 2, "rollout.k": 2, "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2,
+         **fields}
+    o.update({"data.eval": data, "run.eval_every": 1, "run.eval_size": 2, "run.eval_runs": 1})
     _train(home, "mine", o)
     trajs = table("trajectories", "mine", home)
     assert len(trajs) == 4 and {t["question"] for t in trajs} <= {f"Who wrote book number {i}?" for i in range(4)}
+    assert {t["golds"][0] for t in trajs} <= {f"Author {i}" for i in range(4)}
+    if fmt != "jsonl":  # the file's own ids, not line numbers
+        assert {t["question_id"] for t in trajs} <= {"0", "1", "2", "3"}
     # run.eval_at_start: the starting policy is evaluated as step 0, before the first RL step (then step 1)
     evals = table("eval_results", "mine", home)
     assert sorted({(e["step"], e["checkpoint"]) for e in evals}) == [(0, "policy-v0"), (1, "policy-v1")]

@@ -122,6 +122,32 @@ def _sft_will_run(cfg: ArborConfig) -> bool:
     return not (cfg.sft.output and (resolve_home_path(cfg.sft.output) / "arbor_sft.json").exists())
 
 
+def _plugin_problems(cfg: ArborConfig) -> list[str]:
+    """Import and shape-check every plug-in the config names (issue 14 item 1); nothing is imported otherwise."""
+    from arbor.plugins import PluginError, is_import_path
+
+    out: list[str] = []
+    checks = []
+    if cfg.reward.fn:
+        from arbor.tasks.reward import load_reward_fn
+
+        checks.append(lambda: load_reward_fn(cfg.reward))
+    if is_import_path(cfg.search.backend):
+        from arbor.tasks.search import load_search_plugin
+
+        checks.append(lambda: load_search_plugin(cfg.search.backend))
+    if is_import_path(cfg.judge.backend):
+        from arbor.llm import load_judge_plugin
+
+        checks.append(lambda: load_judge_plugin(cfg.judge.backend))
+    for load in checks:
+        try:
+            load()
+        except PluginError as e:
+            out.append(str(e))
+    return out
+
+
 def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str] | None = None) -> list[str]:
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
@@ -135,6 +161,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         check_method(cfg.run.method)
     except MethodError as e:
         missing.append(str(e))
+    missing += _plugin_problems(cfg)
     if not _model_available(cfg.policy.model):
         missing.append(
             f"policy.model: '{cfg.policy.model}' is neither a local path nor in the local Hugging Face cache "

@@ -5,11 +5,13 @@ See ``llm/README.md`` for the roles, the prompt files, the cache and the call le
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm.base import JUDGE_CALL_COLUMNS, ROLES, CallContext, Judge, JudgeOutcome, Winner, unswap
 from arbor.paths import arbor_home
+from arbor.plugins import PluginError, load_plugin
 
 __all__ = ["make_judge", "Judge", "JudgeOutcome", "CallContext", "Winner", "unswap", "ROLES", "JUDGE_CALL_COLUMNS"]
 
@@ -21,6 +23,23 @@ def make_judge(cfg: JudgeConfig, *, home: Path | str | None = None) -> Judge:
         from arbor.llm.openai_backend import OpenAIJudge
 
         return OpenAIJudge(cfg, home=root)
-    from arbor.llm.rules import RulesJudge
+    if cfg.backend == "rules":
+        from arbor.llm.rules import RulesJudge
 
-    return RulesJudge(cfg, home=root)
+        return RulesJudge(cfg, home=root)
+    return load_judge_plugin(cfg.backend)(cfg, home=root)
+
+
+JUDGE_PLUGIN_SHAPE = "a subclass of arbor.llm.Judge, built as Class(judge_config, home=path) (docs/plugins.md)"
+
+
+def load_judge_plugin(spec: str) -> type[Judge]:
+    """The ``judge.backend`` plug-in class, checked (``PluginError`` naming ``judge.backend``)."""
+    cls = load_plugin(spec, "judge.backend", JUDGE_PLUGIN_SHAPE)
+    if not (isinstance(cls, type) and issubclass(cls, Judge)):
+        raise PluginError(f"judge.backend: {spec} is not a subclass of arbor.llm.Judge; expected {JUDGE_PLUGIN_SHAPE}")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise PluginError(f"judge.backend: {spec} leaves abstract methods unimplemented ({missing}); "
+                          f"expected {JUDGE_PLUGIN_SHAPE}")
+    return cls

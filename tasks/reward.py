@@ -10,12 +10,15 @@ metrics are set to zero").
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from arbor.config.reward import RewardConfig
+from arbor.plugins import PluginError, check_signature, load_plugin
 from arbor.tasks.format import check_format
 from arbor.tasks.types import Trajectory
 
@@ -82,9 +85,31 @@ def base_reward(text: str, golds: str | Sequence[str], truncated: bool = False) 
     return RewardResult(True, "", fmt.answer, em, f1, f1)
 
 
-def score_trajectory(traj: Trajectory, truncated: bool) -> Trajectory:
-    """Fill ``format_valid, format_reason, answer, em, f1, base_reward`` of ``traj`` (in place; returned)."""
+RewardFn = Callable[[Trajectory, list[str]], float]
+REWARD_FN_SHAPE = "a function fn(trajectory, golds) -> float (docs/plugins.md)"
+
+
+def load_reward_fn(cfg: RewardConfig) -> RewardFn | None:
+    """The ``reward.fn`` plug-in, checked (``PluginError`` naming ``reward.fn``); None for arbor's F1."""
+    if cfg.fn is None:
+        return None
+    fn = load_plugin(cfg.fn, "reward.fn", REWARD_FN_SHAPE)
+    check_signature(fn, "reward.fn", cfg.fn, ("trajectory", "golds"), REWARD_FN_SHAPE)
+    return fn
+
+
+def score_trajectory(traj: Trajectory, truncated: bool, reward_fn: RewardFn | None = None,
+                     format_gate: bool = True) -> Trajectory:
+    """Fill ``format_valid, format_reason, answer, em, f1, base_reward`` of ``traj`` (in place; returned).
+
+    With ``reward_fn`` its value is the base reward; behind ``format_gate`` a format-invalid trajectory keeps -1
+    and the function is not asked. EM and F1 stay arbor's either way (they are what evaluation reports)."""
     r = base_reward(traj.text, traj.golds, truncated)
     traj.format_valid, traj.format_reason, traj.answer = r.format_valid, r.format_reason, r.answer
     traj.em, traj.f1, traj.base_reward = r.em, r.f1, r.base_reward
+    if reward_fn is not None and (r.format_valid or not format_gate):
+        value = reward_fn(traj, list(traj.golds))
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise PluginError(f"reward.fn returned {value!r} for trajectory {traj.traj_id}; expected a finite number")
+        traj.base_reward = float(value)
     return traj

@@ -30,7 +30,7 @@ import torch
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
 from arbor.tasks.agent import SYSTEM_PROMPT, AgentLoop, AgentState, Budgets, Generation, GenRequest
-from arbor.tasks.reward import score_trajectory
+from arbor.tasks.reward import RewardFn, load_reward_fn, score_trajectory
 from arbor.tasks.types import Trajectory
 
 _TAIL_TOKENS = 16  # stop strings are found in the decoded last tokens (every token decodes to >= 1 character)
@@ -312,8 +312,8 @@ def trajectory_seed(seed: int, step: int, group: int, sample: int) -> int:
 
 
 def to_trajectory(s: AgentState, *, run_id: str, step: int, group: int, sample: int,
-                  policy_version: int) -> Trajectory:
-    """A scored ``Trajectory`` from a finished agent state."""
+                  policy_version: int, reward_fn: RewardFn | None = None, format_gate: bool = True) -> Trajectory:
+    """A scored ``Trajectory`` from a finished agent state (``reward_fn``: the ``reward.fn`` plug-in)."""
     traj = Trajectory(
         run_id=run_id, step=step, group=group, sample=sample, question_id=s.question_id, question=s.question,
         golds=list(s.golds), prompt_ids=list(s.prompt_ids), response_ids=list(s.response_ids),
@@ -321,7 +321,7 @@ def to_trajectory(s: AgentState, *, run_id: str, step: int, group: int, sample: 
         search_calls=s.search_calls, search_queries=list(s.search_queries), finish_reason=s.finish_reason or "",
         policy_version=policy_version, gen_seconds=s.gen_seconds,
     )
-    return score_trajectory(traj, truncated=s.truncated)
+    return score_trajectory(traj, truncated=s.truncated, reward_fn=reward_fn, format_gate=format_gate)
 
 
 class _EngineBase:
@@ -331,6 +331,7 @@ class _EngineBase:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.search = search
+        self.reward_fn = load_reward_fn(cfg.reward)
         self.loop = AgentLoop(tokenizer, search, Budgets.from_config(cfg.rollout, cfg.search),
                               system_prompt=cfg.rollout.system_prompt or SYSTEM_PROMPT)
 
@@ -342,7 +343,8 @@ class _EngineBase:
     def _finish(self, states: list[AgentState], k: int, step: int, run_id: str,
                 first_group: int = 0) -> list[Trajectory]:
         return [to_trajectory(s, run_id=run_id, step=step, group=first_group + j // k, sample=j % k,
-                              policy_version=self.policy_version) for j, s in enumerate(states)]
+                              policy_version=self.policy_version, reward_fn=self.reward_fn,
+                              format_gate=self.cfg.reward.format_gate) for j, s in enumerate(states)]
 
 
 # --------------------------------------------------------------------------------------------- transformers

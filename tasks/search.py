@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from arbor.config.search import SearchConfig
 from arbor.config.world import WorldConfig
 from arbor.paths import PROJECT_ROOT
+from arbor.plugins import PluginError, check_signature, load_plugin
 
 BM25_TOKENIZER = "bm25s-0.3:lower,stopwords=en,no-stemmer"  # part of the index cache key
 WORLD_CORPUS = "world:corpus"  # search.corpus value: the synthetic world's passages (tasks.world)
@@ -353,9 +354,39 @@ def make_search(cfg: SearchConfig, *, home: str | Path, world: WorldConfig | Non
         if not cfg.url:
             raise SearchError("search.url: the web backend needs the API endpoint URL")
         backend = WebSearch(cfg.url, cfg.api_key_env, timeout_s=cfg.timeout_s)
-    else:  # pragma: no cover - the config's Literal refuses others
-        raise SearchError(f"search.backend: unknown backend {cfg.backend!r}")
+    else:  # the config refuses anything but these three and import paths
+        backend = PluginSearch(load_search_plugin(cfg.backend)(cfg), cfg.backend)
     return CachedSearch(backend, home / "cache" / "search") if cfg.cache else backend
+
+
+SEARCH_PLUGIN_SHAPE = ("a class built as Class(search_config) with a `name` and search(queries, k) -> one list of "
+                       "SearchHit per query (docs/plugins.md)")
+
+
+def load_search_plugin(spec: str) -> type:
+    """The ``search.backend`` plug-in class, checked (``PluginError`` naming ``search.backend``)."""
+    cls = load_plugin(spec, "search.backend", SEARCH_PLUGIN_SHAPE)
+    if not isinstance(cls, type) or not callable(getattr(cls, "search", None)):
+        raise PluginError(f"search.backend: {spec} is not a class with a search method; expected {SEARCH_PLUGIN_SHAPE}")
+    check_signature(cls, "search.backend", spec, ("search_config",), SEARCH_PLUGIN_SHAPE)
+    check_signature(cls.search, "search.backend", f"{spec}.search", ("self", "queries", "k"), SEARCH_PLUGIN_SHAPE)
+    return cls
+
+
+class PluginSearch:
+    """A user's backend, its answers checked: one list of ``SearchHit`` per query, at most k each."""
+
+    def __init__(self, inner: Any, spec: str) -> None:
+        self.inner, self.spec = inner, spec
+        self.name = str(getattr(inner, "name", "") or spec)
+
+    def search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
+        out = self.inner.search(list(queries), k)
+        if not isinstance(out, list) or len(out) != len(queries) or not all(
+                isinstance(hits, list) and all(isinstance(h, SearchHit) for h in hits) for hits in out):
+            raise SearchError(f"search.backend {self.spec}: search() must return one list of SearchHit per query "
+                              f"({len(queries)} queries)")
+        return [hits[:k] for hits in out]
 
 
 def format_results(hits: Sequence[SearchHit], max_chars: int | None = None) -> str:

@@ -221,7 +221,7 @@ def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness, fmt: str)
     assert len(trajs) == 4 and {t["question"] for t in trajs} <= {f"Who wrote book number {i}?" for i in range(4)}
     assert {t["golds"][0] for t in trajs} <= {f"Author {i}" for i in range(4)}
     if fmt != "jsonl":  # the file's own ids, not line numbers
-        assert {t["question_id"] for t in trajs} <= {"0", "1", "2", "3"}
+        assert {t["question_id"] for t in trajs} <= {f"q{i}" for i in range(4)}
     # run.eval_at_start: the starting policy is evaluated as step 0, before the first RL step (then step 1)
     evals = table("eval_results", "mine", home)
     assert sorted({(e["step"], e["checkpoint"]) for e in evals}) == [(0, "policy-v0"), (1, "policy-v1")]
@@ -237,3 +237,30 @@ def test_trainer_as_supervised_process_group(sft_policy: Path, tmp_path: Path, p
     assert [(s["step"], s["policy_version"]) for s in steps] == [(1, 1), (2, 2)]
     assert all(t["policy_version"] == 1 for t in table("trajectories", "svc", home) if t["step"] == 2)
     assert (home / "trainer" / "svc" / "service.log").exists()
+
+
+def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
+    """reward.fn, search.backend and judge.backend by import path (issue 14 item 1): one step through the flow."""
+    import json
+
+    data, _ = _question_rows("jsonl", tmp_path)
+    corpus = tmp_path / "my_corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
+                              + "\n" for i in range(20)))
+    home = tmp_path / "home"
+    o = {"run.steps": 1, "run.sft_warm_start": False, "data.train": data, "data.eval": data,
+         "search.corpus": str(corpus), "rollout.batch_size": 2, "rollout.k": 2, "rollout.max_new_tokens_per_turn": 16,
+         "rollout.max_turns": 2, "run.eval_every": 1, "run.eval_size": 2, "run.eval_runs": 1,
+         "reward.fn": "examples.search_cost_reward:em_minus_search_cost",
+         "search.backend": "examples.keyword_search:KeywordSearch",
+         "judge.backend": "examples.lenient_judge:LenientJudge",
+         "run.method": "rar"}  # RaR asks the judge about every group, whatever the tiny policy wrote
+    _train(home, "plugins", o)
+    trajs = table("trajectories", "plugins", home)
+    assert len(trajs) == 4
+    for t in trajs:  # the plug-in's reward behind arbor's format gate
+        assert t["base_reward"] == (pytest.approx(t["em"] - 0.05 * t["search_calls"]) if t["format_valid"] else -1.0)
+    calls = table("judge_calls", "plugins", home)
+    assert calls and {c["backend"] for c in calls} == {"lenient-rules"}
+    cached = list((home / "cache" / "search").rglob("*.json"))
+    assert all(json.loads(p.read_text())["backend"].startswith("keyword:") for p in cached)

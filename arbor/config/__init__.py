@@ -17,6 +17,7 @@ from arbor.config.cluster import ClusterConfig
 from arbor.config.data import DataConfig
 from arbor.config.judge import JudgeConfig
 from arbor.config.memory import MemoryConfig
+from arbor.config.reward import RewardConfig
 from arbor.config.rollout import PolicyConfig, RolloutConfig
 from arbor.config.run import EvalConfig, RunConfig
 from arbor.config.search import SearchConfig
@@ -27,7 +28,7 @@ from arbor.paths import CONFIGS_DIR
 __all__ = [
     "ArborConfig", "ConfigError", "load_config", "apply_overrides", "DataConfig", "PolicyConfig", "RolloutConfig",
     "SearchConfig", "JudgeConfig", "MemoryConfig", "RunConfig", "EvalConfig", "TrainConfig", "CheckpointConfig",
-    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig",
+    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig", "RewardConfig",
 ]
 
 
@@ -42,6 +43,7 @@ class ArborConfig(Section):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from arbor.config.base import Section
+from arbor.config.reward import IMPORT_PATH_PATTERN
+
+JUDGE_BACKENDS = ("rules", "openai")
 
 
 class JudgeRoleConfig(Section):
@@ -33,7 +36,8 @@ class JudgeRoles(Section):
 
 
 class JudgeConfig(Section):
-    backend: Literal["rules", "openai"] = "rules"
+    backend: str = Field("rules", description="rules (offline heuristics), openai (any OpenAI-compatible endpoint), "
+                         "or a plug-in subclass of arbor.llm.Judge as 'pkg.module:Class' (docs/plugins.md)")
     model: str = "qwen-plus-2025-04-28"
     base_url: str | None = None
     api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key")
@@ -62,3 +66,10 @@ class JudgeConfig(Section):
             v = getattr(over, name)
             out[name] = getattr(self, name) if v is None else v
         return out
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        if v not in JUDGE_BACKENDS and not re.match(IMPORT_PATH_PATTERN, v):
+            raise ValueError(f"expected one of {', '.join(JUDGE_BACKENDS)} or a plug-in 'pkg.module:Class'")
+        return v

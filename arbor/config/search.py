@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from arbor.config.base import Section
+from arbor.config.reward import IMPORT_PATH_PATTERN
+
+SEARCH_BACKENDS = ("bm25", "http", "web")
 
 
 class SearchConfig(Section):
-    backend: Literal["bm25", "http", "web"] = "bm25"
+    backend: str = Field("bm25", description="bm25 (local corpus), http (a Search-R1 /retrieve service), web (a "
+                         "search API), or a plug-in class 'pkg.module:Class' (docs/plugins.md)")
     corpus: str = "data/corpus/wiki_passages.jsonl"
     top_k: int = Field(10, ge=1)
     url: str | None = None  # http retriever (Search-R1 /retrieve) or web API endpoint
@@ -18,3 +22,10 @@ class SearchConfig(Section):
     max_result_chars: int | None = Field(None, ge=1, description="truncate each result's text")
     timeout_s: float = Field(30.0, gt=0)
     cache: bool = Field(True, description="persistent (backend, query, k) -> hits cache under {home}/cache/search")
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        if v not in SEARCH_BACKENDS and not re.match(IMPORT_PATH_PATTERN, v):
+            raise ValueError(f"expected one of {', '.join(SEARCH_BACKENDS)} or a plug-in 'pkg.module:Class'")
+        return v

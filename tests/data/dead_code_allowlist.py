@@ -3,11 +3,12 @@
 
 # typer: the CLI's commands and an enum member
 _main, sql_cmd, runs_cmd, disk_cmd, train_cmd, demo_cmd, rubrics_export_cmd, eval_cmd, report_cmd, compare_cmd
+config_show_cmd
 parquet
 # Prefect flow entry points named in prefect.yaml
 arbor_sft
 # pydantic: model settings, validators, and config fields read through model_dump() or by key
-model_config, _._cross_checks, _._shares_sum_to_one, _._upper, _._non_empty
+model_config, _._cross_checks, _._shares_sum_to_one, _._upper, _._non_empty, _._known_backend
 price_in_per_mtok, price_out_per_mtok, induction, consolidation
 # attributes set for libraries to read (great-expectations, tokenizers, transformers) and nn.Module.forward
 _.progress_bars, _.pre_tokenizer, _.chat_template, _.use_cache, _.forward
@@ -17,3 +18,5 @@ exc, et, tb
 save_and_restart
 # the built-in methods, imported by the strings of tasks.methods.BUILTIN
 Arbor, DAPO, NoMemory, RaR
+# plug-ins named by import-path strings (tests/test_plugins.py, docs/plugins.md)
+KeywordSearch, LenientJudge, em_minus_search_cost

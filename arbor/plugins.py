@@ -1,0 +1,50 @@
+"""Plug-ins by import path (issue 14 item 1): ``reward.fn``, ``search.backend`` and ``judge.backend`` accept
+``pkg.module:Name`` beside the built-in names, as ``run.method`` does (docs/plugins.md).
+
+A plug-in that fails to import, is missing, or has the wrong shape is refused before anything starts, by a
+``PluginError`` that names the config key and what was expected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from typing import Any
+
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class PluginError(ValueError):
+    """A plug-in that cannot be used; the message names the config key."""
+
+
+def is_import_path(spec: str | None) -> bool:
+    return bool(spec) and IMPORT_PATH.match(spec or "") is not None
+
+
+def load_plugin(spec: str, key: str, expected: str) -> Any:
+    """The object ``pkg.module:Name`` names (importing the module), or ``PluginError`` naming ``key``."""
+    if not is_import_path(spec):
+        raise PluginError(f"{key}: {spec!r} is not an import path 'pkg.module:Name'; expected {expected}")
+    module, _, attr = spec.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure of user code is reported the same way
+        raise PluginError(f"{key}: cannot import {module!r} ({type(e).__name__}: {e}); expected {expected}") from e
+    if not hasattr(mod, attr):
+        raise PluginError(f"{key}: module {module!r} has no {attr!r}; expected {expected}")
+    return getattr(mod, attr)
+
+
+def check_signature(obj: Any, key: str, spec: str, args: tuple[str, ...], expected: str) -> None:
+    """Refuse a callable that cannot be called with ``args`` positionally (names are only for the message)."""
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError) as e:
+        raise PluginError(f"{key}: {spec} is not callable; expected {expected}") from e
+    try:
+        sig.bind(*args)
+    except TypeError as e:
+        raise PluginError(f"{key}: {spec}{sig} cannot be called as ({', '.join(args)}): {e}; "
+                          f"expected {expected}") from e

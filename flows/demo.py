@@ -29,6 +29,7 @@ PROFILE = "tiny-world"  # the synthetic world: held-out F1 at the SFT start and 
 
 
 def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, profile: str = PROFILE) -> str:
+    from arbor.config import ArborConfig
     from arbor.flows.train import arbor_train
     from arbor.storage.runs import run_row
     from arbor.storage.sql import query_and_render, sql_file
@@ -41,13 +42,19 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     run_id = arbor_train(profile=profile, overrides=sets or None)
     home = arbor_home()
     print(f"\nrun {run_id} finished in {time.perf_counter() - t0:.0f} s")
-    method = (run_row(run_id, home) or {}).get("method") or "arbor"
+    row = run_row(run_id, home) or {}
+    method = row.get("method") or "arbor"
+    how = "as configured"
+    if row.get("config_json"):
+        cfg = ArborConfig.model_validate_json(row["config_json"])
+        temp = cfg.eval.temperature if cfg.eval.temperature is not None else cfg.rollout.temperature
+        how = f"{cfg.run.eval_runs} sampled answers per question at temperature {temp}" if temp else "greedy"
     rows = collect_curve_rows({run_id: (method, 0)}, home)
     evals = rows.drop_nulls("strict_f1").select("step", "strict_f1", "valid_rate").rows()
     if len(evals) >= 2:
         (s0, f0, v0), (s1, f1, v1) = evals[0], evals[-1]
-        print(f"held-out F1 (entities never seen in SFT or RL): {f0:.3f} at step {s0} (SFT start) -> {f1:.3f} at "
-              f"step {s1} ({f1 - f0:+.3f}); format-valid {v0:.2f} -> {v1:.2f}")
+        print(f"held-out F1 (entities never seen in SFT or RL; {how}): {f0:.3f} at step {s0} (SFT start) -> "
+              f"{f1:.3f} at step {s1} ({f1 - f0:+.3f}); format-valid {v0:.2f} -> {v1:.2f}")
     png = home / "reports" / run_id / "curves.png"
     plot_curves(rows, [method], png, title=f"run {run_id} ({profile}, {method})")
     print(f"curves: {png}  (bench/learning.py: every method over three seeds)")

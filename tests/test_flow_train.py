@@ -173,7 +173,8 @@ def test_frozen_memory_admits_and_retires_nothing(sft_policy: Path, tmp_path: Pa
 
 
 def _question_rows(fmt: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    """Four questions in one of the formats users have (issue 14 item 2); (data path, field overrides)."""
+    """Four questions in one of the formats users have (issue 14 item 2); (data path, field overrides).
+    Parquet and the remaining combinations are read in tests/test_data_formats.py."""
     import json
 
     qs = [(f"q{i}", f"Who wrote book number {i}?", f"Author {i}") for i in range(4)]
@@ -181,27 +182,24 @@ def _question_rows(fmt: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
         path = tmp_path / "my_questions.jsonl"
         path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for _, q, a in qs))
         return str(path), {}
-    if fmt == "flashrag-hf":  # FlashRAG / Search-R1 rows, saved by Hugging Face datasets' save_to_disk
-        import datasets
-
-        path = tmp_path / "my_hf_dataset"
-        datasets.Dataset.from_list([{"id": i, "question": q, "golden_answers": [a, a.lower()]} for i, q, a in qs]
-                                   ).save_to_disk(str(path))
+    if fmt == "flashrag-jsonl":  # FlashRAG / Search-R1 rows: id, question, golden_answers
+        path = tmp_path / "nq_train.jsonl"
+        path.write_text("".join(json.dumps({"id": i, "question": q, "golden_answers": [a, a.lower()]}) + "\n"
+                                for i, q, a in qs))
         return str(path), {}
-    assert fmt == "verl-parquet"  # verl's RL parquet as Search-R1 writes it: nested reward_model / extra_info
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    assert fmt == "verl-hf"  # verl's nested RL rows as Search-R1 writes them, saved by HF datasets' save_to_disk
+    import datasets
 
-    path = tmp_path / "my_verl.parquet"
-    pq.write_table(pa.Table.from_pylist([
+    path = tmp_path / "my_verl_dataset"
+    datasets.Dataset.from_list([
         {"data_source": "books", "prompt": [{"role": "user", "content": f"(template) {q}"}],
          "reward_model": {"style": "rule", "ground_truth": {"target": [a]}}, "extra_info": {"index": i, "question": q}}
-        for i, q, a in qs]), path)
+        for i, q, a in qs]).save_to_disk(str(path))
     return str(path), {"data.question_field": "extra_info.question", "data.answer_field": "reward_model.ground_truth",
                        "data.id_field": "extra_info.index"}
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "flashrag-hf", "verl-parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "verl-hf"])
 def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness, fmt: str) -> None:
     """`--set data.train=... --set search.corpus=...` run one step on a user's files (random tiny policy), in each
     data format arbor reads."""
@@ -243,7 +241,7 @@ def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
     """reward.fn, search.backend and judge.backend by import path (issue 14 item 1): one step through the flow."""
     import json
 
-    data, _ = _question_rows("jsonl", tmp_path)
+    data, _ = _question_rows("flashrag-jsonl", tmp_path)
     corpus = tmp_path / "my_corpus.jsonl"
     corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
                               + "\n" for i in range(20)))
@@ -257,7 +255,7 @@ def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
          "run.method": "rar"}  # RaR asks the judge about every group, whatever the tiny policy wrote
     _train(home, "plugins", o)
     trajs = table("trajectories", "plugins", home)
-    assert len(trajs) == 4
+    assert len(trajs) == 4 and {t["question_id"] for t in trajs} <= {f"q{i}" for i in range(4)}
     for t in trajs:  # the plug-in's reward behind arbor's format gate
         assert t["base_reward"] == (pytest.approx(t["em"] - 0.05 * t["search_calls"]) if t["format_valid"] else -1.0)
     calls = table("judge_calls", "plugins", home)

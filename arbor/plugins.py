@@ -12,7 +12,9 @@ import inspect
 import re
 from typing import Any
 
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+from arbor.config.base import IMPORT_PATH_PATTERN
+
+IMPORT_PATH = re.compile(IMPORT_PATH_PATTERN)
 
 
 class PluginError(ValueError):

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 from pydantic import Field, field_validator
 
-from arbor.config.base import Section
-from arbor.config.reward import IMPORT_PATH_PATTERN
+from arbor.config.base import Section, builtin_or_plugin
 
 JUDGE_BACKENDS = ("rules", "openai")
 
@@ -70,6 +67,4 @@ class JudgeConfig(Section):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, v: str) -> str:
-        if v not in JUDGE_BACKENDS and not re.match(IMPORT_PATH_PATTERN, v):
-            raise ValueError(f"expected one of {', '.join(JUDGE_BACKENDS)} or a plug-in 'pkg.module:Class'")
-        return v
+        return builtin_or_plugin(v, JUDGE_BACKENDS)

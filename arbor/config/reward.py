@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from arbor.config.base import Section
-
-IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+from arbor.config.base import IMPORT_PATH_PATTERN, Section
 
 
 class RewardConfig(Section):

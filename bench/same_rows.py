@@ -31,8 +31,25 @@ DEFAULTS = {"run.steps": 2, "run.sft_warm_start": False, "run.eval_every": None,
             "memory.k_consol": 1, "checkpoint.every": 1}
 
 TRAIN = """
-import json, sys
-from arbor.flows.train import arbor_train
+import importlib.util, json, sys
+from pathlib import Path
+
+tree = Path.cwd()
+if (tree / "tasks").is_dir() and '"arbor.tasks" = "tasks"' in (tree / "pyproject.toml").read_text():
+    # the arbor.* layout (issue 13 item 7): map this tree's folders into arbor.*, as package-dir does on install
+    import arbor
+    mods = []
+    for name in ("storage", "llm", "tasks", "flows"):
+        spec = importlib.util.spec_from_file_location(f"arbor.{name}", tree / name / "__init__.py",
+                                                      submodule_search_locations=[str(tree / name)])
+        mods.append((spec, importlib.util.module_from_spec(spec)))
+        sys.modules[spec.name] = mods[-1][1]
+        setattr(arbor, name, mods[-1][1])
+    for spec, mod in mods:
+        spec.loader.exec_module(mod)
+    from arbor.flows.train import arbor_train
+else:  # the layout before it: top-level flows, tasks, storage, llm
+    from flows.train import arbor_train
 arbor_train(profile=sys.argv[3], overrides=json.loads(sys.argv[1]), run_id=sys.argv[2])
 """
 

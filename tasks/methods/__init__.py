@@ -6,7 +6,7 @@
     rar        tasks/methods/rar.py        query-specific RaR items, holistic rating (App. C.3)
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
 
-A user's method is a subclass of ``tasks.methods.base.Method`` named by ``run.method: pkg.module:ClassName``
+A user's method is a subclass of ``arbor.tasks.methods.base.Method`` named by ``run.method: pkg.module:ClassName``
 (docs/methods.md). This module imports no method (nor torch) until one is resolved, so that checking a config
 (``arbor.preflight``) stays fast.
 """
@@ -62,7 +62,7 @@ def resolve_method(spec: str) -> type[Method]:
     target = BUILTIN.get(spec, spec)
     if not IMPORT_PATH.match(target):
         raise MethodError(f"run.method: unknown method {spec!r}; known: {', '.join(method_names())}, "
-                          "or a subclass of tasks.methods.base.Method as 'pkg.module:ClassName'")
+                          "or a subclass of arbor.tasks.methods.base.Method as 'pkg.module:ClassName'")
     from arbor.tasks.methods.base import Method  # the interface imports torch: only once a method is needed
 
     module, _, attr = target.partition(":")
@@ -71,7 +71,7 @@ def resolve_method(spec: str) -> type[Method]:
     except (ImportError, AttributeError) as e:
         raise MethodError(f"run.method: cannot import {spec!r}: {e}") from e
     if not (isinstance(obj, type) and issubclass(obj, Method)):
-        raise MethodError(f"run.method: {spec!r} is not a subclass of tasks.methods.base.Method")
+        raise MethodError(f"run.method: {spec!r} is not a subclass of arbor.tasks.methods.base.Method")
     return obj
 
 

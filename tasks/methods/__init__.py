@@ -14,10 +14,10 @@ A user's method is a subclass of ``arbor.tasks.methods.base.Method`` named by ``
 from __future__ import annotations
 
 import importlib
-import re
 from typing import TYPE_CHECKING
 
 from arbor.config import ArborConfig
+from arbor.plugins import IMPORT_PATH
 
 if TYPE_CHECKING:
     from arbor.tasks.methods.base import Method
@@ -30,7 +30,6 @@ BUILTIN: dict[str, str] = {
     "no-memory": "arbor.tasks.methods.no_memory:NoMemory",
 }
 REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
-IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class MethodError(ValueError):

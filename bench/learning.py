@@ -11,6 +11,12 @@ script is run again (same home), so an interrupted benchmark resumes where it st
 
 Prints the table (mean ± standard error over seeds) and writes ``curves.png`` (one panel per metric, one line per
 method with a ±1 SE band) and ``curves.csv`` (every run's per-step figures) under ``--out``.
+
+Then the final exam: the SFT start and every run's last checkpoint answer the held-out questions again with the
+same sampling seeds (common random numbers). In-run evaluations sample with each run's own seed, so the start's
+three readings differ by sampling noise alone; the exam removes that noise from the start -> final comparison,
+and its standard error counts both the training seeds and the finite question set, paired by question
+(``tasks.curves.common_dice_delta``).
 """
 
 from __future__ import annotations
@@ -72,6 +78,52 @@ def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Pat
     return rid, time.perf_counter() - t0
 
 
+EXAM_SEED = 0  # the common dice: every checkpoint's final exam samples with this seed
+
+
+def final_exam(checkpoint: Path, exam_id: str, sets: dict[str, Any], home: Path) -> str:
+    """Evaluate ``checkpoint`` on the held-out split with the common dice (``run.seed = EXAM_SEED``, step 0), the
+    run's own number of answers per question; stored as the evaluation run ``exam_id`` and reused when present."""
+    from arbor.config import load_config
+    from arbor.flows.evaluate import arbor_eval
+    from arbor.tasks.evaluate import load_eval_results
+
+    if load_eval_results(exam_id, home=home):
+        return exam_id
+    overrides = {**{k: v for k, v in sets.items() if not k.startswith("run.")}, "run.seed": EXAM_SEED}
+    cfg = load_config(PROFILE, {**sets, **overrides})
+    arbor_eval(checkpoint=str(checkpoint), profile=PROFILE, overrides=overrides, splits=[cfg.data.eval],
+               runs=cfg.run.eval_runs, run_id=exam_id)
+    return exam_id
+
+
+def exam_table(start_id: str, finals: dict[str, tuple[str, int]], methods: list[str],
+               home: Path) -> tuple[str, dict[str, Any]]:
+    """Final F1 of every run against the start, all read with the common dice: the table and {method: delta}."""
+    from arbor.tasks.curves import common_dice_delta, mean_se, question_f1, rises_by
+
+    per_q = question_f1([start_id, *finals], home)
+    start = per_q[start_id]
+    head = ["method", "seeds", "F1 start", "F1 final per seed", "F1 final", "ΔF1 (common dice)", "≥3 SE"]
+    body, deltas = [], {}
+    for m in methods:
+        fin = [per_q[r] for r, (mm, _) in sorted(finals.items(), key=lambda x: x[1]) if mm == m and per_q[r]]
+        if not fin:
+            continue
+        d = deltas[m] = common_dice_delta(start, fin)
+        means = [sum(f.values()) / len(f) for f in fin]
+        body.append([m, str(len(fin)), f"{sum(start.values()) / len(start):.3f}",
+                     ", ".join(f"{f:.3f}" for f in means), str(mean_se(means)), f"{d.mean:+.3f} ± {d.se:.3f}",
+                     "yes" if rises_by(d) else "no"])
+    return _render(head, body), deltas
+
+
+def _render(head: list[str], body: list[list[str]]) -> str:
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
+
+
 def table(rows: pl.DataFrame, methods: list[str]) -> str:
     from arbor.tasks.curves import mean_se, rises_by, start_final_delta
 
@@ -95,9 +147,7 @@ def table(rows: pl.DataFrame, methods: list[str]) -> str:
             _avg(mine, "format_valid_rate"), f"{_avg(mine, 'zero_var_base')} → {_avg(mine, 'zero_var_total')}",
             _avg(mine, "mean_searches"), _avg(mine, "repeated_query_share_all_correct"),
         ])
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths]), *(line(b) for b in body)])
+    return _render(head, body)
 
 
 def _avg(rows: pl.DataFrame, key: str) -> str:
@@ -114,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="grpo and arbor, seed 0, 4 steps")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="override a tiny-world key: k=v")
     ap.add_argument("--home", default=str(ROOT / "bench" / "out" / "learning"), help="workspace (runs are reused)")
+    ap.add_argument("--no-exam", action="store_true", help="skip the final exam (common-dice re-evaluation)")
     ap.add_argument("--out", default=None, help="where curves.png / curves.csv go (default: --home)")
     args = ap.parse_args(argv)
     methods = args.methods or (["grpo", "arbor"] if args.quick else list(METHODS))
@@ -153,8 +204,27 @@ def main(argv: list[str] | None = None) -> int:
     for m in ("grpo", "arbor"):
         if m in f1:
             d = f1[m][2]
-            print(f"{m}: held-out F1 {f1[m][0]} -> {f1[m][1]} (change {d.mean:+.3f} ± {d.se:.3f}, "
-                  f"{'at least' if rises_by(d) else 'less than'} 3 SE over {d.n} seed(s))")
+            print(f"{m} (in-run, each run's own dice): held-out F1 {f1[m][0]} -> {f1[m][1]} "
+                  f"(change {d.mean:+.3f} ± {d.se:.3f}, {'at least' if rises_by(d) else 'less than'} 3 SE)")
+    if args.no_exam:
+        return 0
+    # the final exam: the start and every run's last checkpoint answer with the same dice (common random numbers)
+    from arbor.tasks.checkpoint import latest_complete
+
+    tag = settings_tag(sets)
+    start_id = final_exam(start, f"exam-{start.name}-{tag}", sets, home)
+    finals = {}
+    for rid, ms in run_ids.items():
+        ckpt = latest_complete(home / "checkpoints" / rid)
+        if ckpt is not None:
+            finals[final_exam(ckpt / "hf", f"exam-{rid}", sets, home)] = ms
+    text, deltas = exam_table(start_id, finals, methods, home)
+    print("\nfinal exam (start and final checkpoints, same questions, same sampling seeds):\n" + text)
+    for m in ("grpo", "arbor"):
+        if m in deltas:
+            d = deltas[m]
+            print(f"{m} (final exam): held-out F1 change {d.mean:+.3f} ± {d.se:.3f} over {d.n} seed(s), "
+                  f"{'at least' if rises_by(d) else 'less than'} 3 SE")
     return 0
 
 

@@ -32,6 +32,8 @@ def sft_key(cfg: ArborConfig) -> str:
              "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens}
     if cfg.rollout.system_prompt:  # SFT tokenises with the run's prompt; unset keeps the earlier keys
         parts["system_prompt"] = cfg.rollout.system_prompt
+    if cfg.rollout.protocol != "arbor":  # the rows' tags and the built-in prompt; arbor keeps the earlier keys
+        parts["protocol"] = cfg.rollout.protocol
     if "world:" in f"{cfg.sft.data} {cfg.data.train} {cfg.search.corpus}":  # only then: other keys stay as they were
         from arbor.tasks.world import WORLD_VERSION
 

@@ -369,7 +369,8 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 resume: bool = False) -> str:
     """Run (or resume) a training run; returns its run id."""
     from arbor.storage.catalog import ensure_catalog
-    from arbor.tasks.tracking import Tracker
+    from arbor.tasks.step import sample_rows, tracked_metrics
+    from arbor.tasks.tracking import Tracker, grouped_metrics
 
     home = arbor_home()
     ensure_catalog(home)  # create / migrate once, up front; the run never holds the catalog open
@@ -382,16 +383,18 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
     logger = get_run_logger()
     try:
         with open_run(cfg, home) as run, RunProgress(cfg.run.steps) as progress, \
-                Tracker(rid, home, config=cfg.model_dump(mode="json"), resume_step=None) as tracker, \
+                Tracker(rid, home, tracking=cfg.tracking, config=cfg.model_dump(mode="json")) as tracker, \
                 tags(f"profile:{cfg.run.profile}", f"method:{cfg.run.method}"):
             run.progress, run.on_progress = progress, progress.calls
             if cfg.run.eval_every and cfg.run.eval_at_start:  # the start point of every learning curve
                 call_stage(eval_task, run, 0)
+                tracker.log(0, tracked_metrics(run, 0))
             for step in range(1, cfg.run.steps + 1):
                 t0 = time.perf_counter()
                 m = run_step(run, step)
                 progress.step_done()
-                tracker.log(step, {k: v for k, v in m.items() if isinstance(v, int | float) and k != "step"})
+                tracker.log(step, {**grouped_metrics(m), **tracked_metrics(run, step)})
+                tracker.log_samples(step, sample_rows(run, step, cfg.tracking.samples_per_step))
                 logger.info(
                     "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f, pool %d (%.1f s)", step,
                     cfg.run.steps, m["mean_base_reward"], m["mean_total_reward"], m["format_valid_rate"],

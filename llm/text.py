@@ -7,13 +7,13 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from arbor.tasks.format import _TRAILING_EOS, BOXED, check_format
+from arbor.tasks.format import _TRAILING_EOS, BOXED, PROTOCOLS, check_format
 from arbor.tasks.reward import normalize_answer
 
 __all__ = ["normalize_answer", "escape_block", "estimate_tokens", "parse_trajectory", "structure_valid",
            "compact_trajectory", "elision_marker", "min_judge_budget", "PROMPT_TAGS"]
 
-_BLOCK = re.compile(r"<(think|search|result|answer)>(.*?)</\1>", re.S)
+_BLOCK = re.compile(r"<(think|search|result|information|answer)>(.*?)</\1>", re.S)  # arbor's tags or Search-R1's
 _BOXED = re.compile(r"\\boxed\{(.*)\}", re.S)
 
 # The block tags of our own prompts. Trajectory text (and retrieved pages inside it) must never open or close them.
@@ -70,13 +70,16 @@ class Parsed:
 
 
 def parse_trajectory(text: str) -> Parsed:
-    """Split a trajectory into tagged blocks; text between (or after an unclosed tag) is an ``other`` segment."""
+    """Split a trajectory into tagged blocks; text between (or after an unclosed tag) is an ``other`` segment.
+    Either shipped protocol is read (tasks.format): Search-R1's ``<information>`` blocks are ``result`` segments,
+    and an answer without ``\\boxed{}`` is the answer block's text."""
     out = Parsed()
     pos = 0
     for m in _BLOCK.finditer(text):
         if m.start() > pos and text[pos : m.start()].strip():
             out.segments.append(Segment("other", text[pos : m.start()]))
-        out.segments.append(Segment(m.group(1), m.group(2)))
+        kind = "result" if m.group(1) == "information" else m.group(1)  # Search-R1's tool output
+        out.segments.append(Segment(kind, m.group(2)))
         pos = m.end()
     if text[pos:].strip():
         out.segments.append(Segment("other", text[pos:]))
@@ -84,8 +87,9 @@ def parse_trajectory(text: str) -> Parsed:
 
 
 def structure_valid(text: str) -> bool:
-    """The strict format gate of the base reward (``tasks.format.check_format``)."""
-    return check_format(text).valid
+    """The strict format gate of the base reward (``tasks.format.check_format``) under any shipped protocol: the
+    judges read arbor's tags and Search-R1's alike (a run writes one protocol, so the two never compete)."""
+    return any(check_format(text, protocol=p).valid for p in PROTOCOLS.values())
 
 
 # ---- compaction (issue 11) -------------------------------------------------------------------------------------

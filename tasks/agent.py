@@ -19,7 +19,6 @@ gets the configurable forced-finalisation message instead of results), ``max_res
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,27 +29,15 @@ from arbor.config.search import SearchConfig
 from arbor.seeding import derive_seed
 from arbor.tasks.format import (
     ANSWER_CLOSE,
-    RESULT_CLOSE,
-    RESULT_OPEN,
+    ARBOR,
     SEARCH_CLOSE,
+    TagProtocol,
+    get_protocol,
     pending_search,
     result_block,
 )
 
-SYSTEM_PROMPT = (
-    "You are a research assistant that answers questions using a Wikipedia search tool.\n"
-    "Work in steps. Reason privately between <think> and </think>. "
-    "To look something up, write a short query between <search> and </search> and stop; the tool's top passages "
-    "will then be shown to you between <result> and </result>. You may search several times, one query per "
-    "search, refining the query when the passages do not contain what you need.\n"
-    "When the evidence is enough, write your final answer once, between <answer> and </answer>, with the answer "
-    "itself inside \\boxed{}, for example <answer>\\boxed{Paris}</answer>. The boxed answer should be short: "
-    "a name, a date, a number or a brief phrase."
-)
-
-# The observation blocks the loop appends (search results or the forced-finalisation message): policy text is
-# everything else. Used to re-tokenise a finished response exactly as the loop would have appended it.
-_OBSERVATION_RE = re.compile(r"(\n" + re.escape(RESULT_OPEN) + r".*?" + re.escape(RESULT_CLOSE) + r"\n)", re.DOTALL)
+SYSTEM_PROMPT = ARBOR.system_prompt  # the built-in prompt of arbor's protocol (tasks.format)
 
 FinishReason = Literal["answer", "length", "max_turns", "stop"]
 
@@ -77,17 +64,18 @@ def encode_text(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def tokenize_trajectory(tokenizer: Any, question: str, response_text: str,
-                        system_prompt: str = SYSTEM_PROMPT) -> tuple[list[int], list[int], list[int]]:
+def tokenize_trajectory(tokenizer: Any, question: str, response_text: str, system_prompt: str | None = None,
+                        protocol: TagProtocol = ARBOR) -> tuple[list[int], list[int], list[int]]:
     """(prompt_ids, response_ids, loss_mask) of a finished response, tokenised the way the loop builds it.
 
-    Policy segments and ``\\n<result>...</result>\\n`` observation blocks are tokenised separately and concatenated;
-    observation tokens get loss mask 0. Used by SFT on tag-format trajectories (issue 6 item 5).
+    Policy segments and observation blocks (arbor's ``\\n<result>...</result>\\n``) are tokenised separately and
+    concatenated; observation tokens get loss mask 0. Used by SFT on tag-format trajectories (issue 6 item 5).
+    ``system_prompt`` None: the protocol's built-in prompt.
     """
-    prompt_ids = build_prompt_ids(tokenizer, question, system_prompt)
+    prompt_ids = build_prompt_ids(tokenizer, question, system_prompt or protocol.system_prompt)
     response_ids: list[int] = []
     loss_mask: list[int] = []
-    for i, segment in enumerate(_OBSERVATION_RE.split(response_text)):
+    for i, segment in enumerate(protocol.observation_re.split(response_text)):
         if not segment:
             continue
         ids = encode_text(tokenizer, segment)
@@ -110,14 +98,16 @@ class Budgets:
     max_new_tokens_per_turn: int = 8192
     top_k: int = 10
     max_result_chars: int | None = None
-    force_answer_message: str = RolloutConfig.model_fields["force_answer_message"].default
+    force_answer_message: str = ARBOR.force_answer_message
 
     @classmethod
     def from_config(cls, rollout: RolloutConfig, search: SearchConfig) -> Budgets:
+        protocol = get_protocol(rollout.protocol)
         return cls(max_turns=rollout.max_turns, max_searches=rollout.max_searches,
                    max_response_tokens=rollout.max_response_tokens, max_context_tokens=rollout.max_context_tokens,
                    max_new_tokens_per_turn=rollout.max_new_tokens_per_turn, top_k=search.top_k,
-                   max_result_chars=search.max_result_chars, force_answer_message=rollout.force_answer_message)
+                   max_result_chars=search.max_result_chars,
+                   force_answer_message=rollout.force_answer_message or protocol.force_answer_message)
 
 
 @dataclass
@@ -196,16 +186,20 @@ class AgentLoop:
     """The multi-turn think / search / result / answer loop over token ids (no model inside: engines drive it)."""
 
     def __init__(self, tokenizer: Any, search: SearchLike | None, budgets: Budgets,
-                 system_prompt: str = SYSTEM_PROMPT,
+                 system_prompt: str | None = None,
                  format_results: Callable[[Sequence[Any], int | None], str] | None = None,
-                 search_stop: str = SEARCH_CLOSE, answer_stop: str = ANSWER_CLOSE) -> None:
+                 search_stop: str = SEARCH_CLOSE, answer_stop: str = ANSWER_CLOSE,
+                 protocol: TagProtocol = ARBOR) -> None:
         self.tokenizer = tokenizer
         self.search = search
         self.budgets = budgets
-        self.system_prompt = system_prompt
+        self.protocol = protocol
+        self.system_prompt = system_prompt or protocol.system_prompt
         if format_results is None:
+            from functools import partial
+
             from arbor.tasks.search import format_results as _fmt
-            format_results = _fmt
+            format_results = partial(_fmt, line=protocol.passage_line)
         self.format_results = format_results
         self.eos_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}
         self.search_stop, self.answer_stop = search_stop, answer_stop
@@ -262,7 +256,8 @@ class AgentLoop:
         if s.done or query is None:
             return None
         if not query:  # "</search>" without a query: tell the agent, spend no search
-            self._append_observation(s, result_block("Empty query: write the query between <search> and </search>."))
+            self._append_observation(s, result_block("Empty query: write the query between <search> and </search>.",
+                                                     self.protocol))
             return None
         if s.search_calls >= self.budgets.max_searches:  # search budget spent: forced finalisation, no search
             s.forced_final += 1
@@ -285,13 +280,13 @@ class AgentLoop:
         return "eos", None  # "stop" without a stop string: the engine ended the turn (e.g. another stop id)
 
     def deliver(self, s: AgentState, hits: Sequence[Any]) -> None:
-        """Append the ``<result>`` block for the pending query (loss mask 0, log-prob 0)."""
+        """Append the tool-output block (arbor ``<result>``, Search-R1 ``<information>``) for the pending query (loss mask 0, log-prob 0)."""
         if s._pending is None:
             raise ValueError(f"no pending search for {s.question_id}")
         s.search_queries.append(s._pending)
         s._pending = None
         body = self.format_results(hits, self.budgets.max_result_chars)
-        self._append_observation(s, result_block(body))
+        self._append_observation(s, result_block(body, self.protocol))
 
     def _append_observation(self, s: AgentState, text: str) -> None:
         ids = encode_text(self.tokenizer, text)

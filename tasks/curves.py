@@ -109,6 +109,23 @@ def rises_by(delta: MeanSE, n_se: float = 3.0) -> bool:
     return delta.n > 1 and delta.mean > 0 and delta.mean >= n_se * delta.se
 
 
+def common_dice_delta(start: Mapping[str, float], finals: Sequence[Mapping[str, float]]) -> MeanSE:
+    """final - start where the start and every seed's final checkpoint answered the same held-out questions with
+    the same sampling seeds (common random numbers); scores are per question (question key -> mean F1).
+
+    The change is the mean over seeds of mean_q(final_s(q) - start(q)). Its standard error adds in quadrature
+    the two sources of error: the training seeds (SE over seeds of the per-seed change) and the finite question
+    set (SE over questions of each question's change averaged over seeds, paired because every checkpoint
+    answered the same questions)."""
+    qs = sorted(start)
+    if not finals or any(sorted(f) != qs for f in finals):
+        raise ValueError("common_dice_delta needs at least one final scored on exactly the start's questions")
+    per_seed = mean_se([sum(f[q] - start[q] for q in qs) / len(qs) for f in finals])
+    per_question = mean_se([sum(f[q] for f in finals) / len(finals) - start[q] for q in qs])
+    assert per_seed is not None and per_question is not None
+    return MeanSE(per_seed.mean, math.sqrt(per_seed.se ** 2 + per_question.se ** 2), per_seed.n)
+
+
 # what each SQL file of sql/queries/ contributes to a curve row
 CURVE_SOURCES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("eval_summary_of_runs", ("strict_f1", "strict_em", "valid_f1", "valid_em", "valid_rate")),
@@ -134,6 +151,19 @@ def collect_curve_rows(run_ids: Mapping[str, tuple[str, int]], home: Path) -> pl
         out = part if out is None else out.join(part, on=["run_id", "step"], how="full", coalesce=True)
     assert out is not None
     return runs.join(out, on="run_id", how="inner").sort("method", "seed", "step")
+
+
+def question_f1(run_ids: Sequence[str], home: Path) -> dict[str, dict[str, float]]:
+    """{run_id: {"split/question_id": strict F1 (mean over its answers)}} at each run's latest evaluated step,
+    through ``sql/queries/question_f1_of_runs.sql``."""
+    from arbor.storage.sql import query, sql_file
+
+    df = pl.from_arrow(query(sql_file("question_f1_of_runs"), {"run_ids": list(run_ids)}, home=home))
+    assert isinstance(df, pl.DataFrame)
+    out: dict[str, dict[str, float]] = {r: {} for r in run_ids}
+    for row in df.iter_rows(named=True):
+        out[row["run_id"]][f"{row['split']}/{row['question_id']}"] = float(row["strict_f1"])
+    return out
 
 
 def plot_curves(rows: Rows, methods: Sequence[str], path: Path,

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from arbor.seeding import derive_seed
-from arbor.tasks.format import check_format
+from arbor.tasks.format import check_format, get_protocol
 from arbor.tasks.reward import exact_match, token_f1
 
 # Paper benchmark names (Table 1 header) for the shipped split names.
@@ -55,20 +55,22 @@ class Prediction:
     golds: tuple[str, ...]
     text: str
     truncated: bool = False
+    protocol: str = "arbor"  # the tag protocol the response was written in (rollout.protocol)
 
 
 TRUNCATED_REASONS = ("length", "max_turns")  # tasks.agent: a spent token or turn budget is a truncation
 
 
-def prediction_from_trajectory(traj: Any, split: str, run_index: int) -> Prediction:
+def prediction_from_trajectory(traj: Any, split: str, run_index: int, protocol: str = "arbor") -> Prediction:
     """A ``Prediction`` from a ``tasks.types.Trajectory`` the rollout engine produced for an evaluation question."""
     return Prediction(split, traj.question_id, run_index, traj.question, tuple(traj.golds), traj.text,
-                      traj.finish_reason in TRUNCATED_REASONS)
+                      traj.finish_reason in TRUNCATED_REASONS, protocol)
 
 
-def score_prediction(text: str, golds: str | Sequence[str], truncated: bool = False) -> dict[str, Any]:
+def score_prediction(text: str, golds: str | Sequence[str], truncated: bool = False,
+                     protocol: str = "arbor") -> dict[str, Any]:
     """Strict-gated answer, format validity, EM and F1 of one response (C.1: invalid -> all metrics 0)."""
-    fmt = check_format(text, truncated)
+    fmt = check_format(text, truncated, get_protocol(protocol))
     if not fmt.valid:
         return {"answer": fmt.answer, "format_valid": False, "em": 0.0, "f1": 0.0}
     return {"answer": fmt.answer, "format_valid": True, "em": exact_match(fmt.answer, golds),
@@ -91,7 +93,7 @@ def eval_rows(
         raise EvalError(f"{len(verdicts)} verdicts for {len(preds)} predictions")
     rows = []
     for i, p in enumerate(preds):
-        s = score_prediction(p.text, p.golds, p.truncated)
+        s = score_prediction(p.text, p.golds, p.truncated, p.protocol)
         verdict = verdicts[i] if verdicts is not None else None
         rows.append({
             "run_id": run_id, "step": step, "checkpoint": checkpoint, "split": p.split,
@@ -142,7 +144,7 @@ async def judge_predictions(
     if concurrency < 1:
         raise EvalError(f"concurrency must be >= 1, got {concurrency}")
     model = judge_model or judge_model_name(judge)
-    scored = [score_prediction(p.text, p.golds, p.truncated) for p in predictions]
+    scored = [score_prediction(p.text, p.golds, p.truncated, p.protocol) for p in predictions]
     sem = asyncio.Semaphore(concurrency)
     ctx = CallContext(run_id=run_id, step=step, stage=stage)
 
@@ -422,13 +424,14 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
                 if j is not None:
                     await j.aclose()
 
+    protocol = engine.loop.protocol.name  # the grammar the answers were written in
     rows: list[dict[str, Any]] = []
     for split, questions in questions_by_split.items():
         for r in range(runs):
             with sampling_temperature(engine, temperature):
                 trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
                                                run_id=run_id)
-            rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r) for t in trajs]))
+            rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r, protocol) for t in trajs]))
     return rows
 
 

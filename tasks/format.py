@@ -23,6 +23,11 @@ whose first protocol tag is ``</think>`` as closing that implicit block; we neve
 
 ``<result>`` bodies are opaque tool output: only ``</result>`` ends them. The agent loop must pass tool text through
 ``result_block`` (which removes protocol tags from it) so a web page cannot forge structure.
+
+Protocols (issue 14 item 3): the grammar above is arbor's (the paper's). ``SEARCH_R1`` is Search-R1's
+(Jin et al., 2025): tool output between ``<information>`` and ``</information>`` (wrapped in blank lines, as its
+agent loop appends it) and the answer as the plain text of ``<answer> ... </answer>``, no ``\\boxed{}``. The same
+checker serves both: every function here takes ``protocol`` (default ``ARBOR``).
 """
 
 from __future__ import annotations
@@ -31,14 +36,90 @@ import re
 from dataclasses import dataclass
 
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
-RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
 ANSWER_CLOSE = "</answer>"
 BOXED = "\\boxed{"
 
-
-_TAG_RE = re.compile(r"<(/?)(think|search|result|answer)>")
 # End-of-turn markers a decoder may leave after </answer>; tolerated (they are not content).
 _TRAILING_EOS = ("<|im_end|>", "<|endoftext|>")
+
+
+@dataclass(frozen=True)
+class TagProtocol:
+    """An agent tag protocol: the tool-output tag, how the loop wraps tool text, how the answer is written, the
+    built-in system prompt and the message that replaces a search over budget. ``<think>``, ``<search>`` and
+    ``<answer>`` are common to the shipped protocols, so the loop's stop strings are too."""
+
+    name: str
+    result_tag: str  # the block the agent loop appends tool output in
+    result_prefix: str  # text before the tool output (opening tag included) ...
+    result_suffix: str  # ... and after it (closing tag included)
+    boxed: bool  # the answer is the one \boxed{} inside <answer> (arbor) or the block's plain text (Search-R1)
+    system_prompt: str
+    force_answer_message: str  # appended instead of results when the search budget is spent
+    passage_line: str  # one retrieved passage in the tool output: {i} {title} {text}
+
+    @property
+    def tag_re(self) -> re.Pattern[str]:
+        return _tag_re(self.result_tag)
+
+    @property
+    def result_close(self) -> str:
+        return f"</{self.result_tag}>"
+
+    @property
+    def observation_re(self) -> re.Pattern[str]:
+        """An observation block exactly as the loop appends it (results, the forced message), captured."""
+        lead = "\n" * (len(self.result_prefix) - len(self.result_prefix.lstrip("\n")))
+        trail = "\n" * (len(self.result_suffix) - len(self.result_suffix.rstrip("\n")))
+        return re.compile("(" + re.escape(lead + f"<{self.result_tag}>") + ".*?"
+                          + re.escape(f"</{self.result_tag}>" + trail) + ")", re.DOTALL)
+
+    def answer_block(self, answer: str) -> str:
+        """The final answer as this protocol writes it (SFT rows)."""
+        return f"<answer>\\boxed{{{answer}}}</answer>" if self.boxed else f"<answer> {answer.strip()} </answer>"
+
+
+def _tag_re(result_tag: str) -> re.Pattern[str]:
+    return re.compile(rf"<(/?)(think|search|{result_tag}|answer)>")
+
+
+ARBOR = TagProtocol(
+    name="arbor", result_tag="result", result_prefix="\n<result>\n", result_suffix="\n</result>\n", boxed=True,
+    system_prompt=(
+        "You are a research assistant that answers questions using a Wikipedia search tool.\n"
+        "Work in steps. Reason privately between <think> and </think>. "
+        "To look something up, write a short query between <search> and </search> and stop; the tool's top "
+        "passages will then be shown to you between <result> and </result>. You may search several times, one "
+        "query per search, refining the query when the passages do not contain what you need.\n"
+        "When the evidence is enough, write your final answer once, between <answer> and </answer>, with the "
+        "answer itself inside \\boxed{}, for example <answer>\\boxed{Paris}</answer>. The boxed answer should be "
+        "short: a name, a date, a number or a brief phrase."),
+    force_answer_message=("\n<result>Search budget exhausted. Answer now using the evidence above, "
+                          "as <answer>\\boxed{...}</answer>.</result>\n"),
+    passage_line="Doc {i} (Title: {title}) {text}",
+)
+SEARCH_R1 = TagProtocol(
+    name="search-r1", result_tag="information", result_prefix="\n\n<information>",
+    result_suffix="</information>\n\n", boxed=False,
+    system_prompt=(
+        "Answer the question. Each time you receive new information, reason about it first between <think> and "
+        "</think>. If you are missing knowledge, call the search engine by writing a query between <search> and "
+        "</search>; its top results will be returned between <information> and </information>. You may search "
+        "as many times as you need. When no further knowledge is needed, give the answer between <answer> and "
+        "</answer> without explanation, for example <answer> Paris </answer>."),
+    force_answer_message=("\n\n<information>Search budget exhausted. Answer now from the information above, "
+                          "between <answer> and </answer>.</information>\n\n"),
+    passage_line="Doc {i}(Title: {title}) {text}",
+)
+PROTOCOLS: dict[str, TagProtocol] = {p.name: p for p in (ARBOR, SEARCH_R1)}
+
+
+def get_protocol(name: str) -> TagProtocol:
+    """The shipped protocol called ``name`` (``rollout.protocol``)."""
+    if name not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {name!r}; shipped: {', '.join(PROTOCOLS)}")
+    return PROTOCOLS[name]
+
 
 
 @dataclass(frozen=True)
@@ -77,33 +158,35 @@ def find_boxed(text: str) -> list[str]:
     return out
 
 
-def _blocks(text: str) -> tuple[list[tuple[str, int, int, int, int]], str]:
+def _blocks(text: str, protocol: TagProtocol = ARBOR) -> tuple[list[tuple[str, int, int, int, int]], str]:
     """Split ``text`` into protocol blocks: (tag, open_start, body_start, body_end, close_end).
 
-    Returns the blocks and an error reason ("" when the tags pair up).
+    Returns the blocks and an error reason ("" when the tags pair up). Tool-output blocks are reported as
+    ``"result"`` whatever the protocol calls them.
     """
+    tag_re, result_tag, result_close = protocol.tag_re, protocol.result_tag, protocol.result_close
     blocks: list[tuple[str, int, int, int, int]] = []
     pos = 0
-    first = _TAG_RE.search(text)
+    first = tag_re.search(text)
     if first and first.group(1) == "/" and first.group(2) == "think":
         # implicit <think> opened by the chat template in the prompt
         blocks.append(("think", 0, 0, first.start(), first.end()))
         pos = first.end()
     while True:
-        m = _TAG_RE.search(text, pos)
+        m = tag_re.search(text, pos)
         if m is None:
             return blocks, ""
         closing, tag = m.group(1) == "/", m.group(2)
         if closing:
             return blocks, f"</{tag}> without an opening <{tag}>"
-        if tag == "result":
-            end = text.find(RESULT_CLOSE, m.end())
+        if tag == result_tag:
+            end = text.find(result_close, m.end())
             if end == -1:
-                return blocks, "unclosed <result>"
-            blocks.append((tag, m.start(), m.end(), end, end + len(RESULT_CLOSE)))
-            pos = end + len(RESULT_CLOSE)
+                return blocks, f"unclosed <{result_tag}>"
+            blocks.append(("result", m.start(), m.end(), end, end + len(result_close)))
+            pos = end + len(result_close)
             continue
-        inner = _TAG_RE.search(text, m.end())
+        inner = tag_re.search(text, m.end())
         if inner is None:
             return blocks, f"unclosed <{tag}>"
         if inner.group(1) != "/" or inner.group(2) != tag:
@@ -115,25 +198,26 @@ def _blocks(text: str) -> tuple[list[tuple[str, int, int, int, int]], str]:
         pos = inner.end()
 
 
-def check_format(text: str, truncated: bool = False) -> FormatResult:
+def check_format(text: str, truncated: bool = False, protocol: TagProtocol = ARBOR) -> FormatResult:
     """The strict format gate used by the base reward (eq. 4), evaluation (App. C.1) and the judges (App. E)."""
-    answer = extract_answer(text)
+    answer = extract_answer(text, protocol)
     if truncated:
         return FormatResult(False, "truncated: the response hit the token or turn budget", answer)
-    blocks, err = _blocks(text)
+    blocks, err = _blocks(text, protocol)
     if err:
         return FormatResult(False, err, answer)
+    res = f"<{protocol.result_tag}>"
     for i, (tag, start, b0, b1, end) in enumerate(blocks):
         if tag == "search":
             if not text[b0:b1].strip():
                 return FormatResult(False, "empty search query", answer)
             nxt = blocks[i + 1] if i + 1 < len(blocks) else None
             if nxt is None or nxt[0] != "result" or text[end : nxt[1]].strip():
-                return FormatResult(False, "<search> not followed by its <result>", answer)
+                return FormatResult(False, f"<search> not followed by its {res}", answer)
         if tag == "result":
             prev = blocks[i - 1] if i else None
             if prev is None or prev[0] != "search" or text[prev[4] : start].strip():
-                return FormatResult(False, "<result> not directly after a <search>", answer)
+                return FormatResult(False, f"{res} not directly after a <search>", answer)
     answers = [b for b in blocks if b[0] == "answer"]
     if not answers:
         return FormatResult(False, "no <answer> block", answer)
@@ -147,6 +231,9 @@ def check_format(text: str, truncated: bool = False) -> FormatResult:
         tail = tail.replace(eos, "")
     if tail.strip():
         return FormatResult(False, "text after </answer>", answer)
+    if not protocol.boxed:  # Search-R1: the block's text is the answer
+        plain = text[a[2] : a[3]].strip()
+        return FormatResult(True, "", plain) if plain else FormatResult(False, "empty <answer>", answer)
     try:
         boxed = find_boxed(text[a[2] : a[3]])
     except ValueError as e:
@@ -160,12 +247,13 @@ def check_format(text: str, truncated: bool = False) -> FormatResult:
     return FormatResult(True, "", boxed[0].strip())
 
 
-def _bodies(text: str, tag: str) -> list[str]:
+def _bodies(text: str, tag: str, protocol: TagProtocol = ARBOR) -> list[str]:
     """Bodies of closed ``tag`` blocks in order; results are opaque (best effort on malformed text)."""
+    tag_re = protocol.tag_re
     out: list[str] = []
     pos = 0
     while True:
-        m = _TAG_RE.search(text, pos)
+        m = tag_re.search(text, pos)
         if m is None:
             return out
         if m.group(1) == "/":
@@ -181,21 +269,24 @@ def _bodies(text: str, tag: str) -> list[str]:
         pos = end + len(close)
 
 
-def extract_searches(text: str) -> list[str]:
+def extract_searches(text: str, protocol: TagProtocol = ARBOR) -> list[str]:
     """The search queries issued, in order (stripped)."""
-    return [b.strip() for b in _bodies(text, "search")]
+    return [b.strip() for b in _bodies(text, "search", protocol)]
 
 
-def extract_results(text: str) -> list[str]:
+def extract_results(text: str, protocol: TagProtocol = ARBOR) -> list[str]:
     """The tool results appended after each search, in order (stripped)."""
-    return [b.strip() for b in _bodies(text, "result")]
+    return [b.strip() for b in _bodies(text, protocol.result_tag, protocol)]
 
 
-def extract_answer(text: str) -> str | None:
-    """The boxed answer of the last ``<answer>`` block (the last ``\\boxed{}`` in it), or None."""
-    answers = _bodies(text, "answer")
+def extract_answer(text: str, protocol: TagProtocol = ARBOR) -> str | None:
+    """The answer of the last ``<answer>`` block, or None: its last ``\\boxed{}`` (arbor), its stripped text
+    (Search-R1, None when empty)."""
+    answers = _bodies(text, "answer", protocol)
     if not answers:
         return None
+    if not protocol.boxed:
+        return answers[-1].strip() or None
     try:
         boxed = find_boxed(answers[-1])
     except ValueError:
@@ -203,14 +294,15 @@ def extract_answer(text: str) -> str | None:
     return boxed[-1].strip() if boxed else None
 
 
-def sanitize_tool_text(text: str) -> str:
+def sanitize_tool_text(text: str, protocol: TagProtocol = ARBOR) -> str:
     """Remove protocol tags from tool output so results cannot forge or close blocks."""
-    return _TAG_RE.sub("", text)
+    return protocol.tag_re.sub("", text)
 
 
-def result_block(body: str) -> str:
-    """The text the agent loop appends after a ``</search>``: ``\\n<result>\\n{body}\\n</result>\\n``."""
-    return f"\n{RESULT_OPEN}\n{sanitize_tool_text(body).strip()}\n{RESULT_CLOSE}\n"
+def result_block(body: str, protocol: TagProtocol = ARBOR) -> str:
+    """The text the agent loop appends after a ``</search>``: arbor's ``\\n<result>\\n{body}\\n</result>\\n``,
+    Search-R1's ``\\n\\n<information>{body}</information>\\n\\n``."""
+    return f"{protocol.result_prefix}{sanitize_tool_text(body, protocol).strip()}{protocol.result_suffix}"
 
 
 def pending_search(turn_text: str) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from arbor.config.reward import RewardConfig
 from arbor.plugins import PluginError, check_signature, load_plugin
-from arbor.tasks.format import check_format
+from arbor.tasks.format import ARBOR, TagProtocol, check_format
 from arbor.tasks.types import Trajectory
 
 FORMAT_PENALTY = -1.0
@@ -76,9 +76,10 @@ class RewardResult:
     base_reward: float
 
 
-def base_reward(text: str, golds: str | Sequence[str], truncated: bool = False) -> RewardResult:
+def base_reward(text: str, golds: str | Sequence[str], truncated: bool = False,
+                protocol: TagProtocol = ARBOR) -> RewardResult:
     """R_base (eq. 4) with its parts: F1 when format-valid else -1; EM/F1 gated to 0 when invalid."""
-    fmt = check_format(text, truncated)
+    fmt = check_format(text, truncated, protocol)
     if not fmt.valid:
         return RewardResult(False, fmt.reason, fmt.answer, 0.0, 0.0, FORMAT_PENALTY)
     em, f1 = exact_match(fmt.answer, golds), token_f1(fmt.answer, golds)
@@ -99,12 +100,12 @@ def load_reward_fn(cfg: RewardConfig) -> RewardFn | None:
 
 
 def score_trajectory(traj: Trajectory, truncated: bool, reward_fn: RewardFn | None = None,
-                     format_gate: bool = True) -> Trajectory:
+                     format_gate: bool = True, protocol: TagProtocol = ARBOR) -> Trajectory:
     """Fill ``format_valid, format_reason, answer, em, f1, base_reward`` of ``traj`` (in place; returned).
 
     With ``reward_fn`` its value is the base reward; behind ``format_gate`` a format-invalid trajectory keeps -1
     and the function is not asked. EM and F1 stay arbor's either way (they are what evaluation reports)."""
-    r = base_reward(traj.text, traj.golds, truncated)
+    r = base_reward(traj.text, traj.golds, truncated, protocol)
     traj.format_valid, traj.format_reason, traj.answer = r.format_valid, r.format_reason, r.answer
     traj.em, traj.f1, traj.base_reward = r.em, r.f1, r.base_reward
     if reward_fn is not None and (r.format_valid or not format_gate):

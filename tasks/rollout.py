@@ -29,7 +29,8 @@ import torch
 
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
-from arbor.tasks.agent import SYSTEM_PROMPT, AgentLoop, AgentState, Budgets, Generation, GenRequest
+from arbor.tasks.agent import AgentLoop, AgentState, Budgets, Generation, GenRequest
+from arbor.tasks.format import ARBOR, TagProtocol, get_protocol
 from arbor.tasks.reward import RewardFn, load_reward_fn, score_trajectory
 from arbor.tasks.types import Trajectory
 
@@ -311,8 +312,9 @@ def trajectory_seed(seed: int, step: int, group: int, sample: int) -> int:
     return derive_seed(seed, step, group, sample, "rollout")
 
 
-def to_trajectory(s: AgentState, *, run_id: str, step: int, group: int, sample: int,
-                  policy_version: int, reward_fn: RewardFn | None = None, format_gate: bool = True) -> Trajectory:
+def to_trajectory(s: AgentState, *, run_id: str, step: int, group: int, sample: int, policy_version: int,
+                  reward_fn: RewardFn | None = None, format_gate: bool = True,
+                  protocol: TagProtocol = ARBOR) -> Trajectory:
     """A scored ``Trajectory`` from a finished agent state (``reward_fn``: the ``reward.fn`` plug-in)."""
     traj = Trajectory(
         run_id=run_id, step=step, group=group, sample=sample, question_id=s.question_id, question=s.question,
@@ -321,7 +323,8 @@ def to_trajectory(s: AgentState, *, run_id: str, step: int, group: int, sample: 
         search_calls=s.search_calls, search_queries=list(s.search_queries), finish_reason=s.finish_reason or "",
         policy_version=policy_version, gen_seconds=s.gen_seconds,
     )
-    return score_trajectory(traj, truncated=s.truncated, reward_fn=reward_fn, format_gate=format_gate)
+    return score_trajectory(traj, truncated=s.truncated, reward_fn=reward_fn, format_gate=format_gate,
+                            protocol=protocol)
 
 
 class _EngineBase:
@@ -333,7 +336,8 @@ class _EngineBase:
         self.search = search
         self.reward_fn = load_reward_fn(cfg.reward)
         self.loop = AgentLoop(tokenizer, search, Budgets.from_config(cfg.rollout, cfg.search),
-                              system_prompt=cfg.rollout.system_prompt or SYSTEM_PROMPT)
+                              system_prompt=cfg.rollout.system_prompt,
+                              protocol=get_protocol(cfg.rollout.protocol))
 
     def _start_states(self, questions: Sequence[Any], k: int, seed: int, step: int,
                       first_group: int = 0) -> list[AgentState]:
@@ -344,7 +348,8 @@ class _EngineBase:
                 first_group: int = 0) -> list[Trajectory]:
         return [to_trajectory(s, run_id=run_id, step=step, group=first_group + j // k, sample=j % k,
                               policy_version=self.policy_version, reward_fn=self.reward_fn,
-                              format_gate=self.cfg.reward.format_gate) for j, s in enumerate(states)]
+                              format_gate=self.cfg.reward.format_gate, protocol=self.loop.protocol)
+                for j, s in enumerate(states)]
 
 
 # --------------------------------------------------------------------------------------------- transformers

@@ -389,13 +389,15 @@ class PluginSearch:
         return [hits[:k] for hits in out]
 
 
-def format_results(hits: Sequence[SearchHit], max_chars: int | None = None) -> str:
-    """The tool text the agent reads: one ``Doc i (Title: ...) text`` line per hit; each text cut at max_chars."""
+def format_results(hits: Sequence[SearchHit], max_chars: int | None = None,
+                   line: str = "Doc {i} (Title: {title}) {text}") -> str:
+    """The tool text the agent reads: one ``line`` per hit (arbor's ``Doc i (Title: ...) text``; the protocol
+    names its own, ``tasks.format.TagProtocol.passage_line``); each text cut at max_chars."""
     lines = []
     for i, h in enumerate(hits, 1):
         text = " ".join(h.text.split())
         if max_chars is not None and len(text) > max_chars:
             text = text[:max_chars].rstrip() + " ..."
-        lines.append(f"Doc {i} (Title: {h.title}) {text}")
+        lines.append(line.format(i=i, title=h.title, text=text))
     return "\n".join(lines) if lines else "No results."
 

@@ -49,16 +49,18 @@ class SFTExample:
 
 
 def tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int,
-                  system_prompt: str | None = None) -> tuple[list[SFTExample], int]:
+                  system_prompt: str | None = None, protocol: str = "arbor") -> tuple[list[SFTExample], int]:
     """Tokenise rows as the agent loop would (with the run's ``rollout.system_prompt``, so SFT and RL prompts are
     the same tokens); responses are cut so prompt + response <= ``max_length``.
 
     Returns (examples, number truncated). Rows whose prompt alone reaches ``max_length`` are dropped (counted)."""
-    from arbor.tasks.agent import SYSTEM_PROMPT, tokenize_trajectory
+    from arbor.tasks.agent import tokenize_trajectory
+    from arbor.tasks.format import get_protocol
 
+    tags = get_protocol(protocol)
     out, truncated = [], 0
     for row in rows:
-        p, r, m = tokenize_trajectory(tokenizer, row["question"], row["response"], system_prompt or SYSTEM_PROMPT)
+        p, r, m = tokenize_trajectory(tokenizer, row["question"], row["response"], system_prompt, tags)
         room = max_length - len(p)
         if room <= 0:
             truncated += 1
@@ -110,7 +112,7 @@ def run_sft(
     out = Path(out_dir) if out_dir else home / (sc.output or f"sft/{cfg.run.run_id or 'default'}")
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
     examples, truncated = tokenize_rows(read_sft_data(data_path), tokenizer, sc.max_length,
-                                        cfg.rollout.system_prompt)
+                                        cfg.rollout.system_prompt, cfg.rollout.protocol)
     if not examples:
         raise ValueError(f"{data_path}: no usable SFT examples (sft.max_length={sc.max_length})")
     steps_per_epoch = math.ceil(len(examples) / sc.batch_size)

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from arbor.seeding import derive_seed
-from arbor.tasks.agent import SYSTEM_PROMPT, tokenize_trajectory
-from arbor.tasks.format import check_format, result_block
+from arbor.tasks.agent import tokenize_trajectory
+from arbor.tasks.format import ARBOR, TagProtocol, check_format, get_protocol, result_block
 
 # Thoughts are short on purpose: a ~5M-parameter policy learns the *protocol* (think, search, read, answer) from a
 # few hundred examples in minutes on a CPU; long free-text thoughts would spend its capacity on copying prose.
@@ -69,10 +69,14 @@ def _clean_query(text: str) -> str:
 
 
 def synthesize_response(question: Any, search: Any, *, seed: int, top_k: int, max_result_chars: int | None,
-                        max_searches: int = 3, format_results: Any = None) -> str:
-    """One tag-format response for ``question`` (a ``tasks.datasets.Question`` with ``support_titles``)."""
+                        max_searches: int = 3, format_results: Any = None, protocol: TagProtocol = ARBOR) -> str:
+    """One tag-format response for ``question`` (a ``tasks.datasets.Question`` with ``support_titles``), written in
+    ``protocol``."""
     if format_results is None:
-        from arbor.tasks.search import format_results
+        from functools import partial
+
+        from arbor.tasks.search import format_results as _fmt
+        format_results = partial(_fmt, line=protocol.passage_line)
     rng = random.Random(derive_seed(seed, "sft", question.question_id))
     answer = question.golds[0]
     parts: list[str] = []
@@ -86,7 +90,7 @@ def synthesize_response(question: Any, search: Any, *, seed: int, top_k: int, ma
         hits = search.search([query], top_k)[0]
         all_hits += hits
         seen.update(h.title for h in hits)
-        parts.append(result_block(format_results(hits, max_result_chars)))
+        parts.append(result_block(format_results(hits, max_result_chars), protocol))
         missing = [t for t in titles if t not in seen]
         if not missing or n + 1 >= max_searches or _evidence(all_hits, answer, max_result_chars) and rng.random() < 0.5:
             break
@@ -94,26 +98,26 @@ def synthesize_response(question: Any, search: Any, *, seed: int, top_k: int, ma
         thought = rng.choice(_MISSING_THOUGHTS).format(t=missing[0])
     evidence = _evidence(all_hits, answer, max_result_chars)
     final = rng.choice(_FINAL_THOUGHTS) if evidence else _FINAL_THOUGHTS[2]
-    parts.append(f"<think>{final.format(e=evidence, a=answer)}</think>\n<answer>\\boxed{{{answer}}}</answer>")
+    parts.append(f"<think>{final.format(e=evidence, a=answer)}</think>\n{protocol.answer_block(answer)}")
     return "".join(parts)
 
 
 def synthesize(questions: Sequence[Any], search: Any, *, seed: int, top_k: int, max_result_chars: int | None,
-               max_searches: int = 3, variants: int = 1) -> list[dict[str, Any]]:
+               max_searches: int = 3, variants: int = 1, protocol: TagProtocol = ARBOR) -> list[dict[str, Any]]:
     """Rows ``{question_id, question, golds, response}`` (``variants`` differently-seeded responses per question);
-    raises if a response fails the strict format checker."""
+    raises if a response fails the strict format checker of ``protocol``."""
     rows = []
     for v in range(variants):
         seed_v = seed if v == 0 else derive_seed(seed, "variant", v)
         for q in questions:
             response = synthesize_response(q, search, seed=seed_v, top_k=top_k, max_result_chars=max_result_chars,
-                                           max_searches=max_searches)
-            rows.append(_checked_row(q, response))
+                                           max_searches=max_searches, protocol=protocol)
+            rows.append(_checked_row(q, response, protocol))
     return rows
 
 
-def _checked_row(q: Any, response: str) -> dict[str, Any]:
-    fmt = check_format(response, truncated=False)
+def _checked_row(q: Any, response: str, protocol: TagProtocol = ARBOR) -> dict[str, Any]:
+    fmt = check_format(response, truncated=False, protocol=protocol)
     if not fmt.valid:
         raise SFTDataError(f"synthesised response for {q.question_id} fails the format check: {fmt.reason}")
     return {"question_id": q.question_id, "question": q.question, "golds": list(q.golds), "response": response}
@@ -142,7 +146,7 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
         search = make_search(cfg.search, home=home, world=cfg.world)
     rows = synthesize(questions if questions is not None else load_questions(spec), search, seed=seed, top_k=cfg.search.top_k,
                       max_result_chars=cfg.search.max_result_chars, max_searches=max(1, cfg.rollout.max_searches),
-                      variants=cfg.sft.variants)
+                      variants=cfg.sft.variants, protocol=get_protocol(cfg.rollout.protocol))
     return write_jsonl(rows, out_path)
 
 
@@ -167,7 +171,7 @@ def read_sft_data(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def tokenize_sft_example(tokenizer: Any, row: dict[str, Any],
-                         system_prompt: str = SYSTEM_PROMPT) -> tuple[list[int], list[int], list[int]]:
+def tokenize_sft_example(tokenizer: Any, row: dict[str, Any], system_prompt: str | None = None,
+                         protocol: TagProtocol = ARBOR) -> tuple[list[int], list[int], list[int]]:
     """(prompt_ids, response_ids, loss_mask) of one SFT row, tokenised as the agent loop would (results masked)."""
-    return tokenize_trajectory(tokenizer, row["question"], row["response"], system_prompt)
+    return tokenize_trajectory(tokenizer, row["question"], row["response"], system_prompt, protocol)

@@ -240,6 +240,44 @@ def read_stage_rows(state: RunState, step: int, table: str) -> Rows:
     return out
 
 
+def tracked_metrics(state: RunState, step: int) -> dict[str, float]:
+    """What the loggers show beside the ``steps`` row (issue 14 item 4): the step's rubric lifecycle counts and
+    pool size (``rubric/``), each stage's seconds (``timing_s/``) and, when the step evaluated, held-out scores
+    per split (``eval/``; split names reduced to MLflow's metric-name characters)."""
+    import re
+
+    out: dict[str, float] = {f"timing_s/{stage}": secs for stage, secs in state.stage_seconds.items()}
+    if step > 0:
+        events = read_stage_rows(state, step, "rubric_events")
+        for kind in ("induced", "admitted", "consolidated", "retired"):
+            out[f"rubric/{kind}"] = float(sum(e["event"] == kind for e in events))
+        out["rubric/pool_size"] = float(len(state.memory.pool))
+    evals = read_stage("eval_results", run_id=state.run_id, step=step, stage="eval", home=state.home) or []
+    for split in sorted({r["split"] for r in evals}):
+        mine = [r for r in evals if r["split"] == split]
+        name = re.sub(r"[^A-Za-z0-9_.\- ]", "_", split)
+        out[f"eval/{name}/strict_f1"] = sum(r["f1"] if r["format_valid"] else 0.0 for r in mine) / len(mine)
+        out[f"eval/{name}/strict_em"] = sum(r["em"] if r["format_valid"] else 0.0 for r in mine) / len(mine)
+        out[f"eval/{name}/format_valid_rate"] = sum(bool(r["format_valid"]) for r in mine) / len(mine)
+    return out
+
+
+def sample_rows(state: RunState, step: int, n: int) -> list[dict[str, Any]]:
+    """The sample table of a step: the first trajectory of each of the first ``n`` groups, with its rewards and
+    the scores the active rubrics gave it (``rubric_id score`` pairs)."""
+    trajs = [t for t in trajectories_from_rows(read_stage_rows(state, step, "trajectories")) if t.sample == 0][:n]
+    acts = read_stage_rows(state, step, "rubric_activations")
+    rows = []
+    for t in trajs:
+        scores = [f"{a['rubric_id']} {a['scores'][t.sample]:+.2f}" for a in acts
+                  if a["group"] == t.group and a.get("scores") and len(a["scores"]) > t.sample]
+        rows.append({"step": step, "group": t.group, "sample": t.sample, "question": t.question,
+                     "gold": " | ".join(t.golds), "answer": t.answer or "", "format_valid": t.format_valid,
+                     "base_reward": t.base_reward, "total_reward": t.shaped_reward, "rubric_scores": ", ".join(scores),
+                     "response": t.text})
+    return rows
+
+
 def trajectories_from_rows(rows: Rows) -> list[Trajectory]:
     return sorted((Trajectory.from_row(r) for r in rows), key=lambda t: (t.group, t.sample))
 

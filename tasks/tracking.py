@@ -1,22 +1,25 @@
-"""Step-metric tracking: TensorBoard event files under ``{home}/tb/{run_id}/``, and W&B when the user has it.
+"""Step-metric tracking (issue 14 item 4): the loggers of ``tracking.loggers`` — console, TensorBoard event files
+under ``{home}/tb/{run_id}/``, W&B and MLflow — with verl's grouped metric names and a table of sample generations
+per step.
 
-The ``steps`` table (storage) stays the source of truth; this is a view for people watching a run. Scalars are
-written new-style in double precision, so a value read back equals the float64 the step computed (no float32
-rounding). W&B is optional and never required: it is used only when ``wandb`` is importable *and* the
-``WANDB_PROJECT`` environment variable is set (its key, as always, from the environment; never stored here).
+The ``steps`` table (storage) stays the source of truth; this is a view for people watching a run. TensorBoard
+scalars are written new-style in double precision, so a value read back equals the float64 the step computed.
+W&B and MLflow are optional extras (``pip install 'arbor[tracking]'``), imported only when named; their keys and
+URIs come from the environment or the config, never from this module's logs.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from arbor.config.tracking import TrackingConfig
 from arbor.paths import arbor_home
 
 
@@ -30,9 +33,33 @@ def tb_dir(run_id: str, home: str | os.PathLike[str] | None = None) -> Path:
     return root / "tb" / run_id
 
 
-def wandb_enabled() -> bool:
-    """W&B is used only when installed and ``WANDB_PROJECT`` is set."""
-    return bool(os.environ.get("WANDB_PROJECT")) and importlib.util.find_spec("wandb") is not None
+# a ``steps`` row's keys under verl's grouped names; anything else goes to ``misc/``
+METRIC_NAMES: dict[str, str] = {
+    "mean_base_reward": "reward/base_mean", "mean_total_reward": "reward/total_mean",
+    "format_valid_rate": "reward/format_valid_rate", "zero_var_base": "reward/zero_var_groups_base",
+    "zero_var_total": "reward/zero_var_groups_total",
+    "loss": "actor/pg_loss", "clip_frac": "actor/pg_clipfrac", "approx_kl": "actor/ppo_kl",
+    "entropy": "actor/entropy", "grad_norm": "actor/grad_norm", "tis_mean": "actor/tis_mean",
+    "tis_clip_frac": "actor/tis_clipfrac", "policy_version": "actor/policy_version",
+    "mean_searches": "rollout/searches_mean", "mean_response_tokens": "rollout/response_tokens_mean",
+    "n_groups": "rollout/groups", "dropped_groups": "rollout/dapo_dropped_groups",
+    "dapo_shortfall": "rollout/dapo_shortfall",
+    "judge_calls": "judge/calls", "judge_cost_usd": "judge/cost_usd",
+    "wall_seconds": "timing_s/step",
+}
+SAMPLE_COLUMNS = ("step", "group", "sample", "question", "gold", "answer", "format_valid", "base_reward",
+                  "total_reward", "rubric_scores", "response")
+
+
+def grouped_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` under grouped names: ``METRIC_NAMES``, names that already carry a group (``rubric/pool_size``)
+    unchanged, the rest under ``misc/``; bookkeeping keys (run id, step, timestamps) dropped."""
+    out: dict[str, Any] = {}
+    for k, v in row.items():
+        if k in STEP_KEYS or k == "step":
+            continue
+        out[METRIC_NAMES.get(k, k if "/" in k else f"misc/{k}")] = v
+    return out
 
 
 def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -55,16 +82,31 @@ def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 
 class Tracker:
-    """Writes one run's step metrics. ``resume_step``: events at or after it from an earlier attempt are purged
-    (TensorBoard ``purge_step``), so a resumed run does not draw a second line over the same steps."""
+    """Writes one run's step metrics to every logger of ``tracking``. ``resume_step``: TensorBoard events at or
+    after it from an earlier attempt are purged (``purge_step``), W&B resumes the run of the same id and MLflow the
+    run tagged with this run id, so a resumed run does not draw a second line over the same steps."""
 
     def __init__(self, run_id: str, home: str | os.PathLike[str] | None = None, *,
-                 config: Mapping[str, Any] | None = None, resume_step: int | None = None,
-                 use_wandb: bool | None = None):
+                 tracking: TrackingConfig | None = None, config: Mapping[str, Any] | None = None,
+                 resume_step: int | None = None):
+        self.run_id = run_id
+        self.cfg = tracking if tracking is not None else TrackingConfig(loggers=["tensorboard"])
+        self.home = Path(home).expanduser() if home is not None else arbor_home()
+        self.log_dir = tb_dir(run_id, self.home)
+        self._tb: Any = None
+        self._wandb: Any = None
+        self._mlflow: Any = None
+        if "tensorboard" in self.cfg.loggers:
+            self._open_tensorboard(resume_step)
+        if "wandb" in self.cfg.loggers:
+            self._open_wandb(config)
+        if "mlflow" in self.cfg.loggers:
+            self._open_mlflow(config)
+
+    # -- opening each logger
+    def _open_tensorboard(self, resume_step: int | None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.run_id = run_id
-        self.log_dir = tb_dir(run_id, home)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         fresh = not any(self.log_dir.glob("events.out.tfevents.*"))
         self._tb = SummaryWriter(log_dir=str(self.log_dir), purge_step=resume_step, flush_secs=30)
@@ -75,35 +117,98 @@ class Tracker:
 
             self._tb._get_file_writer().add_event(
                 Event(step=0, wall_time=time.time(), session_log=SessionLog(status=SessionLog.START)))
-        self._wandb: Any = None
-        if use_wandb if use_wandb is not None else wandb_enabled():
-            import wandb  # optional dependency, installed by the user
 
-            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT"), name=run_id, id=run_id,
-                                     resume="allow", config=dict(config or {}),
-                                     dir=str(self.log_dir.parent.parent))
+    def _open_wandb(self, config: Mapping[str, Any] | None) -> None:
+        try:
+            import wandb
+        except ImportError as e:
+            raise TrackingError("tracking.loggers names wandb but it is not installed: "
+                                "pip install 'arbor[tracking]'") from e
+        (self.home / "wandb").mkdir(parents=True, exist_ok=True)
+        self._wandb = wandb.init(project=self.cfg.project, name=self.cfg.experiment or self.run_id, id=self.run_id,
+                                 resume="allow", config=dict(config or {}), dir=str(self.home),
+                                 mode=self.cfg.wandb_mode, reinit="create_new")
 
+    def _open_mlflow(self, config: Mapping[str, Any] | None) -> None:
+        try:
+            from mlflow.tracking import MlflowClient
+        except ImportError as e:
+            raise TrackingError("tracking.loggers names mlflow but it is not installed: "
+                                "pip install 'arbor[tracking]'") from e
+        uri = self.cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow_local_uri(self.home)
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(self.cfg.project)
+        # artifacts beside the store, never in the working directory (MLflow's default for a database store)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(
+            self.cfg.project, artifact_location=(self.home / "mlflow" / "artifacts").resolve().as_uri())
+        found = client.search_runs([exp_id], filter_string=f"tags.`arbor.run_id` = '{self.run_id}'", max_results=1)
+        if found:  # a resumed run continues its MLflow run
+            mlflow_run_id = found[0].info.run_id
+        else:
+            mlflow_run_id = client.create_run(exp_id, run_name=self.cfg.experiment or self.run_id,
+                                              tags={"arbor.run_id": self.run_id}).info.run_id
+            if config is not None:
+                client.log_dict(mlflow_run_id, dict(config), "config.json")
+        self._mlflow = (client, mlflow_run_id)
+
+    # -- logging
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
-        """Log ``metrics`` (name -> number) at ``step``; returns what was logged. Names may carry a ``/`` group
-        prefix (``reward/mean_base``), which TensorBoard and W&B both use as a section."""
+        """Log ``metrics`` (name -> number) at ``step``; returns what was logged. Names carry a ``/`` group
+        prefix (``reward/base_mean``; ``grouped_metrics``), which every logger shows as a section."""
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise TrackingError(f"step must be a non-negative int, got {step!r}")
         clean = clean_metrics(metrics)
-        for name, v in clean.items():
-            self._tb.add_scalar(name, v, global_step=step, new_style=True, double_precision=True)
+        if "console" in self.cfg.loggers:
+            print(f"step {step}: " + "  ".join(f"{k} {_short(v)}" for k, v in sorted(clean.items())), flush=True)
+        if self._tb is not None:
+            for name, v in clean.items():
+                self._tb.add_scalar(name, v, global_step=step, new_style=True, double_precision=True)
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
+        if self._mlflow is not None:
+            from mlflow.entities import Metric
+
+            client, mrid = self._mlflow
+            now = int(time.time() * 1000)
+            client.log_batch(mrid, metrics=[Metric(k, v, now, step) for k, v in clean.items()])
         return clean
 
+    def log_samples(self, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The step's sample generations (``SAMPLE_COLUMNS``): a W&B table ``samples``, an MLflow table artifact
+        ``samples/step_NNNNNN.json``, a TensorBoard text panel ``samples``; the console prints nothing more."""
+        if not rows:
+            return
+        cols = list(SAMPLE_COLUMNS)
+        data = [[r.get(c) for c in cols] for r in rows]
+        if self._tb is not None:
+            head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+            body = "\n".join("| " + " | ".join(_cell(v) for v in row) + " |" for row in data)
+            self._tb.add_text("samples", head + body, global_step=step)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({"samples": wandb.Table(columns=cols, data=data)}, step=step)
+        if self._mlflow is not None:
+            client, mrid = self._mlflow
+            client.log_table(mrid, data={c: [row[i] for row in data] for i, c in enumerate(cols)},
+                             artifact_file=f"samples/step_{step:06d}.json")
+
     def flush(self) -> None:
-        self._tb.flush()
+        if self._tb is not None:
+            self._tb.flush()
 
     def close(self) -> None:
-        self._tb.flush()
-        self._tb.close()
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        if self._mlflow is not None:
+            client, mrid = self._mlflow
+            client.set_terminated(mrid)
+            self._mlflow = None
 
     def __enter__(self) -> Tracker:
         return self
@@ -112,10 +217,28 @@ class Tracker:
         self.close()
 
 
+def mlflow_local_uri(home: Path) -> str:
+    """The default MLflow store of a workspace: SQLite at ``{home}/mlflow/mlflow.db`` (MLflow 3 retired the plain
+    file store); ``mlflow ui --backend-store-uri`` this URI to browse it."""
+    (home / "mlflow").mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(home / 'mlflow' / 'mlflow.db').resolve()}"
+
+
+def _short(v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _cell(v: Any) -> str:
+    """One markdown table cell: pipes escaped, newlines as spaces, long text cut."""
+    text = v if isinstance(v, str) else json.dumps(v)
+    text = " ".join(text.split()).replace("|", "\\|")
+    return text if len(text) <= 300 else text[:300] + " ..."
+
+
 def log_step_metrics(run_id: str, step: int, metrics: Mapping[str, Any],
                      home: str | os.PathLike[str] | None = None) -> dict[str, float]:
     """One-shot: open a writer, log one step, close (for flows that run each step in a fresh task)."""
-    with Tracker(run_id, home, use_wandb=False) as t:
+    with Tracker(run_id, home) as t:
         return t.log(step, metrics)
 
 
@@ -123,7 +246,8 @@ STEP_KEYS = ("run_id", "step", "completed_at")
 
 
 def steps_to_tensorboard(run_id: str, home: str | os.PathLike[str] | None = None) -> int:
-    """Rebuild a run's event files from its stored ``steps`` rows (the source of truth); returns the steps logged.
+    """Rebuild a run's event files from its stored ``steps`` rows (the source of truth, under the grouped names the
+    live run used); returns the steps logged.
 
     Earlier event files of the run are replaced, so this is idempotent (e.g. after copying a workspace)."""
     from arbor.storage.sql import run_file
@@ -132,9 +256,9 @@ def steps_to_tensorboard(run_id: str, home: str | os.PathLike[str] | None = None
     d = tb_dir(run_id, home)
     for f in d.glob("events.out.tfevents.*") if d.exists() else []:
         f.unlink()
-    with Tracker(run_id, home, use_wandb=False) as t:
+    with Tracker(run_id, home) as t:
         for r in rows:
-            t.log(int(r["step"]), {k: v for k, v in r.items() if k not in STEP_KEYS})
+            t.log(int(r["step"]), grouped_metrics(r))
     return len(rows)
 
 
@@ -154,6 +278,22 @@ def read_scalars(run_id: str, home: str | os.PathLike[str] | None = None) -> dic
     acc.Reload()
     out: dict[str, list[tuple[int, float]]] = {}
     for tag in acc.Tags().get("tensors", []):
+        if acc.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":  # the samples' text panel
+            continue
         out[tag] = sorted((e.step, float(np.asarray(tensor_util.make_ndarray(e.tensor_proto)).item()))
                           for e in acc.Tensors(tag))
     return out
+
+
+def read_texts(run_id: str, home: str | os.PathLike[str] | None = None) -> dict[int, str]:
+    """The sample tables of a run's event files (TensorBoard text panel ``samples``): step -> markdown."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    d = tb_dir(run_id, home)
+    acc = EventAccumulator(str(d), size_guidance={"tensors": 0})
+    acc.Reload()
+    tag = "samples/text_summary"
+    if tag not in acc.Tags().get("tensors", []):
+        return {}
+    return {e.step: tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in acc.Tensors(tag)}

@@ -38,6 +38,7 @@ from typing import Any
 
 from arbor.config.world import WorldConfig
 from arbor.seeding import derive_seed
+from arbor.tasks.format import ARBOR, TagProtocol, get_protocol
 
 WORLD_VERSION = 3  # part of every world key and world SFT key: bump it when the generator's output changes
 SPLITS = ("train", "eval")
@@ -513,9 +514,9 @@ def add_flaw(steps: list[tuple[str, str]], q: WorldQuestion, world: World, flaw:
 
 
 def render_response(q: WorldQuestion, steps: Sequence[tuple[str, str]], final: str, search: Any, *, top_k: int,
-                    max_result_chars: int | None) -> tuple[str, bool]:
+                    max_result_chars: int | None, protocol: TagProtocol = ARBOR) -> tuple[str, bool]:
     """(the response text, whether every gold passage was shown): each query goes to the real search backend and its
-    hits are rendered exactly as the agent loop renders them."""
+    hits are rendered exactly as the agent loop renders them, in ``protocol``."""
     from arbor.tasks.format import result_block
     from arbor.tasks.search import format_results
 
@@ -525,10 +526,11 @@ def render_response(q: WorldQuestion, steps: Sequence[tuple[str, str]], final: s
         hits = search.search([query], top_k)[0]
         shown.update(h.doc_id for h in hits)
         parts.append(f"<think>{thought}</think>\n<search>{query}</search>")
-        parts.append(result_block(format_results(hits, max_result_chars)))
+        parts.append(result_block(format_results(hits, max_result_chars, protocol.passage_line), protocol))
     # " Name" inside the box: the answer's name in the same tokens as in the passages ("ĠSav ith"), not re-spelled
     # after the brace ("S av ith"), which a tiny policy cannot learn for unseen names (normalisation drops the space)
-    parts.append(f"<think>{final}</think>\n<answer>\\boxed{{ {q.answer}}}</answer>")
+    answer = f" {q.answer}" if protocol.boxed else q.answer  # Search-R1 writes "<answer> X </answer>" anyway
+    parts.append(f"<think>{final}</think>\n{protocol.answer_block(answer)}")
     return "".join(parts), all(h.doc_id in shown for h in q.path)
 
 
@@ -545,7 +547,8 @@ def flaw_plan(n_rows: int, cfg: WorldConfig, seed: int) -> list[str]:
 
 
 def synthesize_world(questions: Sequence[WorldQuestion], search: Any, cfg: WorldConfig, *, seed: int, top_k: int,
-                     max_result_chars: int | None, max_searches: int, variants: int = 1) -> list[dict[str, Any]]:
+                     max_result_chars: int | None, max_searches: int, variants: int = 1,
+                     protocol: TagProtocol = ARBOR) -> list[dict[str, Any]]:
     """SFT rows ``{question_id, question, golds, response, kind, flaw, grounded}`` (``variants`` differently-seeded
     responses per question); every response passes ``tasks.format.check_format``."""
     from arbor.tasks.format import check_format
@@ -563,8 +566,9 @@ def synthesize_world(questions: Sequence[WorldQuestion], search: Any, cfg: World
         if len(steps) > max_searches:
             raise WorldError(f"rollout.max_searches={max_searches}: a world SFT trajectory needs {len(steps)} "
                              "searches (comparison / bridge with a flaw: 3)")
-        response, grounded = render_response(q, steps, final, search, top_k=top_k, max_result_chars=max_result_chars)
-        fmt = check_format(response, truncated=False)
+        response, grounded = render_response(q, steps, final, search, top_k=top_k, max_result_chars=max_result_chars,
+                                             protocol=protocol)
+        fmt = check_format(response, truncated=False, protocol=protocol)
         if not fmt.valid:
             raise SFTDataError(f"world SFT response for {q.question_id} fails the format check: {fmt.reason}")
         rows.append({"question_id": q.question_id, "question": q.question, "golds": [q.answer], "response": response,
@@ -589,5 +593,6 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
     questions = world_questions(cfg.world, split)[: cfg.sft.questions or None]
     rows = synthesize_world(questions, search, cfg.world, seed=cfg.run.seed, top_k=cfg.search.top_k,
                             max_result_chars=cfg.search.max_result_chars,
-                            max_searches=max(1, cfg.rollout.max_searches), variants=cfg.sft.variants)
+                            max_searches=max(1, cfg.rollout.max_searches), variants=cfg.sft.variants,
+                            protocol=get_protocol(cfg.rollout.protocol))
     return write_jsonl(rows, out_path)

@@ -27,9 +27,10 @@ def tiny_overrides(start_checkpoint: Path, **extra: Any) -> dict[str, Any]:
     return o
 
 
-def sft_start(profile: str, fresh_home: Any) -> Path:
-    """The SFT checkpoint of ``profile``, trained once under ``fresh_home()`` (a temporary directory), or kept between
-    sessions under ARBOR_TEST_SFT_CACHE (developers only; checkpoints are content-addressed)."""
+def sft_start(profile: str, fresh_home: Any, overrides: dict[str, Any] | None = None) -> Path:
+    """The SFT checkpoint of ``profile`` (with ``overrides``), trained once under ``fresh_home()`` (a temporary
+    directory), or kept between sessions under ARBOR_TEST_SFT_CACHE (developers only; checkpoints are
+    content-addressed)."""
     import os
 
     from arbor.config import load_config
@@ -40,12 +41,93 @@ def sft_start(profile: str, fresh_home: Any) -> Path:
     old = os.environ.get("ARBOR_HOME")
     os.environ["ARBOR_HOME"] = str(home)
     try:
-        return sft_checkpoint(load_config(profile), home)
+        return sft_checkpoint(load_config(profile, overrides), home)
     finally:
         if old is None:
             os.environ.pop("ARBOR_HOME", None)
         else:
             os.environ["ARBOR_HOME"] = old
+
+
+class JsonServer:
+    """A real HTTP server on 127.0.0.1 that answers JSON POSTs with ``answer(path, body, headers) -> (status,
+    payload)``; every request is kept (path, body, ``X-API-KEY``) for assertions. A context manager."""
+
+    def __init__(self, answer: Any) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[dict[str, Any]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"path": self.path, "body": body, "key": self.headers.get("X-API-KEY")})
+                status, payload = answer(self.path, body, self.headers)
+                data = json.dumps(payload).encode() if payload is not None else b""
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> JsonServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def retriever(search: Any) -> JsonServer:
+    """A Search-R1 retriever (``POST /retrieve {queries, topk, return_scores}``) answering from a real search
+    backend: ``{"result": [[{"document": {"id", "contents": '"Title"\\ntext'}, "score"}, ...]]}``."""
+    def answer(path: str, body: dict[str, Any], headers: Any) -> tuple[int, Any]:
+        if path != "/retrieve":
+            return 404, None
+        hits = search.search(list(body["queries"]), int(body["topk"]))
+        return 200, {"result": [[{"document": {"id": h.doc_id, "contents": f'"{h.title}"\n{h.text}'},
+                                  "score": h.score} for h in per_query] for per_query in hits]}
+    return JsonServer(answer)
+
+
+def wandb_history(run_dir: Path) -> list[dict[str, Any]]:
+    """The history rows of an offline W&B run (``run-<id>.wandb``: W&B's LevelDB-style log of protobuf
+    ``Record``s — a 7-byte file header, then 32 KiB blocks of records with 7-byte headers: crc, length, type
+    FULL / FIRST / MIDDLE / LAST); each row maps a metric name to its decoded JSON value."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    [path] = run_dir.glob("run-*.wandb")
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    rows, pos, block, buf = [], 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _crc, n, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if n == 0 and kind == 0:  # block padding
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + n], pos + 7 + n
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(buf)
+            if record.WhichOneof("record_type") == "history":
+                rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in record.history.item})
+    return rows
 
 
 def judge_server() -> Any:

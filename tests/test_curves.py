@@ -45,3 +45,25 @@ def test_curves_and_paired_delta_by_hand() -> None:
     # a positive but noisy change is not enough: deltas 0.3 and -0.1 -> mean 0.1, SE 0.2
     assert not rises_by(mean_se([0.3, -0.1]))  # type: ignore[arg-type]
     assert not rises_by(mean_se([0.2]))  # type: ignore[arg-type]  # one seed: no SE, no verdict
+
+
+def test_common_dice_delta_by_hand() -> None:
+    from arbor.tasks.curves import common_dice_delta
+
+    start = {"a": 0.0, "b": 0.5, "c": 1.0, "d": 0.5}
+    finals = [{"a": 0.4, "b": 0.5, "c": 1.0, "d": 0.5},   # change per seed: 0.1
+              {"a": 0.0, "b": 1.0, "c": 1.0, "d": 0.3},   # 0.075
+              {"a": 0.2, "b": 0.7, "c": 0.8, "d": 0.9}]   # 0.15
+    d = common_dice_delta(start, finals)
+    assert d.mean == pytest.approx(0.325 / 3) and d.n == 3
+    seeds = [0.1, 0.075, 0.15]
+    se_seeds2 = sum((x - 0.325 / 3) ** 2 for x in seeds) / 2 / 3
+    per_q = [(0.4 + 0.0 + 0.2) / 3 - 0.0, (0.5 + 1.0 + 0.7) / 3 - 0.5,  # each question's change, seed-averaged
+             (1.0 + 1.0 + 0.8) / 3 - 1.0, (0.5 + 0.3 + 0.9) / 3 - 0.5]
+    m = sum(per_q) / 4
+    se_q2 = sum((x - m) ** 2 for x in per_q) / 3 / 4
+    assert m == pytest.approx(d.mean)  # the two ways of averaging agree on the change
+    assert d.se == pytest.approx(math.sqrt(se_seeds2 + se_q2))
+    assert not rises_by(d)  # 0.108 against an SE of ~0.07
+    with pytest.raises(ValueError, match="exactly the start's questions"):
+        common_dice_delta(start, [{"a": 1.0}])

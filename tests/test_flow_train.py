@@ -20,6 +20,8 @@ from flow_support import (
     comparable_events,
     judge_server,
     openai_judge,
+    retriever,
+    sft_start,
     shaped_rewards,
     table,
     tiny_overrides,
@@ -252,7 +254,10 @@ def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
          "reward.fn": "examples.search_cost_reward:em_minus_search_cost",
          "search.backend": "examples.keyword_search:KeywordSearch",
          "judge.backend": "examples.lenient_judge:LenientJudge",
-         "run.method": "rar"}  # RaR asks the judge about every group, whatever the tiny policy wrote
+         "run.method": "rar",  # RaR asks the judge about every group, whatever the tiny policy wrote
+         # issue 14 item 4: every logger, offline (W&B) and local (MLflow's SQLite store)
+         "tracking.loggers": ["console", "tensorboard", "wandb", "mlflow"], "tracking.wandb_mode": "offline",
+         "tracking.project": "arbor-flow-test", "tracking.samples_per_step": 2}
     _train(home, "plugins", o)
     trajs = table("trajectories", "plugins", home)
     assert len(trajs) == 4 and {t["question_id"] for t in trajs} <= {f"q{i}" for i in range(4)}
@@ -262,3 +267,68 @@ def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
     assert calls and {c["backend"] for c in calls} == {"lenient-rules"}
     cached = list((home / "cache" / "search").rglob("*.json"))
     assert all(json.loads(p.read_text())["backend"].startswith("keyword:") for p in cached)
+    _assert_tracked(home, "plugins")
+
+
+def _assert_tracked(home: Path, run_id: str) -> None:
+    """The W&B offline run and the MLflow run hold the grouped metrics of step 1, the evaluation of steps 0 and 1,
+    and the step's sample table."""
+    from flow_support import wandb_history
+    from mlflow.tracking import MlflowClient
+
+    from arbor.tasks.tracking import mlflow_local_uri
+
+    grouped = {"reward/base_mean", "reward/zero_var_groups_total", "actor/pg_loss", "actor/grad_norm",
+               "rollout/searches_mean", "judge/calls", "timing_s/step", "timing_s/rollout", "rubric/pool_size"}
+    [run_dir] = (home / "wandb").glob(f"offline-run-*-{run_id}")
+    hist = wandb_history(run_dir)
+    by_step = {r["_step"]: r for r in hist}
+    assert grouped <= set(by_step[1]) and by_step[1]["samples/nrows"] == 2
+    evals = {k for r in hist for k in r if k.startswith("eval/")}
+    assert any(k.endswith("/strict_f1") for k in evals) and {0, 1} <= {r["_step"] for r in hist if evals & set(r)}
+    client = MlflowClient(tracking_uri=mlflow_local_uri(home))
+    [run] = client.search_runs([client.get_experiment_by_name("arbor-flow-test").experiment_id])
+    assert grouped <= set(run.data.metrics) and run.data.tags["arbor.run_id"] == run_id
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/step_000001.json"]
+
+
+def test_search_r1_protocol_one_step(tmp_path: Path, prefect_harness) -> None:
+    """A Search-R1 user's setup (issue 14 item 3): FlashRAG-format questions, a Search-R1 retriever over HTTP and
+    ``rollout.protocol=search-r1``. The policy is SFT'd briefly on world trajectories written in Search-R1's tags
+    (75 updates: it searches, rarely answers well), then one ARBOR step with the rules judge runs through the flow."""
+    import json
+
+    from arbor.config import load_config
+    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.format import SEARCH_R1, check_format
+    from arbor.tasks.search import make_search
+
+    r1 = {"rollout.protocol": "search-r1", "rollout.system_prompt": None}
+    start = sft_start("tiny-world", lambda: tmp_path / "sft_home", {**r1, "sft.questions": 300, "sft.epochs": 1})
+    cfg = load_config("tiny-world")
+    data = tmp_path / "world_eval_flashrag.jsonl"  # FlashRAG / Search-R1 rows: id, question, golden_answers
+    data.write_text("".join(json.dumps({"id": q.question_id, "question": q.question, "golden_answers": list(q.golds)})
+                            + "\n" for q in load_questions("world:eval", world=cfg.world)[:8]))
+    home = tmp_path / "home"
+    os.environ["ARBOR_HOME"] = str(home)
+    with retriever(make_search(cfg.search, home=home, world=cfg.world)) as server:
+        from arbor.flows.train import arbor_train
+
+        arbor_train(profile="tiny-world", run_id="r1", overrides={
+            **r1, "run.steps": 1, "run.sft_warm_start": False, "run.start_checkpoint": str(start),
+            "search.backend": "http", "search.url": server.url + "/retrieve", "data.train": str(data),
+            "data.eval": str(data), "rollout.batch_size": 4, "rollout.k": 4, "run.eval_every": 1,
+            "run.eval_size": 4, "run.eval_runs": 1})
+    assert server.requests and {(r["path"], r["body"]["topk"]) for r in server.requests} == {("/retrieve", 1)}
+    trajs = table("trajectories", "r1", home)
+    assert len(trajs) == 16 and not any("<result>" in t["text"] for t in trajs)
+    searched = [t for t in trajs if t["search_calls"]]
+    assert searched and all("</search>\n\n<information>" in t["text"] for t in searched)
+    assert any("<information>Doc 1(Title: " in t["text"] for t in searched)  # Search-R1's passage lines
+    for t in trajs:  # the stored verdicts are Search-R1's checker's
+        fmt = check_format(t["text"], truncated=t["finish_reason"] in ("length", "max_turns"), protocol=SEARCH_R1)
+        assert (t["format_valid"], t["answer"]) == (fmt.valid, fmt.answer)
+        assert t["base_reward"] == (pytest.approx(t["f1"]) if fmt.valid else -1.0)
+    stored = json.loads(table("runs", "r1", home)[0]["config_json"])
+    assert stored["rollout"]["protocol"] == "search-r1"
+    assert len(table("eval_results", "r1", home)) == 8  # 4 questions at steps 0 and 1, read by the same checker

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from flow_support import JsonServer
 
 from arbor.config.search import SearchConfig
 from arbor.tasks.datasets import CORPUS_FILE, offline_questions
@@ -89,56 +89,26 @@ def test_format_results() -> None:
 # ----------------------------------------------------------------------------------------------- local servers
 
 
-class _Server:
-    """A real HTTP server on 127.0.0.1 that answers like a Search-R1 retriever and a Serper-style API."""
-
-    def __init__(self) -> None:
-        self.requests: list[dict] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append({"path": self.path, "body": body, "key": self.headers.get("X-API-KEY")})
-                if self.path == "/retrieve":
-                    result = [
-                        [{"document": {"id": f"{q}-{i}", "contents": f'"Title {i}"\ntext for {q}'}, "score": 1.0 - i / 10}
-                         for i in range(body["topk"])]
-                        for q in body["queries"]
-                    ]
-                    payload: dict = {"result": result}
-                elif self.path == "/search" and self.headers.get("X-API-KEY") == "sekret":
-                    payload = {"organic": [{"title": f"T{i}", "link": f"https://x/{i}", "snippet": f"{body['q']} {i}",
-                                            "position": i + 1} for i in range(body["num"])]}
-                else:
-                    self.send_response(403)
-                    self.end_headers()
-                    return
-                data = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+def _answer(path: str, body: dict, headers: Any) -> tuple[int, Any]:
+    """A Search-R1 retriever at /retrieve and a Serper-style API at /search (key "sekret")."""
+    if path == "/retrieve":
+        return 200, {"result": [
+            [{"document": {"id": f"{q}-{i}", "contents": f'"Title {i}"\ntext for {q}'}, "score": 1.0 - i / 10}
+             for i in range(body["topk"])]
+            for q in body["queries"]]}
+    if path == "/search" and headers.get("X-API-KEY") == "sekret":
+        return 200, {"organic": [{"title": f"T{i}", "link": f"https://x/{i}", "snippet": f"{body['q']} {i}",
+                                  "position": i + 1} for i in range(body["num"])]}
+    return 403, None
 
 
 @pytest.fixture()
-def server() -> Iterator[_Server]:
-    s = _Server()
-    s.thread.start()
-    yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
+def server() -> Iterator[JsonServer]:
+    with JsonServer(_answer) as s:
+        yield s
 
 
-def test_http_backend_speaks_search_r1_retrieve(server: _Server, tmp_path: Path) -> None:
+def test_http_backend_speaks_search_r1_retrieve(server: JsonServer, tmp_path: Path) -> None:
     cfg = SearchConfig(backend="http", url=server.url, cache=False)
     backend = make_search(cfg, home=tmp_path)
     hits = backend.search(["who wrote dune", "capital of france"], 3)
@@ -149,7 +119,7 @@ def test_http_backend_speaks_search_r1_retrieve(server: _Server, tmp_path: Path)
     assert [len(h) for h in hits] == [3, 3]
 
 
-def test_cache_hits_make_no_second_backend_call(server: _Server, tmp_path: Path) -> None:
+def test_cache_hits_make_no_second_backend_call(server: JsonServer, tmp_path: Path) -> None:
     cfg = SearchConfig(backend="http", url=server.url + "/retrieve")
     first = make_search(cfg, home=tmp_path)
     assert isinstance(first, CachedSearch)
@@ -168,7 +138,7 @@ def test_cache_hits_make_no_second_backend_call(server: _Server, tmp_path: Path)
     assert len(files) == 4 and not list((tmp_path / "cache" / "search").rglob("*.tmp"))
 
 
-def test_web_backend_reads_key_from_env(server: _Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_web_backend_reads_key_from_env(server: JsonServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = SearchConfig(backend="web", url=server.url + "/search", api_key_env="ARBOR_TEST_SERPER_KEY", cache=False)
     monkeypatch.delenv("ARBOR_TEST_SERPER_KEY", raising=False)
     with pytest.raises(SearchError, match="ARBOR_TEST_SERPER_KEY is not set"):
@@ -190,7 +160,7 @@ def test_default_config_searches_the_shipped_corpus(tmp_path: Path) -> None:
     assert (tmp_path / "cache" / "bm25").is_dir() and (tmp_path / "cache" / "search").is_dir()
 
 
-def test_unreadable_cache_entry_is_a_miss_and_is_repaired(server: _Server, tmp_path: Path) -> None:
+def test_unreadable_cache_entry_is_a_miss_and_is_repaired(server: JsonServer, tmp_path: Path) -> None:
     cached = make_search(SearchConfig(backend="http", url=server.url), home=tmp_path)
     assert isinstance(cached, CachedSearch)
     good = cached.search(["q"], 1)
@@ -206,7 +176,7 @@ def _search_in_child(args: tuple[str, str, list[str]]) -> list[list[dict]]:
     return [[h.__dict__ for h in hits] for hits in backend.search(queries, 3)]
 
 
-def test_cache_is_safe_across_processes(server: _Server, tmp_path: Path) -> None:
+def test_cache_is_safe_across_processes(server: JsonServer, tmp_path: Path) -> None:
     import multiprocessing as mp
 
     queries = [f"query {i}" for i in range(30)]

@@ -21,6 +21,7 @@ from arbor.config.reward import RewardConfig
 from arbor.config.rollout import PolicyConfig, RolloutConfig
 from arbor.config.run import EvalConfig, RunConfig
 from arbor.config.search import SearchConfig
+from arbor.config.tracking import TrackingConfig
 from arbor.config.train import CheckpointConfig, SFTConfig, TrainConfig
 from arbor.config.world import WorldConfig
 from arbor.paths import CONFIGS_DIR
@@ -28,7 +29,7 @@ from arbor.paths import CONFIGS_DIR
 __all__ = [
     "ArborConfig", "ConfigError", "load_config", "apply_overrides", "DataConfig", "PolicyConfig", "RolloutConfig",
     "SearchConfig", "JudgeConfig", "MemoryConfig", "RunConfig", "EvalConfig", "TrainConfig", "CheckpointConfig",
-    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig", "RewardConfig",
+    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig", "RewardConfig", "TrackingConfig",
 ]
 
 
@@ -51,6 +52,7 @@ class ArborConfig(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     world: WorldConfig = Field(default_factory=WorldConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     deviations: dict[str, str] = Field(default_factory=dict, description="departures from the paper, with reasons "
                                        "(keys must be config keys; stored with the run's config)")
 

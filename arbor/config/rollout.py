@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from arbor.config.base import Section
 
@@ -32,12 +32,23 @@ class RolloutConfig(Section):
     max_context_tokens: int = Field(36864, ge=1)
     max_new_tokens_per_turn: int = Field(8192, ge=1)
     concurrency: int = Field(64, ge=1)
-    force_answer_message: str = (
-        "\n<result>Search budget exhausted. Answer now using the evidence above, "
-        "as <answer>\\boxed{...}</answer>.</result>\n"
-    )
+    protocol: Literal["arbor", "search-r1"] = Field(
+        "arbor", description="agent tag protocol: arbor's <think>/<search>/<result>/<answer> with \\boxed{} (the "
+        "paper's), or Search-R1's <think>/<search>/<information>/<answer> with a plain-text answer; each brings "
+        "its format checker, built-in system prompt and tool-output wrapping (tasks.format)")
+    force_answer_message: str | None = Field(
+        None, description="appended instead of results when the search budget is spent (None: the protocol's own)")
     served_model: str | None = None  # the `model` field sent to the completions server (default: policy.model)
     api_key_env: str | None = None  # env var holding the server's API key (vllm serve --api-key), if any
     request_timeout_s: float = Field(600.0, gt=0)
     max_batch_rows: int = Field(256, ge=1, description="transformers engine: rows decoded together")
-    system_prompt: str | None = None  # None: the built-in tool-format prompt (tasks.agent.SYSTEM_PROMPT)
+    system_prompt: str | None = None  # None: the protocol's built-in prompt (tasks.format.ARBOR / SEARCH_R1)
+
+    @model_validator(mode="after")
+    def _prompt_matches_protocol(self) -> RolloutConfig:
+        """A prompt that teaches the other protocol's tool-output tag would train a policy the checker refuses."""
+        other = {"arbor": "<information>", "search-r1": "<result>"}[self.protocol]
+        if self.system_prompt and other in self.system_prompt:
+            raise ValueError(f"system_prompt mentions {other}, which is not a tag of protocol {self.protocol!r}; "
+                             "write the prompt for this protocol or set rollout.system_prompt=null for its built-in one")
+        return self

@@ -87,3 +87,16 @@ def test_installed_wheel_runs_the_demo_from_another_directory(wheel: Path, tmp_p
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert "held-out F1" in proc.stdout and "Table 2 for this run" in proc.stdout, proc.stdout[-3000:]
     assert list((elsewhere / ".arbor").glob("catalog.duckdb")), "the demo's workspace is under the new directory"
+
+
+def test_own_extras_name_this_distribution() -> None:
+    """An extra that pulls in another extra of this project must use the distribution name (``arbor-rl[...]``):
+    ``arbor[...]`` names an unrelated PyPI project, which pip would install without complaint."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    name = project["name"]
+    for extra, reqs in project["optional-dependencies"].items():
+        for req in reqs:
+            base = req.split("[", 1)[0].split(">", 1)[0].split("=", 1)[0].split("<", 1)[0].strip()
+            assert base == name or not base.startswith("arbor"), f"extra {extra!r}: {req!r} is not {name}"

@@ -4,7 +4,7 @@ per step.
 
 The ``steps`` table (storage) stays the source of truth; this is a view for people watching a run. TensorBoard
 scalars are written new-style in double precision, so a value read back equals the float64 the step computed.
-W&B and MLflow are optional extras (``pip install 'arbor[tracking]'``), imported only when named; their keys and
+W&B and MLflow are optional extras (``pip install 'arbor-rl[tracking]'``), imported only when named; their keys and
 URIs come from the environment or the config, never from this module's logs.
 """
 
@@ -123,7 +123,7 @@ class Tracker:
             import wandb
         except ImportError as e:
             raise TrackingError("tracking.loggers names wandb but it is not installed: "
-                                "pip install 'arbor[tracking]'") from e
+                                "pip install 'arbor-rl[tracking]'") from e
         (self.home / "wandb").mkdir(parents=True, exist_ok=True)
         self._wandb = wandb.init(project=self.cfg.project, name=self.cfg.experiment or self.run_id, id=self.run_id,
                                  resume="allow", config=dict(config or {}), dir=str(self.home),
@@ -134,7 +134,7 @@ class Tracker:
             from mlflow.tracking import MlflowClient
         except ImportError as e:
             raise TrackingError("tracking.loggers names mlflow but it is not installed: "
-                                "pip install 'arbor[tracking]'") from e
+                                "pip install 'arbor-rl[tracking]'") from e
         uri = self.cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow_local_uri(self.home)
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(self.cfg.project)

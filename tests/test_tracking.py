@@ -143,5 +143,5 @@ def test_a_named_logger_that_is_not_installed_is_refused(tmp_path: Path, monkeyp
 
     monkeypatch.setitem(sys.modules, "mlflow", None)  # as if the extra were not installed
     monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
-    with pytest.raises(TrackingError, match=r"pip install 'arbor\[tracking\]'"):
+    with pytest.raises(TrackingError, match=r"pip install 'arbor-rl\[tracking\]'"):
         Tracker("run-x", tmp_path, tracking=TrackingConfig(loggers=["mlflow"]))

@@ -280,7 +280,8 @@ class AgentLoop:
         return "eos", None  # "stop" without a stop string: the engine ended the turn (e.g. another stop id)
 
     def deliver(self, s: AgentState, hits: Sequence[Any]) -> None:
-        """Append the tool-output block (arbor ``<result>``, Search-R1 ``<information>``) for the pending query (loss mask 0, log-prob 0)."""
+        """Append the tool-output block (arbor ``<result>``, Search-R1 ``<information>``) for the pending query
+        (loss mask 0, log-prob 0)."""
         if s._pending is None:
             raise ValueError(f"no pending search for {s.question_id}")
         s.search_queries.append(s._pending)

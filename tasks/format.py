@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
 ANSWER_CLOSE = "</answer>"
@@ -58,15 +59,15 @@ class TagProtocol:
     force_answer_message: str  # appended instead of results when the search budget is spent
     passage_line: str  # one retrieved passage in the tool output: {i} {title} {text}
 
-    @property
+    @cached_property  # compiled once per protocol: the checker and extractors search with it per trajectory
     def tag_re(self) -> re.Pattern[str]:
-        return _tag_re(self.result_tag)
+        return re.compile(rf"<(/?)(think|search|{self.result_tag}|answer)>")
 
     @property
     def result_close(self) -> str:
         return f"</{self.result_tag}>"
 
-    @property
+    @cached_property
     def observation_re(self) -> re.Pattern[str]:
         """An observation block exactly as the loop appends it (results, the forced message), captured."""
         lead = "\n" * (len(self.result_prefix) - len(self.result_prefix.lstrip("\n")))
@@ -77,10 +78,6 @@ class TagProtocol:
     def answer_block(self, answer: str) -> str:
         """The final answer as this protocol writes it (SFT rows)."""
         return f"<answer>\\boxed{{{answer}}}</answer>" if self.boxed else f"<answer> {answer.strip()} </answer>"
-
-
-def _tag_re(result_tag: str) -> re.Pattern[str]:
-    return re.compile(rf"<(/?)(think|search|{result_tag}|answer)>")
 
 
 ARBOR = TagProtocol(
@@ -119,7 +116,6 @@ def get_protocol(name: str) -> TagProtocol:
     if name not in PROTOCOLS:
         raise ValueError(f"unknown protocol {name!r}; shipped: {', '.join(PROTOCOLS)}")
     return PROTOCOLS[name]
-
 
 
 @dataclass(frozen=True)

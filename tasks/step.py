@@ -240,13 +240,15 @@ def read_stage_rows(state: RunState, step: int, table: str) -> Rows:
     return out
 
 
-def tracked_metrics(state: RunState, step: int) -> dict[str, float]:
+def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
     """What the loggers show beside the ``steps`` row (issue 14 item 4): the step's rubric lifecycle counts and
     pool size (``rubric/``), each stage's seconds (``timing_s/``) and, when the step evaluated, held-out scores
     per split (``eval/``; split names reduced to MLflow's metric-name characters)."""
     import re
 
-    out: dict[str, float] = {f"timing_s/{stage}": secs for stage, secs in state.stage_seconds.items()}
+    from arbor.tasks.evaluate import split_metrics
+
+    out: dict[str, float | None] = {f"timing_s/{stage}": secs for stage, secs in state.stage_seconds.items()}
     if step > 0:
         events = read_stage_rows(state, step, "rubric_events")
         for kind in ("induced", "admitted", "consolidated", "retired"):
@@ -254,11 +256,10 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float]:
         out["rubric/pool_size"] = float(len(state.memory.pool))
     evals = read_stage("eval_results", run_id=state.run_id, step=step, stage="eval", home=state.home) or []
     for split in sorted({r["split"] for r in evals}):
-        mine = [r for r in evals if r["split"] == split]
+        m = split_metrics([r for r in evals if r["split"] == split], split)  # strict pass@1, as `arbor eval` prints
         name = re.sub(r"[^A-Za-z0-9_.\- ]", "_", split)
-        out[f"eval/{name}/strict_f1"] = sum(r["f1"] if r["format_valid"] else 0.0 for r in mine) / len(mine)
-        out[f"eval/{name}/strict_em"] = sum(r["em"] if r["format_valid"] else 0.0 for r in mine) / len(mine)
-        out[f"eval/{name}/format_valid_rate"] = sum(bool(r["format_valid"]) for r in mine) / len(mine)
+        out |= {f"eval/{name}/strict_f1": m.f1, f"eval/{name}/strict_em": m.em,
+                f"eval/{name}/format_valid_rate": m.valid_rate}
     return out
 
 

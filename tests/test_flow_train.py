@@ -286,6 +286,11 @@ def _assert_tracked(home: Path, run_id: str) -> None:
     assert grouped <= set(by_step[1]) and by_step[1]["samples/nrows"] == 2
     evals = {k for r in hist for k in r if k.startswith("eval/")}
     assert any(k.endswith("/strict_f1") for k in evals) and {0, 1} <= {r["_step"] for r in hist if evals & set(r)}
+    stored = table("eval_results", run_id, home)  # the logged scores are the stored answers' strict means
+    for step in (0, 1):
+        mine = [e for e in stored if e["step"] == step]
+        [key] = [k for k in by_step[step] if k.startswith("eval/") and k.endswith("/strict_f1")]
+        assert by_step[step][key] == pytest.approx(sum(e["f1"] for e in mine) / len(mine))
     client = MlflowClient(tracking_uri=mlflow_local_uri(home))
     [run] = client.search_runs([client.get_experiment_by_name("arbor-flow-test").experiment_id])
     assert grouped <= set(run.data.metrics) and run.data.tags["arbor.run_id"] == run_id

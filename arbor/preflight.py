@@ -155,10 +155,12 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     from arbor.tasks.methods import (  # only when a run is checked: the CLI's refusals stay fast
         MethodError,
         check_method,
+        requirement_problems,
     )
 
     try:
         check_method(cfg.run.method)
+        missing += requirement_problems(cfg)
     except MethodError as e:
         missing.append(str(e))
     missing += _plugin_problems(cfg)

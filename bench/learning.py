@@ -35,8 +35,18 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("grpo", "dapo", "arbor", "no-memory", "rar")
+METHODS = ("grpo", "dapo", "arbor", "no-memory", "rar", "ss-grpo")
 PROFILE = "tiny-world"
+# what a method needs beyond the profile: SS-GRPO's stage scaffold (the world's short prompt in its tags); such a
+# method starts from its own SFT checkpoint (same world, questions and updates, staged gold trajectories), and its
+# final exam compares it with that start
+STAGED_PROMPT = ("Answer the question by searching. Plan in <structured_plan></structured_plan>, search with "
+                 "<search>query</search>, read the <tool_output></tool_output>, weigh it in <state_evaluation>"
+                 "</state_evaluation>, review in <review></review>, and give the final answer as "
+                 "<answer>\\boxed{answer}</answer>.")
+METHOD_SETS: dict[str, dict[str, Any]] = {
+    "ss-grpo": {"rollout.protocol": "rubricem", "rollout.system_prompt": STAGED_PROMPT},
+}
 # the measured setting (docs/decisions.md, "Issue 12, session 6"): three times the demo's RL steps, held-out F1
 # sampled at the rollout temperature over 4 x 200 answers at steps 0, 15 and 30; any --set overrides these
 BENCH_SETS: dict[str, Any] = {"run.steps": 30, "run.eval_every": 15, "run.eval_runs": 4}
@@ -72,8 +82,8 @@ def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Pat
     if row is not None and completed(rid, home):
         return rid, 0.0
     t0 = time.perf_counter()
-    overrides = {**sets, "run.method": method, "run.seed": seed, "run.sft_warm_start": False,
-                 "run.start_checkpoint": str(start)}
+    overrides = {**sets, **METHOD_SETS.get(method, {}), "run.method": method, "run.seed": seed,
+                 "run.sft_warm_start": False, "run.start_checkpoint": str(start)}
     arbor_train(profile=PROFILE, overrides=overrides, run_id=rid, resume=row is not None)
     return rid, time.perf_counter() - t0
 
@@ -81,35 +91,48 @@ def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Pat
 EXAM_SEED = 0  # the common dice: every checkpoint's final exam samples with this seed
 
 
-def final_exam(checkpoint: Path, exam_id: str, sets: dict[str, Any], home: Path) -> str:
+def start_for(method: str, sets: dict[str, Any], home: Path) -> Path:
+    """The SFT start of ``method``: one per protocol (trained once, seed 0, reused)."""
+    from arbor.config import load_config
+    from arbor.flows.sft import sft_checkpoint
+
+    extra = METHOD_SETS.get(method, {})
+    return sft_checkpoint(load_config(PROFILE, {**{k: v for k, v in sets.items() if not k.startswith("run.")},
+                                                **extra}), home)
+
+
+def final_exam(checkpoint: Path, exam_id: str, sets: dict[str, Any], home: Path, method: str = "grpo") -> str:
     """Evaluate ``checkpoint`` on the held-out split with the common dice (``run.seed = EXAM_SEED``, step 0), the
-    run's own number of answers per question; stored as the evaluation run ``exam_id`` and reused when present."""
+    run's own number of answers per question (in ``method``'s protocol); stored as the evaluation run ``exam_id``
+    and reused when present."""
     from arbor.config import load_config
     from arbor.flows.evaluate import arbor_eval
     from arbor.tasks.evaluate import load_eval_results
 
     if load_eval_results(exam_id, home=home):
         return exam_id
-    overrides = {**{k: v for k, v in sets.items() if not k.startswith("run.")}, "run.seed": EXAM_SEED}
+    overrides = {**{k: v for k, v in sets.items() if not k.startswith("run.")}, **METHOD_SETS.get(method, {}),
+                 "run.seed": EXAM_SEED}
     cfg = load_config(PROFILE, {**sets, **overrides})
     arbor_eval(checkpoint=str(checkpoint), profile=PROFILE, overrides=overrides, splits=[cfg.data.eval],
                runs=cfg.run.eval_runs, run_id=exam_id)
     return exam_id
 
 
-def exam_table(start_id: str, finals: dict[str, tuple[str, int]], methods: list[str],
+def exam_table(start_ids: dict[str, str], finals: dict[str, tuple[str, int]], methods: list[str],
                home: Path) -> tuple[str, dict[str, Any]]:
-    """Final F1 of every run against the start, all read with the common dice: the table and {method: delta}."""
+    """Final F1 of every run against its method's start (``start_ids``: method -> the start's exam), all read with
+    the common dice: the table and {method: delta}."""
     from arbor.tasks.curves import common_dice_delta, mean_se, question_f1, rises_by
 
-    per_q = question_f1([start_id, *finals], home)
-    start = per_q[start_id]
+    per_q = question_f1([*dict.fromkeys(start_ids.values()), *finals], home)
     head = ["method", "seeds", "F1 start", "F1 final per seed", "F1 final", "ΔF1 (common dice)", "≥3 SE"]
     body, deltas = [], {}
     for m in methods:
         fin = [per_q[r] for r, (mm, _) in sorted(finals.items(), key=lambda x: x[1]) if mm == m and per_q[r]]
         if not fin:
             continue
+        start = per_q[start_ids[m]]
         d = deltas[m] = common_dice_delta(start, fin)
         means = [sum(f.values()) / len(f) for f in fin]
         body.append([m, str(len(fin)), f"{sum(start.values()) / len(start):.3f}",
@@ -176,19 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     os.environ["ARBOR_HOME"] = str(home)
 
-    from arbor.config import load_config
-    from arbor.flows.sft import sft_checkpoint
     from arbor.tasks.curves import collect_curve_rows, plot_curves, rises_by, start_final_delta
 
-    cfg = load_config(PROFILE, {k: v for k, v in sets.items() if not k.startswith("run.")})
     t0 = time.perf_counter()
-    start = sft_checkpoint(cfg, home)  # one SFT start (seed 0) for every method and seed
-    print(f"SFT start {start} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    starts = {m: start_for(m, sets, home) for m in methods}  # one SFT start (seed 0) per protocol
+    print(f"SFT start(s) {sorted({str(s) for s in starts.values()})} ({time.perf_counter() - t0:.0f} s)", flush=True)
     run_ids: dict[str, tuple[str, int]] = {}
     walls: list[tuple[str, int, float]] = []
     for seed in seeds:
         for m in methods:
-            rid, wall = run_one(m, seed, start, sets, home)
+            rid, wall = run_one(m, seed, starts[m], sets, home)
             run_ids[rid] = (m, seed)
             walls.append((m, seed, wall))
             print(f"{rid}: {'reused' if wall == 0 else f'{wall:.0f} s'}", flush=True)
@@ -212,13 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     from arbor.tasks.checkpoint import latest_complete
 
     tag = settings_tag(sets)
-    start_id = final_exam(start, f"exam-{start.name}-{tag}", sets, home)
+    start_ids = {m: final_exam(starts[m], f"exam-{starts[m].name}-{tag}", sets, home, m) for m in methods}
     finals = {}
     for rid, ms in run_ids.items():
         ckpt = latest_complete(home / "checkpoints" / rid)
         if ckpt is not None:
-            finals[final_exam(ckpt / "hf", f"exam-{rid}", sets, home)] = ms
-    text, deltas = exam_table(start_id, finals, methods, home)
+            finals[final_exam(ckpt / "hf", f"exam-{rid}", sets, home, ms[0])] = ms
+    text, deltas = exam_table(start_ids, finals, methods, home)
     print("\nfinal exam (start and final checkpoints, same questions, same sampling seeds):\n" + text)
     for m in ("grpo", "arbor"):
         if m in deltas:

@@ -256,11 +256,17 @@ def stage_cache_key(ctx: TaskRunContext, params: dict[str, Any]) -> str:
 STAGE_CACHE = CachePolicy.from_cache_key_fn(stage_cache_key)
 
 
+def stage_tables(run: RunState, stage: str) -> tuple[str, ...]:
+    """The tables a stage stores: every method's, plus what the run's method adds (``Method.extra_tables``)."""
+    return STAGE_TABLES[stage] + run.method.extra_tables.get(stage, ())
+
+
 def _stage(run: RunState, step: int, stage: str, compute: Callable[[], dict[str, Any]]) -> StageRef:
     if run.progress is not None:
         run.progress.stage_started(step, stage)
-    run.store.run(step, stage, STAGE_TABLES[stage], timed_stage(run, stage, compute))
-    return StageRef(run.run_id, step, stage, STAGE_TABLES[stage])
+    tables = stage_tables(run, stage)
+    run.store.run(step, stage, tables, timed_stage(run, stage, compute))
+    return StageRef(run.run_id, step, stage, tables)
 
 
 def _rows(run: RunState, ref: StageRef, table: str) -> list[dict[str, Any]]:

@@ -9,11 +9,20 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from arbor.config.judge import JudgeConfig
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.tasks.types import (
+    ReflectionGrade,
+    Rubric,
+    RubricDraft,
+    RubricGrade,
+    StageRubric,
+    StageRubricDraft,
+    Trajectory,
+)
 
 T = TypeVar("T")
 Winner = Literal["A", "B", "TIE"]
-ROLES = ("induction", "consolidation", "pairwise", "accuracy", "rar_rubrics", "rar_rate")
+ROLES = ("induction", "consolidation", "pairwise", "accuracy", "rar_rubrics", "rar_rate", "stage_rubrics",
+         "stage_grades", "reflection_grades")
 JUDGE_CALL_COLUMNS = (
     "run_id", "step", "stage", "role", "backend", "model", "prompt_version", "cache_key", "prompt_hash", "group",
     "rubric_id", "edge", "latency_s", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hit", "attempts",
@@ -125,6 +134,28 @@ class Judge(ABC):
     async def rar_rate(self, question: str, trajectory: Trajectory, items: Sequence[str], *,
                        ctx: CallContext | None = None) -> JudgeOutcome[int]:
         """RaR baseline (C.3): holistic 1-10 rating; callers normalise with (rating - 1) / 9."""
+
+    # ---- RubricEM roles (issue 15; App. C, D.6.2): not abstract, so a plug-in judge without them still loads
+    async def stage_rubrics(self, question: str, golds: Sequence[str] | None, trajectories: Sequence[Trajectory],
+                            existing: Sequence[StageRubric], *,
+                            ctx: CallContext | None = None) -> JudgeOutcome[list[StageRubricDraft]]:
+        """C.2: new discriminative stage rubrics from contrasting one question's group (targets: 1-4 for stages
+        1-3, 2-5 for stage 4; weight 1-3; positive or negative), none repeating ``existing``; ``[]`` is valid."""
+        raise NotImplementedError(f"judge backend {self.backend!r} has no stage_rubrics role (RubricEM)")
+
+    async def stage_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                           rubrics: Sequence[StageRubric], *,
+                           ctx: CallContext | None = None) -> JudgeOutcome[list[RubricGrade]]:
+        """C.3: one 0/1/2 grade per rubric, in ``rubrics`` order (a negative rubric's grade is how fully the flaw
+        is present; the caller inverts it)."""
+        raise NotImplementedError(f"judge backend {self.backend!r} has no stage_grades role (RubricEM)")
+
+    async def reflection_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                                graded: Sequence[tuple[StageRubric, RubricGrade]], candidates: Sequence[str], *,
+                                ctx: CallContext | None = None) -> JudgeOutcome[list[ReflectionGrade]]:
+        """D.6.2: one grade per reflection candidate (diagnosis, specificity, scope in [0, 1]), judged with the
+        trajectory's stage grades and their justifications as privileged context."""
+        raise NotImplementedError(f"judge backend {self.backend!r} has no reflection_grades role (RubricEM)")
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release network clients (openai backend)."""

@@ -62,6 +62,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("finish_reason", STR), _f("format_valid", BOOL), _f("format_reason", STR), _f("answer", STR),
         _f("em", F64), _f("f1", F64), _f("base_reward", F64), _f("shaped_reward", F64),
         _f("policy_version", I64), _f("gen_seconds", F64), _f("prompt_tokens", I64), _f("response_tokens", I64),
+        _f("stage_starts", pa.list_(pa.int32())), _f("stage_rewards", pa.list_(F64)),
     ]),
     "rubric_events": pa.schema([
         _key("run_id"), _key("step", I64), _f("seq", I64), _f("group", I64), _f("rubric_id", STR),
@@ -103,6 +104,20 @@ SCHEMAS["draft_scores"] = pa.schema([
     _key("run_id"), _key("step", I64), _key("group", I64), _key("rubric_id"), _f("title", STR),
     _f("description", STR), _f("counter_description", STR), _f("feature", STR), _f("direction", I64),
     _f("scores", pa.list_(F64)), _f("n_edges", I64), _f("n_failed_edges", I64),
+])
+
+# RubricEM (issue 15): each stage rubric's lifecycle in its question's buffer (generated / kept / dropped, with the
+# grade variance that decided it) and each trajectory's stage scores, returns and advantages with token spans.
+SCHEMAS["stage_rubrics"] = pa.schema([
+    _key("run_id"), _key("step", I64), _f("group", I64), _f("question_id", STR), _key("rubric_id"), _key("event"),
+    _f("stage", I64), _f("title", STR), _f("description", STR), _f("weight", I64), _f("polarity", I64),
+    _f("persistent", BOOL), _f("feature", STR), _f("variance", F64),
+])
+SCHEMAS["stage_scores"] = pa.schema([
+    _key("run_id"), _key("step", I64), _key("traj_id"), _f("group", I64), _f("sample", I64), _f("question_id", STR),
+    _key("stage", I64), _f("stage_name", STR), _f("token_start", I64), _f("token_end", I64), _f("score", F64),
+    _f("stage_return", F64), _f("advantage", F64), _f("format_valid", BOOL), _f("f1", F64), _f("n_rubrics", I64),
+    _f("judge_error", STR),
 ])
 
 TABLES: tuple[str, ...] = tuple(SCHEMAS)

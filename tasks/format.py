@@ -28,11 +28,18 @@ Protocols (issue 14 item 3): the grammar above is arbor's (the paper's). ``SEARC
 (Jin et al., 2025): tool output between ``<information>`` and ``</information>`` (wrapped in blank lines, as its
 agent loop appends it) and the answer as the plain text of ``<answer> ... </answer>``, no ``\\boxed{}``. The same
 checker serves both: every function here takes ``protocol`` (default ``ARBOR``).
+
+``RUBRICEM`` (issue 15) is RubricEM's stage scaffold (its §3.2, App. B.1) in arbor's grammar: ``<structured_plan>``
+(Plan), searches with ``<tool_output>`` results and ``<state_evaluation>`` after each (Research), ``<review>``
+(Review), then the boxed ``<answer>`` (Answer); ``stage_order_error`` adds the scaffold's order rules and
+``stage_spans`` cuts a response into the four stages SS-GRPO credits. The paper's ``<call_tool name=...>`` is
+our ``<search>`` (one tool), and the sub-blocks it asks for inside the plan and review are free text here.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -58,10 +65,17 @@ class TagProtocol:
     system_prompt: str
     force_answer_message: str  # appended instead of results when the search budget is spent
     passage_line: str  # one retrieved passage in the tool output: {i} {title} {text}
+    stage_tags: tuple[str, ...] = ()  # extra block tags of a staged scaffold (RubricEM: plan, evaluation, review)
 
     @cached_property  # compiled once per protocol: the checker and extractors search with it per trajectory
     def tag_re(self) -> re.Pattern[str]:
-        return re.compile(rf"<(/?)(think|search|{self.result_tag}|answer)>")
+        extra = "".join(f"|{t}" for t in self.stage_tags)
+        return re.compile(rf"<(/?)(think|search|{self.result_tag}|answer{extra})>")
+
+    @property
+    def staged(self) -> bool:
+        """Whether responses follow the Plan / Research / Review / Answer scaffold (``check_stages``)."""
+        return bool(self.stage_tags)
 
     @property
     def result_close(self) -> str:
@@ -78,6 +92,19 @@ class TagProtocol:
     def answer_block(self, answer: str) -> str:
         """The final answer as this protocol writes it (SFT rows)."""
         return f"<answer>\\boxed{{{answer}}}</answer>" if self.boxed else f"<answer> {answer.strip()} </answer>"
+
+    def step_block(self, i: int, thought: str, query: str) -> str:
+        """Gold search step ``i`` of an SFT row: ``<think>T</think>`` then the search; in a staged protocol the
+        first thought is the Plan (``<structured_plan>``) and later ones are state evaluations of the last output."""
+        if not self.staged:
+            return f"<think>{thought}</think>\n<search>{query}</search>"
+        tag = "structured_plan" if i == 0 else "state_evaluation"
+        return f"<{tag}>{thought}</{tag}>\n<search>{query}</search>"
+
+    def final_block(self, thought: str, answer: str) -> str:
+        """The closing thought and the answer of an SFT row (staged: the thought is the Review)."""
+        tag = "review" if self.staged else "think"
+        return f"<{tag}>{thought}</{tag}>\n{self.answer_block(answer)}"
 
 
 ARBOR = TagProtocol(
@@ -108,7 +135,26 @@ SEARCH_R1 = TagProtocol(
                           "between <answer> and </answer>.</information>\n\n"),
     passage_line="Doc {i}(Title: {title}) {text}",
 )
-PROTOCOLS: dict[str, TagProtocol] = {p.name: p for p in (ARBOR, SEARCH_R1)}
+RUBRICEM = TagProtocol(
+    name="rubricem", result_tag="tool_output", result_prefix="\n<tool_output>\n", result_suffix="\n</tool_output>\n",
+    boxed=True, stage_tags=("structured_plan", "state_evaluation", "review"),
+    system_prompt=(
+        "You are a research assistant that answers questions with a Wikipedia search tool, in four stages.\n"
+        "Plan: first write <structured_plan> ... </structured_plan>: what the question asks, the facts a correct "
+        "answer needs (your own checklist), and the order in which you will look them up.\n"
+        "Research: then search, one short query between <search> and </search>, and stop; the tool's passages "
+        "come back between <tool_output> and </tool_output>. After each output, weigh it against your checklist "
+        "in <state_evaluation> ... </state_evaluation> and either search again (revising the plan if needed) or "
+        "move on. Always search at least once before answering.\n"
+        "Review: when the evidence is enough, write <review> ... </review>: which checklist facts the passages "
+        "confirmed, and the answer they support.\n"
+        "Answer: finally write the answer once, between <answer> and </answer>, inside \\boxed{}, for example "
+        "<answer>\\boxed{Paris}</answer>. You may think between <think> and </think> at any point."),
+    force_answer_message=("\n<tool_output>Search budget exhausted. Review the evidence above and answer now, "
+                          "as <review>...</review><answer>\\boxed{...}</answer>.</tool_output>\n"),
+    passage_line="Doc {i} (Title: {title}) {text}",
+)
+PROTOCOLS: dict[str, TagProtocol] = {p.name: p for p in (ARBOR, SEARCH_R1, RUBRICEM)}
 
 
 def get_protocol(name: str) -> TagProtocol:
@@ -227,6 +273,8 @@ def check_format(text: str, truncated: bool = False, protocol: TagProtocol = ARB
         tail = tail.replace(eos, "")
     if tail.strip():
         return FormatResult(False, "text after </answer>", answer)
+    if protocol.staged and (err := stage_order_error([b[0] for b in blocks])):
+        return FormatResult(False, err, answer)
     if not protocol.boxed:  # Search-R1: the block's text is the answer
         plain = text[a[2] : a[3]].strip()
         return FormatResult(True, "", plain) if plain else FormatResult(False, "empty <answer>", answer)
@@ -241,6 +289,75 @@ def check_format(text: str, truncated: bool = False, protocol: TagProtocol = ARB
     if not boxed[0].strip():
         return FormatResult(False, "empty \\boxed{} answer", answer)
     return FormatResult(True, "", boxed[0].strip())
+
+
+def stage_order_error(tags: list[str]) -> str:
+    """The scaffold rules of a staged protocol (RubricEM §3.2, App. B.1) over a response's block tags, "" when
+    they hold: Plan first (``<structured_plan>`` before any search), at least one search, ``<state_evaluation>``
+    only right after a tool output, plan revisions only during Research, and exactly one ``<review>`` right
+    before the ``<answer>`` (``<think>`` blocks may sit anywhere)."""
+    seq = [t for t in tags if t != "think"]
+    if not seq or seq[0] != "structured_plan":
+        return "a staged response must open with <structured_plan> (the Plan stage)"
+    if "search" not in seq:
+        return "no search before the answer (the Research stage is mandatory)"
+    n_review = seq.count("review")
+    if n_review != 1:
+        return "no <review> before the <answer>" if not n_review else f"{n_review} <review> blocks (exactly one allowed)"
+    if seq[-2] != "review":
+        return "<review> must come right before the <answer>"
+    for prev, tag in zip(seq, seq[1:], strict=False):
+        if tag == "state_evaluation" and prev != "result":
+            return "<state_evaluation> not right after a tool output"
+    return ""
+
+
+STAGE_NAMES = ("plan", "research", "review", "answer")
+
+
+def stage_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of the four stages of a staged response (RubricEM App. C.3's boundaries):
+
+        Plan      start .. end of the first </structured_plan>
+        Research  .. the Review stage's start (every search / tool output / state evaluation)
+        Review    the last <think> before <review> (when nothing but it lies between them) .. <answer>
+        Answer    <answer> .. end of text
+
+    Best effort on a malformed response: a missing stage is an empty span at its place, spans stay in order and
+    tile the text."""
+    n = len(text)
+    close = text.find("</structured_plan>")
+    p_end = close + len("</structured_plan>") if close != -1 else 0
+    a_start = text.rfind("<answer>")
+    a_start = n if a_start < p_end else a_start
+    r_start = text.rfind("<review>", p_end, a_start)
+    if r_start == -1:
+        r_start = a_start
+    else:
+        t = text.rfind("<think>", p_end, r_start)
+        t_close = text.find("</think>", t, r_start) if t != -1 else -1
+        if t_close != -1 and not text[t_close + len("</think>") : r_start].strip():
+            r_start = t
+    return [(0, p_end), (p_end, r_start), (r_start, a_start), (a_start, n)]
+
+
+def token_starts(decode: Callable[[list[int]], str], ids: Sequence[int], char_starts: Sequence[int]) -> list[int]:
+    """For each character offset, the first token whose decoded prefix reaches it: the smallest j with
+    ``len(decode(ids[:j])) >= c`` (binary search; offsets must be non-decreasing). Maps stage boundaries found in
+    a response's text onto its token ids (the loop's text is the decode of its ids)."""
+    out: list[int] = []
+    lo_bound = 0
+    for c in char_starts:
+        lo, hi = lo_bound, len(ids)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(decode(list(ids[:mid]))) >= c:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append(lo)
+        lo_bound = lo
+    return out
 
 
 def _bodies(text: str, tag: str, protocol: TagProtocol = ARBOR) -> list[str]:

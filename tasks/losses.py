@@ -151,6 +151,7 @@ class LossOut:
     tis_sum: float
     tis_clip_sum: float
     entropy_sum: float
+    ref_kl_sum: float = 0.0  # sum of k3(pi_ref || pi_theta) over loss tokens (0 without a KL term)
 
 
 def k3_kl(logp: Tensor, logp_ref: Tensor) -> Tensor:
@@ -219,6 +220,7 @@ def policy_loss(
             tis_sum=float((w * m).sum()),
             tis_clip_sum=float((tis_clipped * m).sum()),
             entropy_sum=float((ent * m).sum()),
+            ref_kl_sum=float((kl_ref.detach() * m).sum()),
         )
 
 

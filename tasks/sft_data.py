@@ -86,7 +86,7 @@ def synthesize_response(question: Any, search: Any, *, seed: int, top_k: int, ma
     query = _clean_query(question.question)
     thought = rng.choice(_OPEN_THOUGHTS)
     for n in range(max(1, max_searches)):
-        parts.append(f"<think>{thought}</think>\n<search>{query}</search>")
+        parts.append(protocol.step_block(n, thought, query))
         hits = search.search([query], top_k)[0]
         all_hits += hits
         seen.update(h.title for h in hits)
@@ -98,7 +98,7 @@ def synthesize_response(question: Any, search: Any, *, seed: int, top_k: int, ma
         thought = rng.choice(_MISSING_THOUGHTS).format(t=missing[0])
     evidence = _evidence(all_hits, answer, max_result_chars)
     final = rng.choice(_FINAL_THOUGHTS) if evidence else _FINAL_THOUGHTS[2]
-    parts.append(f"<think>{final.format(e=evidence, a=answer)}</think>\n{protocol.answer_block(answer)}")
+    parts.append(protocol.final_block(final.format(e=evidence, a=answer), answer))
     return "".join(parts)
 
 

@@ -37,7 +37,6 @@ from arbor.tasks.group_stats import classify_group
 from arbor.tasks.memory import RubricMemory, group_info_from_rows
 from arbor.tasks.methods import make_method
 from arbor.tasks.methods.base import Method
-from arbor.tasks.shaping import shape_group
 from arbor.tasks.stages import Rows, StageStore
 from arbor.tasks.types import Trajectory
 from arbor.tasks.weight_sync import sync_policy
@@ -72,6 +71,7 @@ class RunState:
 
     def __post_init__(self) -> None:
         self.method = make_method(self.cfg)
+        self.method.restore(self)  # its own state (SS-GRPO's stage buffer) from the stored stages
 
     @property
     def seed(self) -> int:
@@ -150,20 +150,8 @@ class RunState:
         return self.method.induce(self, step, trajs)
 
     def shape(self, step: int, trajs: list[Trajectory], activations: Rows, draft_scores: Rows) -> dict[str, Rows]:
-        """R_total = R_base + lambda_ * centred, attenuated rubric term (eq. 3/4), per group, with the scores the
-        method gives each group (none: R_total = R_base)."""
-        m = self.cfg.memory
-        got = self.method.rubric_scores(self, step, trajs, activations, draft_scores)
-        delta_v = self.method.shaping_delta_v(m)
-        out: list[dict[str, Any]] = []
-        for g in self.groups(trajs):
-            scores = got.per_group.get(g[0].group, [])
-            shaped = shape_group([t.base_reward for t in g], scores, [t.format_valid for t in g],
-                                 lambda_=m.lambda_, alpha=m.alpha, delta_v=delta_v)
-            for t, total in zip(g, shaped.total, strict=True):
-                t.shaped_reward = total
-                out.append(t.to_row())
-        return {"trajectories": out, "judge_calls": got.judge_calls, "draft_scores": got.draft_scores}
+        """R_total per trajectory, as the method shapes it (default: eq. 3/4, ``Method.shape``)."""
+        return self.method.shape(self, step, trajs, activations, draft_scores)
 
     def consolidate(self, step: int) -> dict[str, Rows]:
         return self.method.consolidate(self, step)

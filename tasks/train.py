@@ -394,12 +394,30 @@ class Trainer:
             total_steps=total_updates, temperature=scoring_temperature(cfg.rollout.temperature),
         )
         self.device = self.engine.device
+        self.kl_coef, self.kl_reference = self.method.kl(self.tc)
+        self.ref_engine = self._reference_engine() if self.kl_coef > 0 and self.kl_reference == "frozen" else None
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.policy_version = 0
         self.step = 0  # last trained step (0 = the start checkpoint)
         self.data_position: dict[str, Any] = {}
         self.last_timing: dict[str, float] = {}
+
+    def _reference_engine(self) -> Any:
+        """The frozen reference policy pi_ref of a KL term (RubricEM eq. 1): the start checkpoint, loaded once
+        more, never stepped. A DeepSpeed inference engine (no optimizer): ZeRO-3 partitions it like the policy,
+        other stages keep a full copy per rank."""
+        import deepspeed
+
+        stage = 3 if self.tc.zero_stage == 3 else 0
+        ds = deepspeed_config(zero_stage=stage, bf16=self.tc.bf16, grad_clip=0.0)
+        model = load_model(self.model_path, bf16=self.tc.bf16, ds_config=ds, gradient_checkpointing=False)
+        head = PolicyHead(model, scoring_temperature(self.cfg.rollout.temperature))
+        for p in head.parameters():
+            p.requires_grad_(False)
+        engine, _, _, _ = deepspeed.initialize(model=head, config=ds)
+        engine.eval()
+        return engine
 
     # ------------------------------------------------------------------ helpers
     def _barrier(self) -> None:
@@ -415,14 +433,15 @@ class Trainer:
                           advantages).to(self.device)
 
     @torch.no_grad()
-    def logprobs(self, trajs: list[Trajectory]) -> list[torch.Tensor]:
-        """log pi(loss tokens) under the current weights, one float32 CPU tensor per trajectory (pi_old), in the
-        order of the trajectory's loss-mask positions."""
+    def logprobs(self, trajs: list[Trajectory], engine: Any = None) -> list[torch.Tensor]:
+        """log pi(loss tokens) under the current weights (or ``engine``'s: the frozen reference), one float32 CPU
+        tensor per trajectory (pi_old), in the order of the trajectory's loss-mask positions."""
+        engine = self.engine if engine is None else engine
         out: list[torch.Tensor | None] = [None] * len(trajs)
         lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
         for mb in self._rank_shards(pack_by_tokens(lengths, self.tc.micro_batch_tokens)):
             m = self._micro([trajs[i] for i in mb] if mb else [trajs[0]], dummy=not mb)
-            lp, _ = self.engine(m.ids, m.att, m.rows, m.cols, m.targets)
+            lp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets)
             lp = lp.float().cpu()
             for i, (a, b) in zip(mb, m.spans, strict=False):
                 out[i] = lp[a:b].clone()
@@ -487,6 +506,7 @@ class Trainer:
         self.engine.train()  # Qwen3 has no dropout; train mode keeps gradient checkpointing active
         t0 = time.perf_counter()
         logp_old = self.logprobs(batch)  # pi_old: the weights at the start of the step
+        logp_ref = self.logprobs(batch, self.ref_engine) if self.ref_engine is not None else logp_old
         synchronize()
         t_old = time.perf_counter() - t0
 
@@ -495,7 +515,7 @@ class Trainer:
         perm = torch.randperm(len(batch), generator=g).tolist()
         n_mb = min(tc.updates_per_batch, len(batch))
         minis = [perm[k::n_mb] for k in range(n_mb)]
-        keys = ("loss", "tokens", "clip", "kl", "tis", "tis_clip", "ent")
+        keys = ("loss", "tokens", "clip", "kl", "tis", "tis_clip", "ent", "ref_kl")
         sums = dict.fromkeys(keys, 0.0)
         grad_norms = []
         t_fwd = t_bwd = t_opt = 0.0
@@ -507,7 +527,7 @@ class Trainer:
             for k, mb in enumerate(micro):
                 self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
                 t0 = time.perf_counter()
-                out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens)
+                out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens, logp_ref)
                 synchronize()
                 t1 = time.perf_counter()
                 self.engine.backward(out.loss, scale_wrt_gas=False)
@@ -519,7 +539,8 @@ class Trainer:
                 t_fwd, t_bwd, t_opt = t_fwd + t1 - t0, t_bwd + t2 - t1, t_opt + t3 - t2
                 n_tokens_total += n_tok
                 for key, v in zip(keys, (float(out.loss.detach()) / self.world, out.tokens, out.clip_sum,
-                                         out.approx_kl_sum, out.tis_sum, out.tis_clip_sum, out.entropy_sum),
+                                         out.approx_kl_sum, out.tis_sum, out.tis_clip_sum, out.entropy_sum,
+                                         out.ref_kl_sum),
                                   strict=True):
                     sums[key] += v
             gn = self.engine.get_global_grad_norm()
@@ -535,6 +556,7 @@ class Trainer:
             loss=sums["loss"] / len(minis),
             clip_frac=sums["clip"] / n,
             approx_kl=sums["kl"] / n,
+            ref_kl=sums["ref_kl"] / n if self.kl_coef else float("nan"),
             tis_mean=sums["tis"] / n,
             tis_clip_frac=sums["tis_clip"] / n,
             entropy=sums["ent"] / n if (tc.entropy_diagnostic or tc.entropy_coef) else float("nan"),
@@ -552,7 +574,7 @@ class Trainer:
 
     def _micro_loss(
         self, batch: list[Trajectory], mb: list[int], logp_old: list[torch.Tensor], adv: list[torch.Tensor],
-        n_loss_tokens: float,
+        n_loss_tokens: float, logp_ref: list[torch.Tensor] | None = None,
     ) -> tuple[LossOut, int]:
         tc = self.tc
         m = self._micro([batch[i] for i in mb] if mb else [batch[0]], dummy=not mb,
@@ -560,15 +582,17 @@ class Trainer:
         n_pos = m.rows.shape[0]
         if mb and m.spans[-1][1] == n_pos and n_pos > 0 and float(m.mask.sum()) > 0:
             old = torch.cat([logp_old[i] for i in mb]).to(self.device)
+            ref = torch.cat([(logp_ref or logp_old)[i] for i in mb]).to(self.device)
             a = m.adv
         else:  # a padding micro-batch, or one without any loss token: forward/backward for the collectives only
             old = torch.zeros(n_pos, device=self.device)
+            ref = old
             a = torch.zeros(n_pos, device=self.device)
         mode = "grad" if tc.entropy_coef != 0.0 else ("detached" if tc.entropy_diagnostic else "none")
         logp, ent = self.engine(m.ids, m.att, m.rows, m.cols, m.targets, entropy=mode)
         out = policy_loss(
             logp, old, m.rollout_lp, a, m.mask, eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=tc.tis_cap,
-            n_tokens=n_loss_tokens, kl_coef=tc.kl_coef, logp_ref=old if tc.kl_coef != 0.0 else None,
+            n_tokens=n_loss_tokens, kl_coef=self.kl_coef, logp_ref=ref if self.kl_coef != 0.0 else None,
             entropy_coef=tc.entropy_coef, entropy=ent,
         )
         # DeepSpeed averages gradients over data-parallel ranks; the loss is a sum over the whole mini-batch.

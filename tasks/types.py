@@ -39,6 +39,9 @@ class Trajectory:
     shaped_reward: float | None = None
     policy_version: int = 0
     gen_seconds: float = 0.0
+    # stage-structured credit (RubricEM, issue 15): where each stage starts among the response tokens, and its score
+    stage_starts: list[int] | None = None
+    stage_rewards: list[float] | None = None
 
     @property
     def traj_id(self) -> str:
@@ -88,3 +91,55 @@ class RubricDraft:
     counter_description: str
     feature: str | None = None
     direction: int = 0
+
+
+StagePolarity = Literal[1, -1]
+
+
+@dataclass(frozen=True)
+class StageRubricDraft:
+    """A stage rubric a judge proposes by contrasting a group (RubricEM App. C.2), before the buffer names it.
+
+    ``stage``: 1 Plan, 2 Research, 3 Review, 4 Answer. ``weight``: 1 minor, 2 important, 3 critical.
+    ``polarity``: +1 a quality to exhibit, -1 a flaw to avoid (scored 0/1/2 for how much of the flaw is there and
+    inverted when aggregated). ``feature`` is set by the offline ``rules`` judge only (the stage feature it reads).
+    """
+
+    stage: int
+    title: str
+    description: str
+    weight: int = 2
+    polarity: int = 1
+    feature: str | None = None
+
+
+@dataclass(frozen=True)
+class StageRubric:
+    """A rubric in a question's stage buffer (App. C.1): adaptive, or ``persistent`` (never pruned)."""
+
+    rubric_id: str
+    stage: int
+    title: str
+    description: str
+    weight: int = 2
+    polarity: int = 1
+    persistent: bool = False
+    feature: str | None = None
+
+
+@dataclass(frozen=True)
+class RubricGrade:
+    """One rubric's grade of one trajectory (App. C.3): 0 absent / 1 partial / 2 full (for a negative rubric: how
+    fully the flaw is present), with the judge's short justification."""
+
+    score: int
+    justification: str = ""
+
+
+@dataclass(frozen=True)
+class ReflectionGrade:
+    """The judge's grade of one reflection candidate (App. D.6.2), each dimension in [0, 1]."""
+
+    diagnosis: float
+    specificity: float
+    scope: float

@@ -522,15 +522,15 @@ def render_response(q: WorldQuestion, steps: Sequence[tuple[str, str]], final: s
 
     parts: list[str] = []
     shown: set[str] = set()
-    for thought, query in steps:
+    for i, (thought, query) in enumerate(steps):
         hits = search.search([query], top_k)[0]
         shown.update(h.doc_id for h in hits)
-        parts.append(f"<think>{thought}</think>\n<search>{query}</search>")
+        parts.append(protocol.step_block(i, thought, query))
         parts.append(result_block(format_results(hits, max_result_chars, protocol.passage_line), protocol))
     # " Name" inside the box: the answer's name in the same tokens as in the passages ("ĠSav ith"), not re-spelled
     # after the brace ("S av ith"), which a tiny policy cannot learn for unseen names (normalisation drops the space)
     answer = f" {q.answer}" if protocol.boxed else q.answer  # Search-R1 writes "<answer> X </answer>" anyway
-    parts.append(f"<think>{final}</think>\n{protocol.answer_block(answer)}")
+    parts.append(protocol.final_block(final, answer))
     return "".join(parts), all(h.doc_id in shown for h in q.path)
 
 

@@ -19,6 +19,7 @@ from arbor.config.judge import JudgeConfig
 from arbor.config.memory import MemoryConfig
 from arbor.config.reward import RewardConfig
 from arbor.config.rollout import PolicyConfig, RolloutConfig
+from arbor.config.rubricem import RubricEMConfig
 from arbor.config.run import EvalConfig, RunConfig
 from arbor.config.search import SearchConfig
 from arbor.config.tracking import TrackingConfig
@@ -29,7 +30,7 @@ from arbor.paths import CONFIGS_DIR
 __all__ = [
     "ArborConfig", "ConfigError", "load_config", "apply_overrides", "DataConfig", "PolicyConfig", "RolloutConfig",
     "SearchConfig", "JudgeConfig", "MemoryConfig", "RunConfig", "EvalConfig", "TrainConfig", "CheckpointConfig",
-    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig", "RewardConfig", "TrackingConfig",
+    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig", "RewardConfig", "TrackingConfig", "RubricEMConfig",
 ]
 
 
@@ -53,6 +54,7 @@ class ArborConfig(Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     world: WorldConfig = Field(default_factory=WorldConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    rubricem: RubricEMConfig = Field(default_factory=RubricEMConfig)
     deviations: dict[str, str] = Field(default_factory=dict, description="departures from the paper, with reasons "
                                        "(keys must be config keys; stored with the run's config)")
 

@@ -30,6 +30,9 @@ class JudgeRoles(Section):
     accuracy: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)
     rar_rubrics: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)
     rar_rate: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)
+    stage_rubrics: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. C.2
+    stage_grades: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. C.3
+    reflection_grades: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. D.6.2
 
 
 class JudgeConfig(Section):

@@ -32,10 +32,11 @@ class RolloutConfig(Section):
     max_context_tokens: int = Field(36864, ge=1)
     max_new_tokens_per_turn: int = Field(8192, ge=1)
     concurrency: int = Field(64, ge=1)
-    protocol: Literal["arbor", "search-r1"] = Field(
+    protocol: Literal["arbor", "search-r1", "rubricem"] = Field(
         "arbor", description="agent tag protocol: arbor's <think>/<search>/<result>/<answer> with \\boxed{} (the "
-        "paper's), or Search-R1's <think>/<search>/<information>/<answer> with a plain-text answer; each brings "
-        "its format checker, built-in system prompt and tool-output wrapping (tasks.format)")
+        "paper's), Search-R1's <think>/<search>/<information>/<answer> with a plain-text answer, or RubricEM's "
+        "stage scaffold (<structured_plan>, searches with <tool_output> and <state_evaluation>, <review>, boxed "
+        "<answer>); each brings its format checker, built-in system prompt and tool-output wrapping (tasks.format)")
     force_answer_message: str | None = Field(
         None, description="appended instead of results when the search budget is spent (None: the protocol's own)")
     served_model: str | None = None  # the `model` field sent to the completions server (default: policy.model)
@@ -47,8 +48,10 @@ class RolloutConfig(Section):
     @model_validator(mode="after")
     def _prompt_matches_protocol(self) -> RolloutConfig:
         """A prompt that teaches the other protocol's tool-output tag would train a policy the checker refuses."""
-        other = {"arbor": "<information>", "search-r1": "<result>"}[self.protocol]
-        if self.system_prompt and other in self.system_prompt:
-            raise ValueError(f"system_prompt mentions {other}, which is not a tag of protocol {self.protocol!r}; "
-                             "write the prompt for this protocol or set rollout.system_prompt=null for its built-in one")
+        own = {"arbor": "<result>", "search-r1": "<information>", "rubricem": "<tool_output>"}
+        for name, tag in own.items():
+            if name != self.protocol and tag != own[self.protocol] and self.system_prompt and tag in self.system_prompt:
+                raise ValueError(f"system_prompt mentions {tag}, which is not a tag of protocol {self.protocol!r}; "
+                                 "write the prompt for this protocol or set rollout.system_prompt=null for its "
+                                 "built-in one")
         return self

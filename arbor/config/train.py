@@ -18,7 +18,10 @@ class TrainConfig(Section):
     eps_clip_low: float = Field(0.2, gt=0, lt=1, description="PPO clip eps (lower side), in (0, 1)")
     eps_clip_high: float = Field(0.2, gt=0, lt=1, description="PPO clip eps (upper side), in (0, 1)")
     tis_cap: float | None = Field(2.0, ge=1, description="TIS truncation C >= 1; None disables TIS")
-    kl_coef: float = Field(0.0, ge=0)
+    kl_coef: float = Field(0.0, ge=0, description="coefficient of the k3 KL term in the loss (0: none)")
+    kl_reference: Literal["old", "frozen"] = Field(
+        "old", description="what the KL term measures against: old (pi_old, this step's starting weights) or "
+        "frozen (the start checkpoint, kept as a reference model: RubricEM's eq. 1, DeepSeekMath's GRPO)")
     entropy_coef: float = Field(0.0, ge=0)
     adv_norm: Literal["std", "mean"] = "std"
     adv_eps: float = Field(1e-6, gt=0)

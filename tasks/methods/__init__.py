@@ -5,6 +5,7 @@
     dapo       tasks/methods/dapo.py       clip-higher, dynamic sampling
     rar        tasks/methods/rar.py        query-specific RaR items, holistic rating (App. C.3)
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
+    ss-grpo    tasks/methods/ss_grpo.py    RubricEM's stage-structured GRPO with a stagewise rubric judge (issue 15)
 
 A user's method is a subclass of ``arbor.tasks.methods.base.Method`` named by ``run.method: pkg.module:ClassName``
 (docs/methods.md). This module imports no method (nor torch) until one is resolved, so that checking a config
@@ -28,7 +29,11 @@ BUILTIN: dict[str, str] = {
     "dapo": "arbor.tasks.methods.dapo:DAPO",
     "rar": "arbor.tasks.methods.rar:RaR",
     "no-memory": "arbor.tasks.methods.no_memory:NoMemory",
+    "ss-grpo": "arbor.tasks.methods.ss_grpo:SSGRPO",
 }
+# Config values a built-in method cannot run without (its ``Method.requires``, repeated here so that checking a
+# config imports no method; a test keeps the two equal).
+BUILTIN_REQUIRES: dict[str, dict[str, object]] = {"ss-grpo": {"rollout.protocol": "rubricem"}}
 REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
 
 
@@ -52,6 +57,20 @@ def check_method(spec: str) -> None:
     """Raise ``MethodError`` unless ``spec`` resolves; a built-in name is known without importing anything."""
     if spec not in BUILTIN:
         resolve_method(spec)
+
+
+def requirement_problems(cfg: ArborConfig) -> list[str]:
+    """One line per config value the configured method requires and ``cfg`` does not have (``Method.requires``)."""
+    spec = cfg.run.method
+    needs = BUILTIN_REQUIRES.get(spec) if spec in BUILTIN else dict(resolve_method(spec).requires)
+    out = []
+    for key, want in (needs or {}).items():
+        have: object = cfg
+        for part in key.split("."):
+            have = getattr(have, part)
+        if have != want:
+            out.append(f"{key}: run.method={spec} needs {key}={want} (got {have!r})")
+    return out
 
 
 def resolve_method(spec: str) -> type[Method]:
@@ -79,5 +98,5 @@ def make_method(cfg: ArborConfig) -> Method:
     return resolve_method(cfg.run.method)(cfg)
 
 
-__all__ = ["BUILTIN", "REGISTRY", "MethodError", "check_method", "make_method", "method_names", "register",
-           "resolve_method"]
+__all__ = ["BUILTIN", "BUILTIN_REQUIRES", "REGISTRY", "MethodError", "check_method", "make_method", "method_names",
+           "register", "requirement_problems", "resolve_method"]

@@ -13,10 +13,14 @@ in the decisions, each a hook with a do-nothing default, so plain GRPO (``tasks.
     induce           new rubric drafts from the rollouts (ARBOR, no-memory: contrastive induction, eq. 1)
     rubric_scores    per group, the rubric score vectors that eq. 3/4 shape the base reward with
     consolidate      memory maintenance after shaping (ARBOR: abstraction into common rubrics)
+    shape            R_total per trajectory (default: eq. 3/4 with ``rubric_scores``; SS-GRPO: stage returns)
     select_groups    which trajectories the trainer keeps (DAPO: drops zero-variance groups)
     eps_clip_high    the upper PPO clip (DAPO: clip-higher)
     token_advantages one advantage per response token (GRPO: the group advantage A_i broadcast; a method with
                      stage- or turn-level credit returns different values along one trajectory)
+    kl               the KL coefficient and its reference (``old``: pi_old; ``frozen``: the start checkpoint)
+    restore          rebuild the method's own state from stored rows when a run (re)starts
+    extra_tables     tables the method adds to a stage's artifact (SS-GRPO: stage rubrics and scores in ``score``)
 
 Every stage hook returns the rows of the stage's tables (``{table: rows}``); a table it does not fill is an empty
 list. Hooks get the run's resources (``StepResources``) and must draw any randomness from ``run.seed`` and the
@@ -39,6 +43,7 @@ from arbor.llm.base import Judge
 from arbor.tasks.datasets import Question
 from arbor.tasks.losses import group_advantages
 from arbor.tasks.memory import RubricMemory
+from arbor.tasks.shaping import shape_group
 from arbor.tasks.types import Trajectory
 
 Rows = list[dict[str, Any]]
@@ -51,6 +56,7 @@ class StepResources(Protocol):
     cfg: ArborConfig
     run_id: str
     questions: list[Question]
+    store: Any  # tasks.stages.StageStore: this run's stored stages (a method reads its own earlier rows)
     engine: Any  # a rollout engine: generate_groups(questions, k, seed, step, run_id=..., first_group=...)
     judge: Judge
     memory: RubricMemory
@@ -84,9 +90,14 @@ class Method:
     """Plain GRPO behaviour; a method overrides the hooks it changes (module docstring)."""
 
     name: ClassVar[str] = ""
+    extra_tables: ClassVar[dict[str, tuple[str, ...]]] = {}  # stage -> tables it also stores for this method
+    requires: ClassVar[dict[str, object]] = {}  # dotted config key -> the value the method cannot run without
 
     def __init__(self, cfg: ArborConfig) -> None:
         self.cfg = cfg
+
+    def restore(self, run: StepResources) -> None:
+        """Rebuild state the method keeps between steps from stored rows (called when a run starts or resumes)."""
 
     # -------------------------------------------------------------------------------- stages (rollout -> shape)
     def extra_rollouts(self, run: StepResources, step: int, batch: list[Question],
@@ -110,12 +121,33 @@ class Method:
         """delta_v of the shaping variance filter (§3.4)."""
         return memory.delta_v
 
+    def shape(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
+              draft_scores: Rows) -> dict[str, Rows]:
+        """R_total = R_base + lambda_ * centred, attenuated rubric term (eq. 3/4), per group, with the scores
+        ``rubric_scores`` gives each group (none: R_total = R_base)."""
+        m = self.cfg.memory
+        got = self.rubric_scores(run, step, trajs, activations, draft_scores)
+        delta_v = self.shaping_delta_v(m)
+        out: Rows = []
+        for g in run.groups(trajs):
+            scores = got.per_group.get(g[0].group, [])
+            shaped = shape_group([t.base_reward for t in g], scores, [t.format_valid for t in g],
+                                 lambda_=m.lambda_, alpha=m.alpha, delta_v=delta_v)
+            for t, total in zip(g, shaped.total, strict=True):
+                t.shaped_reward = total
+                out.append(t.to_row())
+        return {"trajectories": out, "judge_calls": got.judge_calls, "draft_scores": got.draft_scores}
+
     def consolidate(self, run: StepResources, step: int) -> dict[str, Rows]:
         return {"rubric_events": [], "rubric_sources": [], "judge_calls": []}
 
     # -------------------------------------------------------------------------------- the trainer's decisions
     def eps_clip_high(self, train: TrainConfig) -> float:
         return train.eps_clip_high
+
+    def kl(self, train: TrainConfig) -> tuple[float, str]:
+        """(coefficient, reference) of the loss's KL term: ``train.kl_coef`` against ``train.kl_reference``."""
+        return train.kl_coef, train.kl_reference
 
     def select_groups(self, rewards: Sequence[float], groups: Sequence[int]) -> tuple[list[int], dict[str, float]]:
         """Indices of the trajectories to train on, and metrics about the choice (default: all)."""

@@ -1,0 +1,36 @@
+"""RubricEM hyperparameters (issue 15): the paper's defaults (its App. C.4, F.1.2, D.3-D.5)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from arbor.config.base import Section
+
+# F.1.2: the causal stage-dependence matrix of SS-GRPO (rows: the stage credited; columns: the stage scored)
+DEFAULT_LAMBDA = ((1.0, 0.4, 0.6, 0.8), (0.0, 1.0, 0.4, 0.8), (0.0, 0.0, 1.0, 0.8), (0.0, 0.0, 0.0, 1.0))
+
+
+class RubricEMConfig(Section):
+    lambda_matrix: tuple[tuple[float, ...], ...] = Field(
+        DEFAULT_LAMBDA, description="SS-GRPO's Lambda (eq. 1, F.1.2): K x K, upper triangular, unit diagonal; row k "
+        "gives G_k = sum_j lambda_kj R_j")
+    stage_caps: tuple[int, int, int, int] = Field(
+        (3, 2, 2, 3), description="active adaptive rubrics kept per stage after scoring (C.4: Plan, Research, "
+        "Review, Answer); over the cap, the lowest-variance rubrics are dropped")
+    outcome_weight: float = Field(
+        3.0, ge=0.0, description="weight of the persistent Answer-stage rubric 'the answer matches the gold' (scored "
+        "by token F1, C.1's ground-truth rubric); 0 leaves the Answer stage to the judge's rubrics alone")
+    kl_coef: float = Field(0.001, ge=0.0, description="beta of eq. 1: KL to the frozen reference policy (k3, F.1.2)")
+
+    @field_validator("lambda_matrix")
+    @classmethod
+    def _causal(cls, v: tuple[tuple[float, ...], ...]) -> tuple[tuple[float, ...], ...]:
+        k = len(v)
+        if k != 4 or any(len(row) != k for row in v):
+            raise ValueError(f"must be 4 x 4 (Plan, Research, Review, Answer), got {[len(r) for r in v]}")
+        for i, row in enumerate(v):
+            if row[i] != 1.0:
+                raise ValueError(f"lambda_kk must be 1 (row {i + 1} has {row[i]})")
+            if any(row[j] != 0.0 for j in range(i)):
+                raise ValueError(f"lambda_kj must be 0 for j < k (row {i + 1}: {list(row)})")
+        return v

@@ -1,0 +1,199 @@
+"""SS-GRPO (RubricEM §3.3, eq. 1; App. C): stage-structured GRPO with a stagewise evolving rubric judge.
+
+Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Review / Answer, ``tasks.format``).
+
+    score   per group: the judge proposes discriminative stage rubrics by contrasting the K trajectories (C.2),
+            they join the question's stage buffer, every format-valid trajectory is graded 0/1/2 against the
+            buffer (C.3), R_{i,k} per stage, then each stage is pruned to its cap by grade variance (C.4)
+    shape   G_{i,k} = sum_j lambda_kj R_{i,j}; the trajectory's R_total is G_{i,1} (what it earns overall)
+    train   A_{i,k} per stage across the group; every token of stage k carries A_{i,k}; KL to the frozen
+            reference policy with beta = rubricem.kl_coef (eq. 1)
+
+Choices where the paper leaves arbor's setting open (docs/decisions.md "Issue 15"):
+- the persistent Answer rubric is the outcome: token F1 against the gold answers, weight ``rubricem.outcome_weight``;
+- the format gate of eq. 4 carries over: a format-invalid trajectory scores 0 in every stage and is not graded;
+- a failed grading call falls back to the terminal answer score only (C.4): R = (0, 0, 0, F1-only Answer score).
+
+The stage buffer changes only through its events (``stage_rubrics`` rows), so a resumed run replays them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from arbor.config import ArborConfig
+from arbor.config.train import TrainConfig
+from arbor.llm.base import CallContext, JudgeOutcome
+from arbor.tasks.format import STAGE_NAMES
+from arbor.tasks.losses import segment_advantages
+from arbor.tasks.methods.base import Method, Rows, StepResources
+from arbor.tasks.stages import fault_point
+from arbor.tasks.stagewise import (
+    StageBuffer,
+    grade_variance,
+    stage_advantages,
+    stage_returns,
+    stage_score,
+    stage_segments,
+    stage_token_bounds,
+)
+from arbor.tasks.types import RubricGrade, StageRubric, StageRubricDraft, Trajectory
+
+
+def trajectory_stage_scores(rubrics: Sequence[StageRubric], grades: Sequence[RubricGrade] | None, f1: float,
+                            format_valid: bool, outcome_weight: float) -> list[float]:
+    """R_{i,1..4} of one trajectory (C.3) under this method's gate and fallback (module docstring)."""
+    if not format_valid:
+        return [0.0] * len(STAGE_NAMES)
+    outcome = (f1, outcome_weight) if outcome_weight > 0 else None
+    if grades is None:  # the grading call failed: the terminal answer score only (C.4)
+        return [0.0, 0.0, 0.0, stage_score([], [], [], outcome)]
+    out = []
+    for stage in range(1, len(STAGE_NAMES) + 1):
+        idx = [j for j, r in enumerate(rubrics) if r.stage == stage]
+        out.append(stage_score([grades[j].score for j in idx], [rubrics[j].weight for j in idx],
+                               [rubrics[j].polarity for j in idx], outcome if stage == len(STAGE_NAMES) else None))
+    return out
+
+
+class SSGRPO(Method):
+    name = "ss-grpo"
+    extra_tables: ClassVar[dict[str, tuple[str, ...]]] = {"score": ("stage_rubrics", "stage_scores")}
+    requires: ClassVar[dict[str, object]] = {"rollout.protocol": "rubricem"}  # the stages must exist
+
+    def __init__(self, cfg: ArborConfig) -> None:
+        super().__init__(cfg)
+        self.buffer = StageBuffer(tuple(cfg.rubricem.stage_caps))
+
+    # ------------------------------------------------------------------------------------------ resume
+    def restore(self, run: StepResources) -> None:
+        """The stage buffer from the ``stage_rubrics`` events of every completed score stage."""
+        events: Rows = []
+        step = 1
+        while run.store.done(step, "score"):
+            events += run.store.load(step, "score", ("stage_rubrics",))["stage_rubrics"]
+            step += 1
+        self.buffer = StageBuffer.from_events(tuple(self.cfg.rubricem.stage_caps), events)
+
+    # ------------------------------------------------------------------------------------------ score
+    def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        """C.2 generation per group, C.3 grading per trajectory, C.4 pruning; the stage score rows."""
+        rc = self.cfg.rubricem
+        groups = run.groups(trajs)
+        capped = run.judge_capped()
+
+        async def generate() -> list[JudgeOutcome[list[StageRubricDraft]]]:
+            return await asyncio.gather(*[
+                run.judge.stage_rubrics(g[0].question, g[0].golds, g, self.buffer.rubrics(g[0].question_id),
+                                        ctx=CallContext(run.run_id, step, "score", g[0].group))
+                for g in groups])
+
+        drafts = [JudgeOutcome([]) for _ in groups] if capped else run.run_async(generate())
+        events: Rows = []
+        for g, out in zip(groups, drafts, strict=True):  # applied in group order: independent of call timing
+            events += self.buffer.add(step, g[0].group, g[0].question_id, out.value or [])
+        buffers = [self.buffer.rubrics(g[0].question_id) for g in groups]
+        graded = [(gi, t) for gi, g in enumerate(groups) for t in g if t.format_valid and buffers[gi] and not capped]
+        tick = run.scoring_progress("score", len(graded))
+
+        async def grade() -> list[JudgeOutcome[list[RubricGrade]]]:
+            async def one(gi: int, t: Trajectory) -> JudgeOutcome[list[RubricGrade]]:
+                out = await run.judge.stage_grades(t.question, t.golds, t, buffers[gi],
+                                                   ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
+                tick()
+                return out
+            return await asyncio.gather(*[one(gi, t) for gi, t in graded])
+
+        results = run.run_async(grade()) if graded else []
+        fault_point(step, "score", "mid")
+        got: dict[str, JudgeOutcome[list[RubricGrade]]] = {t.traj_id: r for (_, t), r in zip(graded, results,
+                                                                                            strict=True)}
+        decode = _decoder(run)
+        rows: Rows = []
+        for gi, g in enumerate(groups):
+            rubrics = buffers[gi]
+            per_traj: list[list[RubricGrade] | None] = []  # None: not graded (invalid, or the call failed)
+            scores: list[list[float]] = []
+            errors: list[str | None] = []
+            for t in g:
+                grades: list[RubricGrade] | None = [] if t.format_valid and not rubrics else None
+                err = None
+                out = got.get(t.traj_id)
+                if out is not None:
+                    if out.value is not None and len(out.value) == len(rubrics):
+                        grades = out.value
+                    else:
+                        err = out.error or f"{len(out.value or [])} grades for {len(rubrics)} rubrics"
+                per_traj.append(grades)
+                scores.append(trajectory_stage_scores(rubrics, grades, t.f1, t.format_valid, rc.outcome_weight))
+                errors.append(err)
+            returns = [stage_returns(r, rc.lambda_matrix) for r in scores]
+            advs = stage_advantages(returns, eps=self.cfg.train.adv_eps, norm=self.cfg.train.adv_norm)
+            variances = {r.rubric_id: grade_variance([gr[j].score if gr else None for gr in per_traj])
+                         for j, r in enumerate(rubrics)}
+            events += self.buffer.prune(step, g[0].group, g[0].question_id, variances)
+            for t, r, G, A, err in zip(g, scores, returns, advs, errors, strict=True):
+                starts = stage_token_bounds(decode, t.response_ids, t.text)
+                ends = [*starts[1:], len(t.response_ids)]
+                for k in range(len(STAGE_NAMES)):
+                    rows.append({
+                        "traj_id": t.traj_id, "group": t.group, "sample": t.sample, "question_id": t.question_id,
+                        "stage": k + 1, "stage_name": STAGE_NAMES[k], "token_start": starts[k], "token_end": ends[k],
+                        "score": r[k], "stage_return": G[k], "advantage": A[k], "format_valid": t.format_valid,
+                        "f1": t.f1, "n_rubrics": sum(x.stage == k + 1 for x in rubrics), "judge_error": err})
+        return {"rubric_events": [], "rubric_activations": [], "judge_calls": run.judge_rows(),
+                "stage_rubrics": events, "stage_scores": rows}
+
+    # ------------------------------------------------------------------------------------------ shape
+    def shape(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
+              draft_scores: Rows) -> dict[str, Rows]:
+        """Each trajectory carries its stage starts and scores to the trainer; R_total = G_{i,1}."""
+        rows = run.store.load(step, "score", ("stage_scores",))["stage_scores"]
+        by_traj: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_traj.setdefault(r["traj_id"], []).append(r)
+        out = []
+        for t in trajs:
+            mine = sorted(by_traj[t.traj_id], key=lambda r: r["stage"])
+            t.stage_starts = [int(r["token_start"]) for r in mine]
+            t.stage_rewards = [float(r["score"]) for r in mine]
+            t.shaped_reward = float(mine[0]["stage_return"])
+            out.append(t.to_row())
+        return {"trajectories": out, "judge_calls": [], "draft_scores": []}
+
+    # ------------------------------------------------------------------------------------------ train
+    def kl(self, train: TrainConfig) -> tuple[float, str]:
+        return self.cfg.rubricem.kl_coef, "frozen"
+
+    def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
+                         train: TrainConfig) -> list[Tensor]:
+        """A_{i,k} on every token of stage k (§3.3), from the stage scores the shape stage stored."""
+        lam = self.cfg.rubricem.lambda_matrix
+        by_group: dict[int, list[int]] = {}
+        for i, gid in enumerate(groups):
+            by_group.setdefault(int(gid), []).append(i)
+        out: list[Tensor | None] = [None] * len(batch)
+        for idx in by_group.values():
+            for i in idx:
+                if batch[i].stage_rewards is None or batch[i].stage_starts is None:
+                    raise ValueError(f"{batch[i].traj_id}: no stage scores (run.method=ss-grpo needs its score "
+                                     "and shape stages)")
+            returns = [stage_returns(batch[i].stage_rewards or [], lam) for i in idx]
+            advs = stage_advantages(returns, eps=train.adv_eps, norm=train.adv_norm)
+            for i, a in zip(idx, advs, strict=True):
+                n = len(batch[i].response_ids)
+                out[i] = segment_advantages(n, stage_segments(batch[i].stage_starts or [], n, a))
+        return [a for a in out if a is not None]
+
+
+def _decoder(run: StepResources) -> Any:
+    tok = run.engine.tokenizer
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=False)
+
+    return decode

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletion
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm import prompts
-from arbor.llm.base import CallContext, Judge, JudgeOutcome, Winner
+from arbor.llm.base import ROLES, CallContext, Judge, JudgeOutcome, Winner
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
 from arbor.llm.parse import (
     ConsolidationOut,
@@ -33,9 +33,20 @@ from arbor.llm.parse import (
     RarRubricsOut,
     parse_accuracy,
     parse_json,
+    parse_reflection_grades,
+    parse_stage_grades,
+    parse_stage_rubrics,
 )
 from arbor.seeding import derive_seed
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.tasks.types import (
+    ReflectionGrade,
+    Rubric,
+    RubricDraft,
+    RubricGrade,
+    StageRubric,
+    StageRubricDraft,
+    Trajectory,
+)
 
 log = logging.getLogger("arbor.judge")
 CACHE_HEADER = "X-Arbor-Cache-Key"
@@ -66,7 +77,7 @@ class OpenAIJudge(Judge):
 
     def __init__(self, cfg: JudgeConfig, *, home: Path):
         super().__init__(cfg, home=home)
-        for role in ("induction", "consolidation", "pairwise", "accuracy", "rar_rubrics", "rar_rate"):
+        for role in ROLES:
             env = str(cfg.for_role(role)["api_key_env"])
             if not os.environ.get(env):
                 where = f"judge.roles.{role}.api_key_env" if getattr(cfg.roles, role).api_key_env \
@@ -258,3 +269,42 @@ class OpenAIJudge(Judge):
         version, messages = prompts.rar_rate_messages(question, trajectory, items, self.cfg.max_judge_tokens)
         return await self._call("rar_rate", version, messages,
                                 lambda t: parse_json(t, RarRateOut).rating, ctx)  # type: ignore[attr-defined]
+
+    # ---- RubricEM roles (App. C.2, C.3, D.6.2) ----------------------------------------------------------------
+    async def stage_rubrics(self, question: str, golds: Sequence[str] | None, trajectories: Sequence[Trajectory],
+                            existing: Sequence[StageRubric], *,
+                            ctx: CallContext | None = None) -> JudgeOutcome[list[StageRubricDraft]]:
+        """C.2 (``stage_rubrics.v1``): positive and negative rubrics by stage, weight 1-3, at most 4 per stage for
+        stages 1-3 and 5 for stage 4 (more is invalid output). Fewer than two trajectories: ``[]`` without a call
+        (nothing to contrast)."""
+        if len(trajectories) < 2:
+            return JudgeOutcome([], None, 0, False)
+        version, messages = prompts.stage_rubrics_messages(question, golds, trajectories, existing,
+                                                           self.cfg.max_judge_tokens)
+        return await self._call("stage_rubrics", version, messages, parse_stage_rubrics, ctx)
+
+    async def stage_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                           rubrics: Sequence[StageRubric], *,
+                           ctx: CallContext | None = None) -> JudgeOutcome[list[RubricGrade]]:
+        """C.3 (``stage_grades.v1``): the reply must score every rubric index exactly once, 0/1/2 (else invalid
+        output, retried); grades come back in ``rubrics`` order. No rubrics: ``[]`` without a call."""
+        if not rubrics:
+            return JudgeOutcome([], None, 0, False)
+        version, messages = prompts.stage_grades_messages(question, golds, trajectory, rubrics,
+                                                          self.cfg.max_judge_tokens)
+        n = len(rubrics)
+        return await self._call("stage_grades", version, messages, lambda t: parse_stage_grades(t, n), ctx)
+
+    async def reflection_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                                graded: Sequence[tuple[StageRubric, RubricGrade]], candidates: Sequence[str], *,
+                                ctx: CallContext | None = None) -> JudgeOutcome[list[ReflectionGrade]]:
+        """D.6.2 (``reflection_grades.v1``): diagnosis, specificity and scope in [0, 1] for every candidate index
+        exactly once (else invalid output, retried), in candidate order; the caller weights them (0.4 / 0.3 /
+        0.3). No candidates: ``[]`` without a call."""
+        if not candidates:
+            return JudgeOutcome([], None, 0, False)
+        version, messages = prompts.reflection_grades_messages(question, golds, trajectory, graded, candidates,
+                                                               self.cfg.max_judge_tokens)
+        n = len(candidates)
+        return await self._call("reflection_grades", version, messages, lambda t: parse_reflection_grades(t, n),
+                                ctx)

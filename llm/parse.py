@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 
-from arbor.tasks.types import RubricDraft
+from arbor.tasks.types import ReflectionGrade, RubricDraft, RubricGrade, StageRubricDraft
 
 
 class InvalidOutput(ValueError):
@@ -58,6 +66,98 @@ class RarRubricsOut(_Strict):
 
 class RarRateOut(_Strict):
     rating: int = Field(ge=1, le=10)
+
+
+# ---- RubricEM roles (App. C.2, C.3, D.6.2) -------------------------------------------------------------------
+STAGE_MAX_NEW = (4, 4, 4, 5)  # C.2 targets, read as the most one reply may add per stage (positive + negative)
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):  # JSON true is not the number 1
+        raise ValueError("a boolean is not a number")
+    return v
+
+
+Number = Annotated[int, BeforeValidator(_not_bool)]
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+
+
+class StageDraftOut(_Strict):
+    title: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=300)]
+    description: Text
+    weight: Number = Field(ge=1, le=3)  # 1 minor, 2 important, 3 critical
+
+
+class StageSetOut(_Strict):
+    positive_rubrics: list[StageDraftOut] = Field(default_factory=list)
+    negative_rubrics: list[StageDraftOut] = Field(default_factory=list)
+
+
+class StageRubricsOut(_Strict):
+    """C.2: rubrics by stage, each stage key present (empty lists where there is nothing to add)."""
+
+    stage_1: StageSetOut
+    stage_2: StageSetOut
+    stage_3: StageSetOut
+    stage_4: StageSetOut
+
+    def to_drafts(self) -> list[StageRubricDraft]:
+        """Stage order; within a stage the positive rubrics, then the negative ones. More rubrics in one stage
+        than ``STAGE_MAX_NEW`` allows is invalid output."""
+        out: list[StageRubricDraft] = []
+        for k, s in enumerate((self.stage_1, self.stage_2, self.stage_3, self.stage_4), start=1):
+            if len(s.positive_rubrics) + len(s.negative_rubrics) > STAGE_MAX_NEW[k - 1]:
+                raise InvalidOutput(f"StageRubricsOut: more than {STAGE_MAX_NEW[k - 1]} rubrics in stage_{k}")
+            for polarity, items in ((1, s.positive_rubrics), (-1, s.negative_rubrics)):
+                out += [StageRubricDraft(k, d.title, d.description, d.weight, polarity) for d in items]
+        return out
+
+
+class GradeOut(_Strict):
+    index: Number
+    score: Number = Field(ge=0, le=2)
+    justification: Annotated[str, StringConstraints(strip_whitespace=True)] = ""
+
+
+class StageGradesOut(_Strict):
+    scores: list[GradeOut]
+
+
+class ReflectionGradeOut(_Strict):
+    index: Number
+    diagnosis: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    specificity: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    scope: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+
+
+class ReflectionGradesOut(_Strict):
+    grades: list[ReflectionGradeOut]
+
+
+def _by_index(items: list[Any], n: int, what: str) -> list[Any]:
+    """Items with indices 1..n, each exactly once, in index order (InvalidOutput otherwise)."""
+    got = sorted(i.index for i in items)
+    if got != list(range(1, n + 1)):
+        raise InvalidOutput(f"{what}: indices {got} are not 1..{n}, each exactly once")
+    return sorted(items, key=lambda i: i.index)
+
+
+def parse_stage_rubrics(text: str) -> list[StageRubricDraft]:
+    """C.2: drafts by stage (``StageRubricsOut.to_drafts``)."""
+    return parse_json(text, StageRubricsOut).to_drafts()  # type: ignore[attr-defined]
+
+
+def parse_stage_grades(text: str, n: int) -> list[RubricGrade]:
+    """C.3: one 0/1/2 score per rubric index 1..n, returned in rubric order."""
+    scores = _by_index(parse_json(text, StageGradesOut).scores, n, "StageGradesOut")  # type: ignore[attr-defined]
+    return [RubricGrade(g.score, g.justification) for g in scores]
+
+
+def parse_reflection_grades(text: str, n: int) -> list[ReflectionGrade]:
+    """D.6.2: one (diagnosis, specificity, scope) in [0, 1] per candidate index 1..n, returned in candidate order."""
+    grades = _by_index(parse_json(text, ReflectionGradesOut).grades, n,  # type: ignore[attr-defined]
+                       "ReflectionGradesOut")
+    return [ReflectionGrade(g.diagnosis, g.specificity, g.scope) for g in grades]
 
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from arbor.llm.text import compact_trajectory, escape_block
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.tasks.types import Rubric, RubricDraft, RubricGrade, StageRubric, Trajectory
 
 PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
 VERSIONS = {
@@ -26,7 +26,11 @@ VERSIONS = {
     "accuracy": "accuracy.v2",
     "rar_rubrics": "rar_rubrics.v1",
     "rar_rate": "rar_rate.v1",
+    "stage_rubrics": "stage_rubrics.v1",  # RubricEM App. C.2
+    "stage_grades": "stage_grades.v1",  # RubricEM App. C.3
+    "reflection_grades": "reflection_grades.v1",  # RubricEM App. D.6.2
 }
+STAGE_LABELS = {1: "Plan", 2: "Research", 3: "Review", 4: "Answer"}
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 Messages = list[dict[str, str]]
 
@@ -143,3 +147,66 @@ def rar_rate_messages(question: str, trajectory: Trajectory, items: Sequence[str
     listed = "\n".join(f"{i + 1}. {escape_block(it)}" for i, it in enumerate(items))
     return version, render(version, question=escape_block(question), items=listed,
                            trajectory=_traj(trajectory, max_tokens))
+
+
+# ---- RubricEM roles ----------------------------------------------------------------------------------------------
+def _stage_rubric_line(r: StageRubric) -> str:
+    """``[Stage 2 Research | NEGATIVE | weight 2] Title: description`` (escaped)."""
+    kind = "POSITIVE" if r.polarity >= 0 else "NEGATIVE"
+    return (f"[Stage {r.stage} {STAGE_LABELS.get(r.stage, '?')} | {kind} | weight {r.weight}] "
+            f"{escape_block(r.title)}: {escape_block(r.description)}")
+
+
+def _existing_by_stage(existing: Sequence[StageRubric]) -> str:
+    if not existing:
+        return "(none)"
+    lines = []
+    for stage, label in STAGE_LABELS.items():
+        mine = [r for r in existing if r.stage == stage]
+        if mine:
+            lines.append(f"Stage {stage} ({label}):")
+            lines += [f"- {_stage_rubric_line(r)}" for r in mine]
+    lines += [f"- {_stage_rubric_line(r)}" for r in existing if r.stage not in STAGE_LABELS]
+    return "\n".join(lines)
+
+
+def stage_rubrics_messages(question: str, golds: Sequence[str] | None, trajectories: Sequence[Trajectory],
+                           existing: Sequence[StageRubric], max_tokens: int) -> tuple[str, Messages]:
+    """RubricEM C.2: every trajectory of the group (numbered, each compacted to ``max_tokens``) and the question's
+    current stage rubrics; the reply holds new positive / negative rubrics by stage."""
+    version = VERSIONS["stage_rubrics"]
+    blocks = [f'<trajectory index="{i + 1}">\n{_traj(t, max_tokens)}\n</trajectory>' for i, t in enumerate(trajectories)]
+    return version, render(version, question=escape_block(question), ground_truth=_golds(golds),
+                           trajectories="\n".join(blocks), existing=_existing_by_stage(existing))
+
+
+def stage_grades_messages(question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                          rubrics: Sequence[StageRubric], max_tokens: int) -> tuple[str, Messages]:
+    """RubricEM C.3: one trajectory and its question's rubrics, numbered from 1 in the caller's order (the reply's
+    indices refer to these numbers)."""
+    version = VERSIONS["stage_grades"]
+    listed = "\n".join(f"{i + 1}. {_stage_rubric_line(r)}" for i, r in enumerate(rubrics))
+    return version, render(version, question=escape_block(question), ground_truth=_golds(golds),
+                           trajectory=_traj(trajectory, max_tokens), rubrics=listed)
+
+
+def _grade_meaning(r: StageRubric, score: int) -> str:
+    if r.polarity >= 0:
+        return {2: "quality fully shown", 1: "quality partly shown", 0: "quality absent"}.get(score, "?")
+    return {2: "flaw fully present", 1: "flaw partly present", 0: "flaw avoided"}.get(score, "?")
+
+
+def reflection_grades_messages(question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                               graded: Sequence[tuple[StageRubric, RubricGrade]], candidates: Sequence[str],
+                               max_tokens: int) -> tuple[str, Messages]:
+    """RubricEM D.6.2: the graded trajectory with the evaluator's grades and justifications (privileged context),
+    then the reflection candidates, numbered from 1 in the caller's order (each compacted to ``max_tokens``)."""
+    version = VERSIONS["reflection_grades"]
+    grades = "\n".join(
+        f"{i + 1}. {_stage_rubric_line(r)}\n   score {g.score} ({_grade_meaning(r, g.score)}): "
+        f"{escape_block(g.justification) or '(no justification)'}"
+        for i, (r, g) in enumerate(graded)) or "(none)"
+    blocks = [f'<candidate index="{i + 1}">\n{escape_block(compact_trajectory(c, max_tokens))}\n</candidate>'
+              for i, c in enumerate(candidates)]
+    return version, render(version, question=escape_block(question), ground_truth=_golds(golds),
+                           trajectory=_traj(trajectory, max_tokens), grades=grades, candidates="\n".join(blocks))

@@ -5,20 +5,39 @@ runs offline and in CI with real statistics. Every rubric it writes is tied to o
 feature of a trajectory (``Rubric.feature``) and a direction (``Rubric.direction``: +1 more is better, -1 less is
 better); judging reads the trajectory's tags (think / search / result / answer, App. E.1) and compares numbers.
 It never reads meaning: a trajectory can game it, and its rubrics are only as good as these six features.
+
+The RubricEM roles (App. C, D.6.2) work the same way: ``STAGE_FEATURES`` are machine-checkable features of one
+stage of a staged response (``arbor.tasks.format.stage_spans``: Plan, Research, Review, Answer), each mapped to a
+0/1/2 grade by fixed thresholds; ``stage_rubrics`` proposes a rubric per feature whose grades differ within the
+group, ``stage_grades`` reads the features back, and ``reflection_grades`` is a keyword heuristic over reflection
+candidates (see those methods). Same caveat: features, not understanding.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Winner
 from arbor.llm.text import normalize_answer, parse_trajectory, structure_valid
+from arbor.tasks.format import PROTOCOLS, stage_spans
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.tasks.reward import exact_match
+from arbor.tasks.types import (
+    ReflectionGrade,
+    Rubric,
+    RubricDraft,
+    RubricGrade,
+    StagePolarity,
+    StageRubric,
+    StageRubricDraft,
+    Trajectory,
+)
 
 PROMPT_VERSION = "rules.v1"
 _STOP = set(
@@ -196,6 +215,193 @@ def _key(role: str, *parts: Any) -> str:
     return hashlib.sha256(repr((PROMPT_VERSION, role, parts)).encode()).hexdigest()
 
 
+# ---- RubricEM stage features (App. C; issue 15) -------------------------------------------------------------
+# Each reads one stage of a staged response (tasks.format.stage_spans; best effort on a malformed one) and returns
+# a number; StageFeature.grade maps it to 0/1/2 by fixed thresholds. They never read meaning.
+_TAG = re.compile(r"</?\w+>")
+_FORCED = {parse_trajectory(p.force_answer_message).results[0].strip() for p in PROTOCOLS.values()
+           if parse_trajectory(p.force_answer_message).results}
+_SENTENCE_END = ".!?:;*•-"  # a word after one of these (or after a line break) opens a sentence
+
+
+def _stage_text(text: str, stage: int) -> str:
+    """The text of stage ``stage`` (1 Plan .. 4 Answer) with every tag removed."""
+    a, b = stage_spans(text)[stage - 1]
+    return _TAG.sub(" ", text[a:b])
+
+
+def _tool_outputs(text: str) -> list[str]:
+    """The retrieved tool outputs, less a protocol's forced "search budget exhausted" message (no evidence)."""
+    return [r for r in parse_trajectory(text).results if r.strip() not in _FORCED]
+
+
+def _entity_tokens(question: str) -> list[set[str]]:
+    return [t for t in (_tokens(e) for e in question_entities(question)) if t]
+
+
+def _names(text: str) -> list[str]:
+    """Capitalised (or numeric) word runs of ``text``, broken by punctuation or a line break between words; a
+    run that is one word opening a sentence (or the text) is left out, since that capital says nothing about a
+    name ("Next, ...", "Both ...")."""
+    runs: list[tuple[list[str], bool]] = []  # (words, opens a sentence)
+    cur: list[str] = []
+    pos = 0
+    for m in re.finditer(r"[\w'’-]+", text):
+        gap, w = text[pos : m.start()], m.group(0)
+        pos = m.end()
+        if cur and (gap.strip() or "\n" in gap):  # punctuation or a line break between two words ends a run
+            cur = []
+        if not (w[:1].isupper() or w[:1].isdigit()):
+            cur = []
+            continue
+        if not cur:
+            k = m.start() - 1
+            while k >= 0 and text[k].isspace():
+                k -= 1
+            cur = []
+            runs.append((cur, k < 0 or text[k] in _SENTENCE_END or "\n" in text[k + 1 : m.start()]))
+        cur.append(w)
+    return [" ".join(words) for words, opens in runs if len(words) > 1 or not opens]
+
+
+def plan_entity_coverage(text: str, question: str) -> float:
+    """Plan: share of the question's entities (``question_entities``) whose content tokens all occur in the Plan
+    stage (0 without a plan or without entities)."""
+    ents = _entity_tokens(question)
+    plan = _tokens(_stage_text(text, 1))
+    return sum(e <= plan for e in ents) / len(ents) if ents and plan else 0.0
+
+
+def query_entity_coverage(text: str, question: str) -> float:
+    """Research: share of the question's entities that at least one query names in full (all its content tokens;
+    a later hop's query names a bridge entity instead, so the share is over entities, not a mean over queries)."""
+    ents = _entity_tokens(question)
+    a, b = stage_spans(text)[1]
+    qs = [_tokens(q) for q in parse_trajectory(text[a:b]).queries]
+    return sum(any(e <= q for q in qs) for e in ents) / len(ents) if ents and qs else 0.0
+
+
+def evaluated_output_share(text: str, question: str) -> float:
+    """Research: share of tool outputs whose next block (``<think>`` and stray text skipped) is a
+    ``<state_evaluation>`` (0 without tool outputs; a forced "budget exhausted" message is not an output)."""
+    segs = [s for s in parse_trajectory(text).segments if s.kind not in ("think", "other")]
+    outs = [i for i, s in enumerate(segs) if s.kind == "result" and s.text.strip() not in _FORCED]
+    if not outs:
+        return 0.0
+    return sum(i + 1 < len(segs) and segs[i + 1].kind == "state_evaluation" for i in outs) / len(outs)
+
+
+def review_grounds_answer(text: str, question: str) -> float:
+    """Review: 1 when the Review stage names the final answer and some tool output holds it, 0.5 when the review
+    names it but no tool output does, 0 when the review does not name it (or there is no final answer)."""
+    ans = parse_trajectory(text).answer or ""
+    if not normalize_answer(ans) or not _contains(_stage_text(text, 3), ans):
+        return 0.0
+    return 1.0 if any(_contains(r, ans) for r in _tool_outputs(text)) else 0.5
+
+
+def review_unsupported_names(text: str, question: str) -> float:
+    """Review (a flaw): share of the names in the Review stage (``_names``) with a content token that occurs in
+    no tool output and not in the question (0 when the review names nothing)."""
+    names = [_tokens(n) for n in _names(_stage_text(text, 3))]
+    names = [n for n in names if n]
+    if not names:
+        return 0.0
+    known = _tokens(question).union(*(_tokens(r) for r in _tool_outputs(text)))
+    return sum(not n <= known for n in names) / len(names)
+
+
+@dataclass(frozen=True)
+class StageFeature:
+    """A stage feature and its grade: ``value >= high`` -> 2, ``value >= low`` -> 1, else 0 (compared with a 1e-9
+    slack, so 1/3 + 2/3 counts as 1). ``polarity`` +1: a quality (the grade is how fully it is shown); -1: a flaw
+    (the grade is how fully the flaw is present; callers invert). ``cues``: word stems a reflection uses when it
+    talks about this feature (``reflection_grades``). ``{entities}`` in the description is filled per question."""
+
+    stage: int
+    fn: Feature
+    low: float
+    high: float
+    polarity: StagePolarity
+    weight: int
+    title: str
+    description: str
+    cues: tuple[str, ...]
+
+    def grade(self, value: float) -> int:
+        return 2 if value >= self.high - 1e-9 else 1 if value >= self.low - 1e-9 else 0
+
+    @property
+    def rule(self) -> str:
+        what = "quality" if self.polarity > 0 else "flaw"
+        return f"{what} grade 2 at >= {self.high:g}, 1 at >= {self.low:g}, else 0"
+
+
+_POS = 1e-6  # "any at all" for a share that is 0 when the flaw is absent
+# The thresholds: shares of entities / outputs / answer words get 2 when complete and 1 from half; a flaw share
+# gets 2 from half and 1 when present at all; a count of wasted searches gets 1 at one and 2 from two.
+STAGE_FEATURES: dict[str, StageFeature] = {
+    "plan_entity_coverage": StageFeature(
+        1, plan_entity_coverage, 0.5, 1.0, 1, 2, "Plan covers every entity of the question",
+        "The structured plan names each entity the question turns on ({entities}) and what must be found out about "
+        "it. Grade 2: all of them; 1: at least half; 0: fewer.",
+        ("plan", "entit", "decompo", "subgoal", "hop", "checklist")),
+    "query_entity_coverage": StageFeature(
+        2, query_entity_coverage, 0.5, 1.0, 1, 2, "Queries name the question's entities",
+        "Each entity of the question ({entities}) is named in full by at least one search query, so the right pages "
+        "come back directly. Grade 2: every entity; 1: at least half; 0: fewer.",
+        ("quer", "entit", "specific", "keyword")),
+    "repeated_query_share": StageFeature(
+        2, repeated_query_share, _POS, 0.5, -1, 2, "Repeats an earlier query",
+        "The agent re-issues a query it already ran (the same words after normalisation) instead of moving on to "
+        "the next missing fact. Flaw grade 2: half or more of the queries are repeats; 1: some; 0: none.",
+        ("repeat", "repetit", "duplicat", "redundan", "reissu")),
+    "searches_after_evidence": StageFeature(
+        2, searches_after_evidence, 1.0, 2.0, -1, 2, "Keeps searching after the answer was retrieved",
+        "Searches go on after a tool output already contains the final answer, spending calls without new "
+        "information. Flaw grade 2: two or more such searches; 1: one; 0: none.",
+        ("stop", "unnecessar", "extra", "terminat", "already", "overs")),
+    "evaluated_output_share": StageFeature(
+        2, evaluated_output_share, 0.5, 1.0, 1, 1, "Weighs each tool output before the next step",
+        "Every tool output is followed by a state evaluation that weighs it against the plan before the next "
+        "search or the review. Grade 2: every output; 1: at least half; 0: fewer.",
+        ("evaluat", "assess", "weigh", "reflect", "check")),
+    "review_grounds_answer": StageFeature(
+        3, review_grounds_answer, 0.5, 1.0, 1, 3, "Review states the answer the evidence supports",
+        "The review names the answer the agent will give, and that answer occurs in a retrieved tool output. "
+        "Grade 2: both; 1: the review names the answer but no tool output holds it; 0: the review does not name "
+        "the final answer.",
+        ("review", "verif", "confirm", "support", "audit")),
+    "review_unsupported_names": StageFeature(
+        3, review_unsupported_names, _POS, 0.5, -1, 2, "Review cites names the evidence does not contain",
+        "The review mentions names (capitalised terms) found neither in the question nor in any tool output. "
+        "Flaw grade 2: half or more of its names; 1: some; 0: none.",
+        ("unsupport", "hallucin", "invent", "fabricat", "unground")),
+    "answer_in_evidence": StageFeature(
+        4, answer_in_evidence, 0.5, 1.0, 1, 3, "Final answer is grounded in the evidence",
+        "Every word of the boxed final answer occurs in the retrieved tool outputs. Grade 2: all of its words; "
+        "1: at least half; 0: fewer.",
+        ("evidence", "ground", "support", "passage", "source")),
+}
+STAGE_MAX_NEW = {1: 4, 2: 4, 3: 4, 4: 5}  # App. C.2 targets, as caps on one call's new rubrics per stage
+
+
+def stage_feature_value(feature: str, traj: Trajectory | str, question: str) -> float:
+    text = traj if isinstance(traj, str) else traj.text
+    return STAGE_FEATURES[feature].fn(text, question)
+
+
+def stage_feature_grade(feature: str, traj: Trajectory | str, question: str) -> int:
+    return STAGE_FEATURES[feature].grade(stage_feature_value(feature, traj, question))
+
+
+def _stage_draft(name: str, question: str, grades: Sequence[int]) -> StageRubricDraft:
+    f = STAGE_FEATURES[name]
+    ents = ", ".join(question_entities(question)[:4]) or "its key terms"
+    desc = f.description.replace("{entities}", ents) + f" (this group's grades: {', '.join(map(str, grades))})"
+    return StageRubricDraft(f.stage, f.title, desc, f.weight, f.polarity, feature=name)
+
+
 class RulesJudge(Judge):
     backend = "rules"
 
@@ -312,6 +518,96 @@ class RulesJudge(Judge):
         self._done("rar_rate", ctx, key, t0)
         return JudgeOutcome(1 + int(9 * share + 0.5), None, 1, False)
 
+    # ---- RubricEM roles (App. C.2, C.3, D.6.2) ----------------------------------------------------------------
+    async def stage_rubrics(self, question: str, golds: Sequence[str] | None, trajectories: Sequence[Trajectory],
+                            existing: Sequence[StageRubric], *,
+                            ctx: CallContext | None = None) -> JudgeOutcome[list[StageRubricDraft]]:
+        """C.2 as features: one draft per stage feature whose 0/1/2 grades are not all equal across the group
+        ("skip criteria where all trajectories perform similarly"), unless a rubric in ``existing`` already reads
+        that feature. The grades compared are those of the format-valid trajectories (the ones a stage grader
+        scores), or of all of them when fewer than two are valid. Per stage, the most discriminative first
+        (population variance of the grades, then table order), at most 4 for stages 1-3 and 5 for stage 4; each
+        feature has one fixed polarity, so no positive / negative mirrors. Fewer than two trajectories: ``[]``
+        without a call. ``golds`` are not read."""
+        if len(trajectories) < 2:
+            return JudgeOutcome([], None, 0, False)
+        t0 = time.perf_counter()
+        covered = {r.feature for r in existing if r.feature}
+        key = _key("stage_rubrics", question, tuple(t.text for t in trajectories),
+                   tuple(t.format_valid for t in trajectories), tuple(sorted(covered)))
+        members = [t for t in trajectories if t.format_valid]
+        if len(members) < 2:
+            members = list(trajectories)
+        ranked: list[tuple[int, float, int, str, list[int]]] = []
+        for order, (name, f) in enumerate(STAGE_FEATURES.items()):
+            if name in covered:
+                continue
+            grades = [f.grade(f.fn(t.text, question)) for t in members]
+            if len(set(grades)) > 1:
+                ranked.append((f.stage, -statistics.pvariance(grades), order, name, grades))
+        ranked.sort()
+        drafts: list[StageRubricDraft] = []
+        for stage, cap in STAGE_MAX_NEW.items():
+            mine = [r for r in ranked if r[0] == stage][:cap]
+            drafts += [_stage_draft(name, question, grades) for *_, name, grades in mine]
+        self._done("stage_rubrics", ctx, key, t0)
+        return JudgeOutcome(drafts, None, 1, False)
+
+    async def stage_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                           rubrics: Sequence[StageRubric], *,
+                           ctx: CallContext | None = None) -> JudgeOutcome[list[RubricGrade]]:
+        """C.3 from the features: one grade per rubric, in order, by its feature's thresholds (the feature decides,
+        not the rubric's stage field). For a negative rubric the grade is how fully the flaw is present; a rubric
+        whose polarity is the opposite of its feature's gets ``2 - grade``. A rubric without a stage feature
+        (written by an LLM judge) cannot be read: it gets 0 for every trajectory, with a justification that says
+        so, which is constant across the group (variance 0: it separates nothing and is pruned first). No
+        rubrics: ``[]`` without a call."""
+        if not rubrics:
+            return JudgeOutcome([], None, 0, False)
+        t0 = time.perf_counter()
+        key = _key("stage_grades", question, trajectory.text, tuple((r.feature, r.polarity) for r in rubrics))
+        out: list[RubricGrade] = []
+        for r in rubrics:
+            f = STAGE_FEATURES.get(r.feature or "")
+            if f is None:
+                out.append(RubricGrade(0, f"not graded: the rules judge has no stage feature {r.feature!r} "
+                                          "(the same 0 for every trajectory)"))
+                continue
+            value = f.fn(trajectory.text, question)
+            g = f.grade(value)
+            flipped = (r.polarity < 0) != (f.polarity < 0)
+            note = "; rubric polarity opposite to the feature's: 2 - grade" if flipped else ""
+            out.append(RubricGrade(2 - g if flipped else g, f"{r.feature} = {value:.3g} ({f.rule}){note}"))
+        self._done("stage_grades", ctx, key, t0)
+        return JudgeOutcome(out, None, 1, False)
+
+    async def reflection_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                                graded: Sequence[tuple[StageRubric, RubricGrade]], candidates: Sequence[str], *,
+                                ctx: CallContext | None = None) -> JudgeOutcome[list[ReflectionGrade]]:
+        """D.6.2 as a keyword HEURISTIC (it does not judge whether the advice is right), one grade per candidate in
+        order, each dimension in [0, 1]; a candidate without a non-empty ``<reflection_rubrics>`` and a non-empty
+        ``<reflection_takeaways>`` block (D.6.1) gets 0 on all three:
+
+        - diagnosis: the weak points are the rubrics graded below full (a quality at 0 or 1, a flaw at 1 or 2)
+          plus, when golds are given and the final answer matches none, the failure itself. The share of weak
+          points the candidate mentions (a feature's cue stems, an LLM rubric's title words, for the failure a
+          failure word or the wrong / right answer). No weak point: 1, or 0.5 when it claims a failure anyway.
+        - specificity: the mean of the share of the question's entities it names and whether it quotes one of
+          the trajectory's queries or its final answer (concrete, not "be more careful").
+        - scope: the mean of (1-4 takeaways), (the share of takeaways that are distinct and not copied from the
+          rubrics block) and (the share of D.6.1's four categories the rubrics block names).
+
+        No candidates: ``[]`` without a call."""
+        if not candidates:
+            return JudgeOutcome([], None, 0, False)
+        t0 = time.perf_counter()
+        key = _key("reflection_grades", question, tuple(golds or ()), trajectory.text,
+                   tuple((r.feature, r.title, r.polarity, g.score) for r, g in graded), tuple(candidates))
+        weak = _weak_points(question, golds, trajectory, graded)
+        out = [_grade_reflection(c, question, trajectory, weak) for c in candidates]
+        self._done("reflection_grades", ctx, key, t0)
+        return JudgeOutcome(out, None, 1, False)
+
 
 def _contains(haystack: str, needle: str) -> bool:
     n = normalize_answer(needle)
@@ -339,3 +635,78 @@ def _item_met(item: str, text: str) -> bool:
     if kind == "answer given":
         return bool(normalize_answer(p.answer or ""))
     return _contains(text, arg or item)
+
+
+# ---- reflection heuristic (D.6.2) ------------------------------------------------------------------------------
+_REFLECTION_BLOCKS = ("reflection_rubrics", "reflection_takeaways")
+REFLECTION_CATEGORIES = ("critical requirement", "analytical approach", "communication", "pitfall")  # D.6.1
+_FAILURE_CUES = ("wrong", "incorrect", "error", "mistak", "fail", "miss")
+_ITEM_MARK = re.compile(r"^\s*(?:[-*•]|\(?\d+[.)]|\(?[a-z][.)])\s*")
+
+
+def reflection_blocks(candidate: str) -> tuple[str, str] | None:
+    """The bodies of a candidate's ``<reflection_rubrics>`` and ``<reflection_takeaways>`` blocks (D.6.1), or None
+    when either is missing or empty."""
+    bodies = []
+    for tag in _REFLECTION_BLOCKS:
+        m = re.search(rf"<{tag}>(.*?)</{tag}>", candidate, re.S)
+        if m is None or not m.group(1).strip():
+            return None
+        bodies.append(m.group(1))
+    return bodies[0], bodies[1]
+
+
+Cues = tuple[tuple[str, ...], tuple[str, ...]]  # (word stems, whole normalised phrases)
+
+
+def _mentions(norm: str, cues: Cues) -> bool:
+    """Whether normalised text holds a cue: a word starting with one of the stems, or one of the phrases whole."""
+    stems, phrases = cues
+    words = norm.split()
+    return any(w.startswith(s) for s in stems for w in words) or any(f" {p} " in f" {norm} " for p in phrases)
+
+
+def _weak_points(question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                 graded: Sequence[tuple[StageRubric, RubricGrade]]) -> list[Cues]:
+    """The cues of what went wrong: rubrics graded below full (a feature's cue stems; an LLM rubric's title words
+    of four letters or more), and a final answer that matches no gold (failure stems, the answer, the golds)."""
+    weak: list[Cues] = []
+    for r, g in graded:
+        if (g.score if r.polarity > 0 else 2 - g.score) >= 2:
+            continue
+        f = STAGE_FEATURES.get(r.feature or "")
+        stems = f.cues if f else tuple(w for w in normalize_answer(r.title).split() if len(w) >= 4 and w not in _STOP)
+        weak.append((stems, ()))
+    answer = parse_trajectory(trajectory.text).answer
+    if golds and not exact_match(answer, list(golds)):
+        said = tuple(normalize_answer(x) for x in [answer or "", *golds] if normalize_answer(x))
+        weak.append((_FAILURE_CUES, said))
+    return [w for w in weak if w[0] or w[1]]
+
+
+def _grade_reflection(candidate: str, question: str, trajectory: Trajectory,
+                      weak: Sequence[Cues]) -> ReflectionGrade:
+    blocks = reflection_blocks(candidate)
+    if blocks is None:
+        return ReflectionGrade(0.0, 0.0, 0.0)
+    rubrics, takeaways = blocks
+    norm = normalize_answer(f"{rubrics} {takeaways}")
+    if weak:
+        diagnosis = sum(_mentions(norm, cues) for cues in weak) / len(weak)
+    else:
+        diagnosis = 0.5 if _mentions(norm, (_FAILURE_CUES, ())) else 1.0
+    ents = _entity_tokens(question)
+    words = set(norm.split())
+    p = parse_trajectory(trajectory.text)
+    concrete = [normalize_answer(x) for x in [*p.queries, p.answer or ""] if normalize_answer(x)]
+    quotes = float(any(f" {c} " in f" {norm} " for c in concrete))
+    specificity = (sum(e <= words for e in ents) / len(ents) + quotes) / 2 if ents else quotes
+    items = [normalize_answer(_ITEM_MARK.sub("", line)) for line in takeaways.splitlines()]
+    items = [i for i in items if i]
+    count_ok = float(1 <= len(items) <= 4)
+    rub_norm = f" {normalize_answer(rubrics)} "
+    fresh = [i for k, i in enumerate(items) if i not in items[:k] and f" {i} " not in rub_norm]
+    distinct = len(fresh) / len(items) if items else 0.0
+    low = rubrics.lower()
+    coverage = sum(c in low for c in REFLECTION_CATEGORIES) / len(REFLECTION_CATEGORIES)
+    return ReflectionGrade(diagnosis, specificity, (count_ok + distinct + coverage) / 3)

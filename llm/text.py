@@ -13,13 +13,19 @@ from arbor.tasks.reward import normalize_answer
 __all__ = ["normalize_answer", "escape_block", "estimate_tokens", "parse_trajectory", "structure_valid",
            "compact_trajectory", "elision_marker", "min_judge_budget", "PROMPT_TAGS"]
 
-_BLOCK = re.compile(r"<(think|search|result|information|answer)>(.*?)</\1>", re.S)  # arbor's tags or Search-R1's
+# the block tags of every shipped protocol (tasks.format): arbor's, Search-R1's <information>, RubricEM's staged
+# scaffold (<structured_plan>, <tool_output>, <state_evaluation>, <review>)
+_BLOCK = re.compile(
+    r"<(think|search|result|information|tool_output|answer|structured_plan|state_evaluation|review)>(.*?)</\1>",
+    re.S)
+_RESULT_TAGS = {"information", "tool_output"}  # another protocol's tool output: a ``result`` segment
 _BOXED = re.compile(r"\\boxed\{(.*)\}", re.S)
 
 # The block tags of our own prompts. Trajectory text (and retrieved pages inside it) must never open or close them.
 PROMPT_TAGS = (
     "question", "response_a", "response_b", "criterion", "trajectory", "ground_truth", "pair", "higher", "lower",
     "existing_rubrics", "rubric_items", "golden_answer", "predicted_answer", "candidates",
+    "stage_rubrics", "evaluator_grades", "candidate",  # RubricEM roles (stage grading, reflection grading)
 )
 _PROMPT_TAG = re.compile(r"<(\s*/?\s*)(" + "|".join(PROMPT_TAGS) + r")\b", re.I)
 
@@ -41,7 +47,7 @@ def estimate_tokens(text: str) -> int:
 
 @dataclass
 class Segment:
-    kind: str  # think | search | result | answer | other
+    kind: str  # think | search | result | answer | structured_plan | state_evaluation | review | other
     text: str  # inner text (without the tags)
 
 
@@ -71,14 +77,15 @@ class Parsed:
 
 def parse_trajectory(text: str) -> Parsed:
     """Split a trajectory into tagged blocks; text between (or after an unclosed tag) is an ``other`` segment.
-    Either shipped protocol is read (tasks.format): Search-R1's ``<information>`` blocks are ``result`` segments,
-    and an answer without ``\\boxed{}`` is the answer block's text."""
+    Every shipped protocol is read (tasks.format): Search-R1's ``<information>`` and RubricEM's ``<tool_output>``
+    blocks are ``result`` segments, RubricEM's ``<structured_plan>``, ``<state_evaluation>`` and ``<review>`` keep
+    their tag as their kind, and an answer without ``\\boxed{}`` is the answer block's text."""
     out = Parsed()
     pos = 0
     for m in _BLOCK.finditer(text):
         if m.start() > pos and text[pos : m.start()].strip():
             out.segments.append(Segment("other", text[pos : m.start()]))
-        kind = "result" if m.group(1) == "information" else m.group(1)  # Search-R1's tool output
+        kind = "result" if m.group(1) in _RESULT_TAGS else m.group(1)
         out.segments.append(Segment(kind, m.group(2)))
         pos = m.end()
     if text[pos:].strip():
@@ -94,11 +101,15 @@ def structure_valid(text: str) -> bool:
 
 # ---- compaction (issue 11) -------------------------------------------------------------------------------------
 
-_PROTOCOL_TAG = re.compile(r"<(/?)(think|search|result|answer)>")  # the checker's tag pattern (tasks.format)
+# the checker's tag pattern (tasks.format), with RubricEM's stage tags: the judge must see where each stage lies
+_PROTOCOL_TAG = re.compile(r"<(/?)(think|search|result|answer|tool_output|structured_plan|state_evaluation|review)>")
 _EOS = re.compile("|".join(re.escape(e) for e in _TRAILING_EOS))
 _ANSWER_BRACE = re.compile(re.escape(BOXED) + r"|[{}]")
-# elision order: result bodies first, then reasoning and stray text, queries and answers last
-_TIER = {"result": 0, "think": 1, "other": 1, "search": 2, "answer": 2}
+# elision order: result bodies first, then reasoning and stray text, queries and answers last. RubricEM's tool
+# output is not opaque like <result> (a \boxed{ inside it stays kept, as in any non-result text); its plan, state
+# evaluations and review are reasoning.
+_TIER = {"result": 0, "tool_output": 0, "think": 1, "other": 1, "structured_plan": 1, "state_evaluation": 1,
+         "review": 1, "search": 2, "answer": 2}
 _N_TIERS = 3
 
 
@@ -128,7 +139,7 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def _skeleton(text: str) -> tuple[list[tuple[int, int]], list[int], list[str]]:
     """Spans that compaction must keep verbatim, and the block state (what body we are in) after every tag.
 
-    Kept: every protocol tag (paired or not); outside result bodies every ``\\boxed{`` and end-of-turn marker
+    Kept: every protocol tag (paired or not; RubricEM's stage tags included); outside result bodies every ``\\boxed{`` and end-of-turn marker
     (the checker ignores the latter after ``</answer>``, so cutting one would change its verdict); inside each
     ``<answer> ... </answer>`` region every ``\\boxed{``, every brace, and the whole content of each balanced
     ``\\boxed{...}``. Returns the merged spans, the end offsets of the tags and the state after each tag.

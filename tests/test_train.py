@@ -207,3 +207,18 @@ def test_micro_batch_without_loss_tokens_is_harmless(model_dir: Path, tmp_path: 
     m = tr.train_step(batch, 1)
     assert m["loss_tokens"] == sum(batch[0].loss_mask)
     assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])
+
+
+def test_kl_to_the_frozen_reference(model_dir: Path, tmp_path: Path) -> None:
+    """train.kl_reference=frozen (RubricEM eq. 1): the k3 KL is measured against the start checkpoint, so it is 0
+    while the policy equals it and grows once the policy moves; against pi_old it is 0 at the start of every step."""
+    batch, b2 = make_batch(1, 0), make_batch(2, 1)
+    frozen = make_trainer(model_dir, tmp_path / "f", **{"train.kl_coef": 0.5, "train.kl_reference": "frozen"})
+    old = make_trainer(model_dir, tmp_path / "o", **{"train.kl_coef": 0.5})
+    assert old.ref_engine is None and frozen.ref_engine is not None
+    assert frozen.train_step(batch, 1)["ref_kl"] == pytest.approx(0.0, abs=1e-9)  # one mini-batch, before the update
+    ref_before = frozen.logprobs(b2, frozen.ref_engine)
+    assert frozen.train_step(b2, 2)["ref_kl"] > 1e-6  # the policy moved away from the start at step 1
+    assert all(torch.equal(a, b) for a, b in zip(ref_before, frozen.logprobs(b2, frozen.ref_engine), strict=True))
+    old.train_step(batch, 1)
+    assert old.train_step(b2, 2)["ref_kl"] == pytest.approx(0.0, abs=1e-9)  # k3 against pi_old

@@ -30,7 +30,8 @@ class JudgeRoles(Section):
     accuracy: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)
     rar_rubrics: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)
     rar_rate: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)
-    stage_rubrics: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. C.2
+    stage_rubrics: JudgeRoleConfig = Field(  # RubricEM App. C.2: up to 17 rubrics with descriptions in one reply
+        default_factory=lambda: JudgeRoleConfig(max_tokens=2048))
     stage_grades: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. C.3
     reflection_grades: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. D.6.2
 

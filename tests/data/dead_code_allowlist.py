@@ -9,6 +9,7 @@ parquet
 arbor_sft
 # pydantic: model settings, validators, and config fields read through model_dump() or by key
 model_config, _._cross_checks, _._shares_sum_to_one, _._prompt_matches_protocol, _._upper, _._non_empty, _._known_backend
+_._causal
 price_in_per_mtok, price_out_per_mtok, induction, consolidation
 # attributes set for libraries to read (great-expectations, tokenizers, transformers) and nn.Module.forward
 _.progress_bars, _.pre_tokenizer, _.chat_template, _.use_cache, _.forward
@@ -17,6 +18,6 @@ exc, et, tb
 # the GPU fallback of docs/gpu.md (save and restart `vllm serve`), wired by the GPU issue
 save_and_restart
 # the built-in methods, imported by the strings of tasks.methods.BUILTIN
-Arbor, DAPO, NoMemory, RaR
+Arbor, DAPO, NoMemory, RaR, SSGRPO
 # plug-ins named by import-path strings (tests/test_plugins.py, docs/plugins.md)
 KeywordSearch, LenientJudge, em_minus_search_cost

@@ -50,6 +50,9 @@ _ROLE_MARKERS = [
     ("You write grading rubrics", "rar_rubrics"),
     ("You grade a search agent", "rar_rate"),
     ("You review the work of a search agent", "induction"),
+    ("You write stage rubrics", "stage_rubrics"),
+    ("You score one research agent", "stage_grades"),
+    ("You rate reflection candidates", "reflection_grades"),
 ]
 
 
@@ -118,11 +121,31 @@ def answer_for(role: str, user: str, plan: FaultPlan, model: str | None = None) 
         return json.dumps({"items": [f"Item {i}: establishes fact {i}" for i in range(1, 6)]})
     if role == "rar_rate":
         return json.dumps({"rating": 7})
+    if role == "stage_rubrics":  # one positive plan rubric and one negative research rubric (RubricEM C.2)
+        empty = {"positive_rubrics": [], "negative_rubrics": []}
+        return json.dumps({
+            "stage_1": {"positive_rubrics": [{"title": "Plan names the entities", "weight": 2,
+                                              "description": "The plan names every entity of the question."}],
+                        "negative_rubrics": []},
+            "stage_2": {"positive_rubrics": [], "negative_rubrics": [{
+                "title": "Repeated queries", "weight": 1, "description": "Issues the same query twice."}]},
+            "stage_3": empty, "stage_4": empty})
+    if role == "stage_grades":  # rubric i gets (searches + i) mod 3: grades differ with the trajectory
+        n = len(re.findall(r"^\d+\. ", _block(user, "stage_rubrics"), re.M))
+        k = _block(user, "trajectory").count("<search>")
+        return json.dumps({"scores": [{"index": i, "score": (k + i) % 3, "justification": f"{k} searches"}
+                                      for i in range(1, n + 1)]})
+    if role == "reflection_grades":
+        n = len(re.findall(r"<candidate index=", user))
+        return json.dumps({"grades": [{"index": i, "diagnosis": 0.5, "specificity": 0.5, "scope": 0.5}
+                                      for i in range(1, n + 1)]})
     raise ValueError(role)
 
 
 _INVALID = {"pairwise": '{"winner": "C"}', "accuracy": "I cannot decide.", "induction": '{"rubrics": "none"}',
-            "consolidation": '{"standards": []}', "rar_rubrics": '{"items": ["only one"]}', "rar_rate": '{"rating": 11}'}
+            "consolidation": '{"standards": []}', "rar_rubrics": '{"items": ["only one"]}', "rar_rate": '{"rating": 11}',
+            "stage_rubrics": '{"stage_1": []}', "stage_grades": '{"scores": [{"index": 1, "score": 3}]}',
+            "reflection_grades": '{"grades": []}'}
 
 
 class OpenAIServer:

@@ -110,3 +110,30 @@ def test_resume_after_sigkill_mid_stage_judging(reference: Path, staged_start: P
     assert not any(s["stage"] == "score" and s["step"] == 2 for s in table("stage_runs", RUN, home))
     _train(home, o, resume=True)
     assert _stored(home) == _stored(reference)
+
+
+def test_one_step_with_the_openai_judge_under_faults(staged_start: Path, tmp_path: Path, prefect_harness,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage judge through the local OpenAI-compatible server: a rate limit, a malformed reply and an invalid
+    one are retried; a grading call that keeps failing falls back to the answer score and is recorded."""
+    from flow_support import JUDGE_KEY, JUDGE_KEY_ENV, openai_judge
+    from openai_server import FaultPlan, OpenAIServer
+
+    monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
+    plan = FaultPlan(queue=["429", "malformed", "invalid"] + ["invalid"] * 3)
+    with OpenAIServer(plan) as srv:
+        _train(tmp_path / "home", {**_overrides(staged_start), **openai_judge(srv.base_url), "run.steps": 1})
+    home = tmp_path / "home"
+    calls = table("judge_calls", RUN, home)
+    assert {c["role"] for c in calls} == {"stage_rubrics", "stage_grades"}
+    assert max(c["attempts"] for c in calls) > 1  # faults were retried
+    events = table("stage_rubrics", RUN, home)
+    assert {e["title"] for e in events if e["event"] == "generated"} <= {"Plan names the entities", "Repeated queries"}
+    scores = table("stage_scores", RUN, home)
+    failed = {c["group"] for c in calls if c["error"]}
+    for r in scores:  # a failed grading call: the stages before the answer score 0 (C.4's fallback)
+        if r["judge_error"]:
+            assert r["stage"] == 4 or r["score"] == 0.0
+    assert all(r["judge_error"] is None for r in scores if r["group"] not in failed)
+    valid = [r for r in scores if r["format_valid"] and r["stage"] in (1, 2) and not r["judge_error"]]
+    assert valid and any(r["score"] > 0 for r in valid)  # the server's grades reached the stage scores

@@ -14,11 +14,11 @@ __all__ = ["normalize_answer", "escape_block", "estimate_tokens", "parse_traject
            "compact_trajectory", "elision_marker", "min_judge_budget", "PROMPT_TAGS"]
 
 # the block tags of every shipped protocol (tasks.format): arbor's, Search-R1's <information>, RubricEM's staged
-# scaffold (<structured_plan>, <tool_output>, <state_evaluation>, <review>)
-_BLOCK = re.compile(
-    r"<(think|search|result|information|tool_output|answer|structured_plan|state_evaluation|review)>(.*?)</\1>",
-    re.S)
-_RESULT_TAGS = {"information", "tool_output"}  # another protocol's tool output: a ``result`` segment
+# scaffold (<structured_plan>, <tool_output>, <state_evaluation>, <review>), read from the protocols themselves
+_RESULT_TAGS = {p.result_tag for p in PROTOCOLS.values()}  # any protocol's tool output: a ``result`` segment
+_BLOCK_TAGS = ("think", "search", *sorted(_RESULT_TAGS), "answer",
+               *dict.fromkeys(t for p in PROTOCOLS.values() for t in p.stage_tags))
+_BLOCK = re.compile(rf"<({'|'.join(_BLOCK_TAGS)})>(.*?)</\1>", re.S)
 _BOXED = re.compile(r"\\boxed\{(.*)\}", re.S)
 
 # The block tags of our own prompts. Trajectory text (and retrieved pages inside it) must never open or close them.

@@ -74,7 +74,7 @@ class TagProtocol:
 
     @property
     def staged(self) -> bool:
-        """Whether responses follow the Plan / Research / Review / Answer scaffold (``check_stages``)."""
+        """Whether responses follow the Plan / Research / Review / Answer scaffold (``stage_order_error``)."""
         return bool(self.stage_tags)
 
     @property

@@ -207,6 +207,8 @@ def test_lambda_must_be_causal_with_a_unit_diagonal() -> None:
         ArborConfig.model_validate({"rubricem": {"lambda_matrix": bad}})
     with pytest.raises(ValidationError, match="lambda_kk must be 1"):
         ArborConfig.model_validate({"rubricem": {"lambda_matrix": ((0.5,) * 4,) * 4}})
+    with pytest.raises(ValidationError, match="rubricem.stage_caps"):
+        ArborConfig.model_validate({"rubricem": {"stage_caps": (3, -1, 2, 3)}})
 
 
 def test_ss_grpo_requires_the_staged_protocol() -> None:

@@ -48,9 +48,9 @@ class RolloutConfig(Section):
     @model_validator(mode="after")
     def _prompt_matches_protocol(self) -> RolloutConfig:
         """A prompt that teaches the other protocol's tool-output tag would train a policy the checker refuses."""
-        own = {"arbor": "<result>", "search-r1": "<information>", "rubricem": "<tool_output>"}
-        for name, tag in own.items():
-            if name != self.protocol and tag != own[self.protocol] and self.system_prompt and tag in self.system_prompt:
+        result_tag = {"arbor": "<result>", "search-r1": "<information>", "rubricem": "<tool_output>"}
+        for tag in sorted(set(result_tag.values()) - {result_tag[self.protocol]}):
+            if self.system_prompt and tag in self.system_prompt:
                 raise ValueError(f"system_prompt mentions {tag}, which is not a tag of protocol {self.protocol!r}; "
                                  "write the prompt for this protocol or set rollout.system_prompt=null for its "
                                  "built-in one")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, field_validator
 
 from arbor.config.base import Section
 
 # F.1.2: the causal stage-dependence matrix of SS-GRPO (rows: the stage credited; columns: the stage scored)
+Cap = Annotated[int, Field(ge=0)]
 DEFAULT_LAMBDA = ((1.0, 0.4, 0.6, 0.8), (0.0, 1.0, 0.4, 0.8), (0.0, 0.0, 1.0, 0.8), (0.0, 0.0, 0.0, 1.0))
 
 
@@ -14,7 +17,7 @@ class RubricEMConfig(Section):
     lambda_matrix: tuple[tuple[float, ...], ...] = Field(
         DEFAULT_LAMBDA, description="SS-GRPO's Lambda (eq. 1, F.1.2): K x K, upper triangular, unit diagonal; row k "
         "gives G_k = sum_j lambda_kj R_j")
-    stage_caps: tuple[int, int, int, int] = Field(
+    stage_caps: tuple[Cap, Cap, Cap, Cap] = Field(
         (3, 2, 2, 3), description="active adaptive rubrics kept per stage after scoring (C.4: Plan, Research, "
         "Review, Answer); over the cap, the lowest-variance rubrics are dropped")
     outcome_weight: float = Field(

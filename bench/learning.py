@@ -35,7 +35,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("grpo", "dapo", "arbor", "no-memory", "rar", "ss-grpo")
+METHODS = ("grpo", "dapo", "arbor", "no-memory", "rar", "ss-grpo", "rubricem")
 PROFILE = "tiny-world"
 # what a method needs beyond the profile: SS-GRPO's stage scaffold (the world's short prompt in its tags); such a
 # method starts from its own SFT checkpoint (same world, questions and updates, staged gold trajectories), and its
@@ -44,9 +44,11 @@ STAGED_PROMPT = ("Answer the question by searching. Plan in <structured_plan></s
                  "<search>query</search>, read the <tool_output></tool_output>, weigh it in <state_evaluation>"
                  "</state_evaluation>, review in <review></review>, and give the final answer as "
                  "<answer>\\boxed{answer}</answer>.")
-METHOD_SETS: dict[str, dict[str, Any]] = {
-    "ss-grpo": {"rollout.protocol": "rubricem", "rollout.system_prompt": STAGED_PROMPT},
-}
+# RubricEM's start (its §5 ablations all start from one RUBRICEM-SFT checkpoint): staged gold rows, and for a
+# quarter of them a reflection row (App. D.6.1's two blocks), so the meta-policy starts out writing the format
+RUBRICEM_SETS: dict[str, Any] = {"rollout.protocol": "rubricem", "rollout.system_prompt": STAGED_PROMPT,
+                                 "sft.reflections": 0.25}
+METHOD_SETS: dict[str, dict[str, Any]] = {"ss-grpo": RUBRICEM_SETS, "rubricem": RUBRICEM_SETS}
 # the measured setting (docs/decisions.md, "Issue 12, session 6"): three times the demo's RL steps, held-out F1
 # sampled at the rollout temperature over 4 x 200 answers at steps 0, 15 and 30; any --set overrides these
 BENCH_SETS: dict[str, Any] = {"run.steps": 30, "run.eval_every": 15, "run.eval_runs": 4}

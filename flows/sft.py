@@ -26,7 +26,8 @@ from arbor.paths import arbor_home, resolve_home_path
 def sft_key(cfg: ArborConfig) -> str:
     """Everything the SFT checkpoint depends on."""
     policy = cfg.policy.model_dump(mode="json", exclude={"tiny_shape"} if cfg.policy.tiny_shape == "5m" else None)
-    parts = {"sft": cfg.sft.model_dump(mode="json"), "policy": policy,
+    sft = cfg.sft.model_dump(mode="json", exclude={"reflections"} if not cfg.sft.reflections else None)
+    parts = {"sft": sft, "policy": policy,
              "data": cfg.data.model_dump(mode="json"),
              "search": cfg.search.model_dump(mode="json"), "seed": cfg.run.seed,
              "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens}

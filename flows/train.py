@@ -219,7 +219,7 @@ def restore_policy(state: RunState) -> None:
     last = state.trainer.load_latest() or 0
     step = last + 1
     while state.store.done(step, "train"):
-        state.trainer.train_step(state.trajectories(step, "shape", "trajectories"), step)
+        state.trainer.train_step(state.train_batch(step), step)
         state.trainer.maybe_save(step)
         step += 1
     state.sync_weights()

@@ -25,7 +25,7 @@ from typing import Any
 
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Winner
 from arbor.llm.text import normalize_answer, parse_trajectory, structure_valid
-from arbor.tasks.format import PROTOCOLS, stage_spans
+from arbor.tasks.format import PROTOCOLS, reflection_blocks, stage_spans
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
 from arbor.tasks.reward import exact_match
 from arbor.tasks.types import (
@@ -638,22 +638,9 @@ def _item_met(item: str, text: str) -> bool:
 
 
 # ---- reflection heuristic (D.6.2) ------------------------------------------------------------------------------
-_REFLECTION_BLOCKS = ("reflection_rubrics", "reflection_takeaways")
 REFLECTION_CATEGORIES = ("critical requirement", "analytical approach", "communication", "pitfall")  # D.6.1
 _FAILURE_CUES = ("wrong", "incorrect", "error", "mistak", "fail", "miss")
 _ITEM_MARK = re.compile(r"^\s*(?:[-*•]|\(?\d+[.)]|\(?[a-z][.)])\s*")
-
-
-def reflection_blocks(candidate: str) -> tuple[str, str] | None:
-    """The bodies of a candidate's ``<reflection_rubrics>`` and ``<reflection_takeaways>`` blocks (D.6.1), or None
-    when either is missing or empty."""
-    bodies = []
-    for tag in _REFLECTION_BLOCKS:
-        m = re.search(rf"<{tag}>(.*?)</{tag}>", candidate, re.S)
-        if m is None or not m.group(1).strip():
-            return None
-        bodies.append(m.group(1))
-    return bodies[0], bodies[1]
 
 
 Cues = tuple[tuple[str, ...], tuple[str, ...]]  # (word stems, whole normalised phrases)

@@ -120,6 +120,31 @@ SCHEMAS["stage_scores"] = pa.schema([
     _f("judge_error", STR),
 ])
 
+# Each grade the stage judge gave (C.3): the privileged context RubricEM's reflection judge reads (D.6.2).
+SCHEMAS["stage_grades"] = pa.schema([
+    _key("run_id"), _key("step", I64), _key("traj_id"), _f("group", I64), _f("sample", I64), _key("rubric_id"),
+    _f("stage", I64), _f("title", STR), _f("weight", I64), _f("polarity", I64), _f("feature", STR),
+    _f("grade", I64), _f("justification", STR),
+])
+# RubricEM's reflection meta-policy (§3.4, App. D): every candidate as a trainable trajectory (prompt = the
+# reflection request, response = the candidate; group = REFLECTION_GROUP + source group, its reward = utility u),
+# with the judge's three dimensions and whether it entered the bank.
+SCHEMAS["reflections"] = pa.schema([
+    *SCHEMAS["trajectories"], _f("source_traj_id", STR), _f("diagnosis", F64), _f("specificity", F64),
+    _f("scope", F64), _f("utility", F64), _f("chosen", BOOL), _f("judge_error", STR),
+])
+# The agent rubric bank's events (written / replaced: one item per question, D.5) and every retrieval of an item
+# into a rollout prompt (mode within / cross, its rank and similarity; D.5, D.6.3).
+SCHEMAS["rubric_bank"] = pa.schema([
+    _key("run_id"), _key("step", I64), _f("group", I64), _key("item_id"), _key("event"), _f("question_id", STR),
+    _f("question", STR), _f("rubrics", STR), _f("takeaways", STR), _f("source_traj_id", STR), _f("utility", F64),
+    _f("replaced_item_id", STR),
+])
+SCHEMAS["bank_retrievals"] = pa.schema([
+    _key("run_id"), _key("step", I64), _f("group", I64), _f("question_id", STR), _key("item_id"), _f("mode", STR),
+    _f("rank", I64), _f("similarity", F64), _f("item_step", I64),
+])
+
 TABLES: tuple[str, ...] = tuple(SCHEMAS)
 
 

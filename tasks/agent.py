@@ -207,9 +207,13 @@ class AgentLoop:
 
     # -- lifecycle
 
-    def start(self, question_id: str, question: str, golds: Sequence[str], seed: int) -> AgentState:
-        s = AgentState(question_id, question, list(golds), build_prompt_ids(self.tokenizer, question,
-                                                                            self.system_prompt), seed)
+    def start(self, question_id: str, question: str, golds: Sequence[str], seed: int,
+              reference: str = "") -> AgentState:
+        """A new trajectory; ``reference`` (a block shown before the question, RubricEM D.6.3) is part of the prompt
+        only: the state's ``question`` stays the original."""
+        user = f"{reference}\n\n{question.strip()}" if reference else question
+        s = AgentState(question_id, question, list(golds), build_prompt_ids(self.tokenizer, user, self.system_prompt),
+                       seed)
         if self._room(s) <= 0:
             s.finish_reason = "length"  # the prompt alone fills the context
         return s

@@ -66,6 +66,9 @@ class Question:
     source: str = ""
     support: list[str] = field(default_factory=list)
     support_titles: list[str] = field(default_factory=list)
+    # what the prompt shows before the question (RubricEM's retrieved bank items, App. D.6.3); the trajectory's
+    # ``question`` stays the original text
+    reference: str = ""
 
 
 # ----------------------------------------------------------------------------------------------- generic loader

@@ -432,3 +432,20 @@ def pending_search(turn_text: str) -> str | None:
     if start == -1:
         return None
     return body[start + len(SEARCH_OPEN) :].strip()
+
+
+# ---- reflections (RubricEM App. D.6.1) ---------------------------------------------------------------------------
+REFLECTION_TAGS = ("reflection_rubrics", "reflection_takeaways")
+
+
+def reflection_blocks(candidate: str) -> tuple[str, str] | None:
+    """The bodies of a reflection's ``<reflection_rubrics>`` and ``<reflection_takeaways>`` blocks (D.6.1), or None
+    when either is missing or empty (the candidate is then invalid: it cannot enter the bank)."""
+    bodies = []
+    for tag in REFLECTION_TAGS:
+        m = re.search(rf"<{tag}>(.*?)</{tag}>", candidate, re.S)
+        if m is None or not m.group(1).strip():
+            return None
+        bodies.append(m.group(1))
+    return bodies[0], bodies[1]
+

@@ -341,7 +341,8 @@ class _EngineBase:
 
     def _start_states(self, questions: Sequence[Any], k: int, seed: int, step: int,
                       first_group: int = 0) -> list[AgentState]:
-        return [self.loop.start(q.question_id, q.question, q.golds, trajectory_seed(seed, step, first_group + g, i))
+        return [self.loop.start(q.question_id, q.question, q.golds, trajectory_seed(seed, step, first_group + g, i),
+                                getattr(q, "reference", ""))
                 for g, q in enumerate(questions) for i in range(k)]
 
     def _finish(self, states: list[AgentState], k: int, step: int, run_id: str,
@@ -400,6 +401,18 @@ class TransformersEngine(_EngineBase):
         states = self._start_states(questions, k, seed, step, first_group)
         self.run_states(states)
         return self._finish(states, k, step, run_id, first_group)
+
+    def complete(self, requests: Sequence[GenRequest], *, temperature: float,
+                 stop_strings: Sequence[str]) -> list[Generation]:
+        """Single-turn completions at ``temperature`` that stop at ``stop_strings`` or EOS (RubricEM's reflection
+        candidates); the policy's log-probs come back with the tokens, as for rollouts."""
+        r = self.cfg.rollout
+        out: list[Generation] = []
+        for i in range(0, len(requests), r.max_batch_rows):
+            out += generate_turns(self.model, requests[i:i + r.max_batch_rows], temperature=temperature,
+                                  top_p=r.top_p, decode=self._decode, stop_strings=list(stop_strings),
+                                  eos_ids=self.eos_ids, pad_id=self.pad_id)
+        return out
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """In-process weight sync after a training step (issue 6 item 4); tags later rollouts with ``version``."""
@@ -519,6 +532,25 @@ class OpenAIEngine(_EngineBase):
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
                         run_id: str = "", first_group: int = 0) -> list[Trajectory]:
         return asyncio.run(self.agenerate_groups(questions, k, seed, step, run_id, first_group))
+
+    def complete(self, requests: Sequence[GenRequest], *, temperature: float,
+                 stop_strings: Sequence[str]) -> list[Generation]:
+        """Single-turn completions at ``temperature`` stopping at ``stop_strings`` (see TransformersEngine)."""
+        import httpx
+
+        async def run() -> list[Generation]:
+            sem = asyncio.Semaphore(self.cfg.rollout.concurrency)
+            async with httpx.AsyncClient(timeout=self.cfg.rollout.request_timeout_s) as client:
+                async def one(req: GenRequest) -> Generation:
+                    body = {**self.request_body(req), "temperature": temperature, "stop": list(stop_strings)}
+                    async with sem:
+                        resp = await client.post(self.url, json=body, headers=self.headers)
+                    if resp.status_code != 200:
+                        raise RolloutError(f"POST {self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
+                    return self.parse_choice(resp.json(), f"POST {self.url}")
+                return await asyncio.gather(*(one(r) for r in requests))
+
+        return asyncio.run(run())
 
 
 # --------------------------------------------------------------------------------------------- factory

@@ -60,7 +60,9 @@ def tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int,
     tags = get_protocol(protocol)
     out, truncated = [], 0
     for row in rows:
-        p, r, m = tokenize_trajectory(tokenizer, row["question"], row["response"], system_prompt, tags)
+        # a row may bring its own system prompt (RubricEM's reflection rows, ``tasks.reflection``)
+        p, r, m = tokenize_trajectory(tokenizer, row["question"], row["response"], row.get("system") or system_prompt,
+                                      tags)
         room = max_length - len(p)
         if room <= 0:
             truncated += 1

@@ -147,6 +147,9 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
     rows = synthesize(questions if questions is not None else load_questions(spec), search, seed=seed, top_k=cfg.search.top_k,
                       max_result_chars=cfg.search.max_result_chars, max_searches=max(1, cfg.rollout.max_searches),
                       variants=cfg.sft.variants, protocol=get_protocol(cfg.rollout.protocol))
+    if cfg.sft.reflections:
+        from arbor.tasks.reflection import reflection_sft_rows
+        rows += reflection_sft_rows(rows, cfg.sft.reflections, seed, cfg.rollout.protocol)
     return write_jsonl(rows, out_path)
 
 
@@ -167,6 +170,8 @@ def read_sft_data(path: str | Path) -> list[dict[str, Any]]:
             for key in ("question", "response"):
                 if not isinstance(row.get(key), str) or not row[key].strip():
                     raise SFTDataError(f"{where}: '{key}' must be a non-empty string")
+            if "system" in row and not (isinstance(row["system"], str) and row["system"].strip()):
+                raise SFTDataError(f"{where}: 'system' (the row's own system prompt) must be a non-empty string")
             rows.append(row)
     return rows
 
@@ -174,4 +179,5 @@ def read_sft_data(path: str | Path) -> list[dict[str, Any]]:
 def tokenize_sft_example(tokenizer: Any, row: dict[str, Any], system_prompt: str | None = None,
                          protocol: TagProtocol = ARBOR) -> tuple[list[int], list[int], list[int]]:
     """(prompt_ids, response_ids, loss_mask) of one SFT row, tokenised as the agent loop would (results masked)."""
-    return tokenize_trajectory(tokenizer, row["question"], row["response"], system_prompt, protocol)
+    return tokenize_trajectory(tokenizer, row["question"], row["response"], row.get("system") or system_prompt,
+                               protocol)

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from arbor.config import ArborConfig
 from arbor.llm.base import Judge
 from arbor.storage.parquet import read_stage
-from arbor.tasks.datasets import Question, batch_for_step
+from arbor.tasks.datasets import Question
 from arbor.tasks.group_stats import classify_group
 from arbor.tasks.memory import RubricMemory, group_info_from_rows
 from arbor.tasks.methods import make_method
@@ -133,12 +133,12 @@ class RunState:
         """K trajectories per prompt with the policy of version step-1, base reward, great-expectations check."""
         from arbor.storage.validation import validate_trajectories
 
-        batch = batch_for_step(self.questions, self.seed, step, self.cfg.rollout.batch_size)
+        batch, extra = self.method.batch(self, step)
         trajs = self.engine.generate_groups(batch, self.cfg.rollout.k, self.seed, step, run_id=self.run_id)
         trajs += self.method.extra_rollouts(self, step, batch, trajs)
         rows = [t.to_row() for t in trajs]
         validate_trajectories(rows, k=self.cfg.rollout.k)
-        return {"rollouts": rows}
+        return {"rollouts": rows, **extra}
 
     def score(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         return self.method.score(self, step, trajs)
@@ -156,9 +156,15 @@ class RunState:
     def consolidate(self, step: int) -> dict[str, Rows]:
         return self.method.consolidate(self, step)
 
+    def train_batch(self, step: int) -> list[Trajectory]:
+        """What the trainer updates on at ``step``: the shaped rollouts and what the method adds
+        (``Method.train_batch``); a resumed run replays the same batch."""
+        return self.method.train_batch(self, step, self.trajectories(step, "shape", "trajectories"))
+
     def train(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
-        """One GRPO / DAPO update on the shaped batch; the step's metrics row (the stage's artifact)."""
-        metrics = self.trainer.train_step(trajs, step)
+        """One GRPO / DAPO update on the shaped batch (plus the method's additions, ``Method.train_batch``); the
+        step's metrics row (the stage's artifact) describes the shaped rollouts."""
+        metrics = self.trainer.train_step(self.method.train_batch(self, step, trajs), step)
         self.last_train_metrics = metrics
         return {"steps": [self.step_row(step, trajs, metrics)]}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -24,6 +24,20 @@ class RubricEMConfig(Section):
         3.0, ge=0.0, description="weight of the persistent Answer-stage rubric 'the answer matches the gold' (scored "
         "by token F1, C.1's ground-truth rubric); 0 leaves the Answer stage to the judge's rubrics alone")
     kl_coef: float = Field(0.001, ge=0.0, description="beta of eq. 1: KL to the frozen reference policy (k3, F.1.2)")
+    # ---- the reflection meta-policy and the rubric bank (run.method=rubricem; §3.4, App. D)
+    reflection_samples: int = Field(8, ge=2, description="m: reflection candidates sampled per reflected query (D.4); "
+                                    "their judge scores are one GRPO group on the reflection tokens")
+    reflection_temperature: float = Field(0.7, gt=0.0, description="sampling temperature of the candidates (D.4)")
+    reflection_max_tokens: int = Field(256, ge=16, description="new tokens a reflection candidate may use")
+    reflection_weights: tuple[float, float, float] = Field(
+        (0.4, 0.3, 0.3), description="utility u = w . (diagnosis, specificity, scope) of a candidate's grade (D.6.2)")
+    retrieval_top_k: int = Field(2, ge=0, description="bank items of related questions retrieved per query "
+                                 "(cross-episode transfer, D.5; inner product of normalised question embeddings)")
+    curriculum: Literal["windowed", "off"] = Field(
+        "windowed", description="windowed: each window of 2K steps samples K fresh batches with cross-episode "
+        "retrieval, then replays them in order with within-episode retrieval (D.3); off: every batch fresh, "
+        "cross-episode retrieval only")
+    window: int = Field(3, ge=1, description="K of the windowed curriculum (D.3, F.1.2)")
 
     @field_validator("lambda_matrix")
     @classmethod

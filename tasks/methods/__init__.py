@@ -6,6 +6,7 @@
     rar        tasks/methods/rar.py        query-specific RaR items, holistic rating (App. C.3)
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
     ss-grpo    tasks/methods/ss_grpo.py    RubricEM's stage-structured GRPO with a stagewise rubric judge (issue 15)
+    rubricem   tasks/methods/rubricem.py   ss-grpo plus the reflection meta-policy and the rubric bank (issue 15)
 
 A user's method is a subclass of ``arbor.tasks.methods.base.Method`` named by ``run.method: pkg.module:ClassName``
 (docs/methods.md). This module imports no method (nor torch) until one is resolved, so that checking a config
@@ -30,10 +31,12 @@ BUILTIN: dict[str, str] = {
     "rar": "arbor.tasks.methods.rar:RaR",
     "no-memory": "arbor.tasks.methods.no_memory:NoMemory",
     "ss-grpo": "arbor.tasks.methods.ss_grpo:SSGRPO",
+    "rubricem": "arbor.tasks.methods.rubricem:RubricEM",
 }
 # Config values a built-in method cannot run without (its ``Method.requires``, repeated here so that checking a
 # config imports no method; a test keeps the two equal).
-BUILTIN_REQUIRES: dict[str, dict[str, object]] = {"ss-grpo": {"rollout.protocol": "rubricem"}}
+BUILTIN_REQUIRES: dict[str, dict[str, object]] = {"ss-grpo": {"rollout.protocol": "rubricem"},
+                                                  "rubricem": {"rollout.protocol": "rubricem"}}
 REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
 
 

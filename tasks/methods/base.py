@@ -19,6 +19,9 @@ in the decisions, each a hook with a do-nothing default, so plain GRPO (``tasks.
     token_advantages one advantage per response token (GRPO: the group advantage A_i broadcast; a method with
                      stage- or turn-level credit returns different values along one trajectory)
     kl               the KL coefficient and its reference (``old``: pi_old; ``frozen``: the start checkpoint)
+    batch            the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)
+    train_batch      what the trainer gets besides the shaped rollouts (RubricEM: last step's reflections)
+    policy_lag       how many steps old a trajectory of the train batch may be (RubricEM's reflections: 1)
     restore          rebuild the method's own state from stored rows when a run (re)starts
     extra_tables     tables the method adds to a stage's artifact (SS-GRPO: stage rubrics and scores in ``score``)
 
@@ -40,7 +43,7 @@ from arbor.config import ArborConfig
 from arbor.config.memory import MemoryConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import Judge
-from arbor.tasks.datasets import Question
+from arbor.tasks.datasets import Question, batch_for_step
 from arbor.tasks.losses import group_advantages
 from arbor.tasks.memory import RubricMemory
 from arbor.tasks.shaping import shape_group
@@ -100,6 +103,11 @@ class Method:
         """Rebuild state the method keeps between steps from stored rows (called when a run starts or resumes)."""
 
     # -------------------------------------------------------------------------------- stages (rollout -> shape)
+    def batch(self, run: StepResources, step: int) -> tuple[list[Question], dict[str, Rows]]:
+        """The step's questions (default: the seeded epoch stream, ``batch_for_step``) with what each prompt shows
+        before its question (``Question.reference``), and rows the rollout stage stores with them."""
+        return batch_for_step(run.questions, run.seed, step, self.cfg.rollout.batch_size), {}
+
     def extra_rollouts(self, run: StepResources, step: int, batch: list[Question],
                        trajs: list[Trajectory]) -> list[Trajectory]:
         return []
@@ -142,6 +150,16 @@ class Method:
         return {"rubric_events": [], "rubric_sources": [], "judge_calls": []}
 
     # -------------------------------------------------------------------------------- the trainer's decisions
+    def train_batch(self, run: StepResources, step: int, trajs: list[Trajectory]) -> list[Trajectory]:
+        """What the trainer updates on at ``step``: the shaped rollouts (default), plus whatever the method adds
+        from stored stages (RubricEM: the previous step's reflection candidates)."""
+        return trajs
+
+    def policy_lag(self, t: Trajectory) -> int:
+        """How many steps before the one it is trained in ``t`` was sampled (default 0: on-policy; RubricEM's
+        reflections: 1). The trainer refuses a trajectory whose policy version does not match."""
+        return 0
+
     def eps_clip_high(self, train: TrainConfig) -> float:
         return train.eps_clip_high
 

@@ -62,7 +62,7 @@ def trajectory_stage_scores(rubrics: Sequence[StageRubric], grades: Sequence[Rub
 
 class SSGRPO(Method):
     name = "ss-grpo"
-    extra_tables: ClassVar[dict[str, tuple[str, ...]]] = {"score": ("stage_rubrics", "stage_scores")}
+    extra_tables: ClassVar[dict[str, tuple[str, ...]]] = {"score": ("stage_rubrics", "stage_scores", "stage_grades")}
     requires: ClassVar[dict[str, object]] = {"rollout.protocol": "rubricem"}  # the stages must exist
 
     def __init__(self, cfg: ArborConfig) -> None:
@@ -114,6 +114,7 @@ class SSGRPO(Method):
                                                                                             strict=True)}
         decode = _decoder(run)
         rows: Rows = []
+        grade_rows: Rows = []
         for gi, g in enumerate(groups):
             rubrics = buffers[gi]
             per_traj: list[list[RubricGrade] | None] = []  # None: not graded (invalid, or the call failed)
@@ -129,6 +130,11 @@ class SSGRPO(Method):
                     else:
                         err = out.error or f"{len(out.value or [])} grades for {len(rubrics)} rubrics"
                 per_traj.append(grades)
+                for r, gr in zip(rubrics, grades or [], strict=False):
+                    grade_rows.append({"traj_id": t.traj_id, "group": t.group, "sample": t.sample,
+                                       "rubric_id": r.rubric_id, "stage": r.stage, "title": r.title,
+                                       "weight": r.weight, "polarity": r.polarity, "feature": r.feature,
+                                       "grade": gr.score, "justification": gr.justification})
                 scores.append(trajectory_stage_scores(rubrics, grades, t.f1, t.format_valid, rc.outcome_weight))
                 errors.append(err)
             returns = [stage_returns(r, rc.lambda_matrix) for r in scores]
@@ -146,7 +152,7 @@ class SSGRPO(Method):
                         "score": r[k], "stage_return": G[k], "advantage": A[k], "format_valid": t.format_valid,
                         "f1": t.f1, "n_rubrics": sum(x.stage == k + 1 for x in rubrics), "judge_error": err})
         return {"rubric_events": [], "rubric_activations": [], "judge_calls": run.judge_rows(),
-                "stage_rubrics": events, "stage_scores": rows}
+                "stage_rubrics": events, "stage_scores": rows, "stage_grades": grade_rows}
 
     # ------------------------------------------------------------------------------------------ shape
     def shape(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,

@@ -1,0 +1,205 @@
+"""RubricEM's reflection meta-policy and rubric bank (issue 15; §3.4, App. D): the curriculum, the utility, the
+bank's writes, replay and retrieval ranking, the injection formats, the SFT reflection rows, the advantages of a
+mixed task + reflection batch (against values computed by hand) and the trainer's one-step-lag rule."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from arbor.config import ArborConfig
+from arbor.tasks.format import reflection_blocks
+from arbor.tasks.methods.rubricem import RubricEM
+from arbor.tasks.reflection import (
+    REFLECTION_GROUP,
+    BankItem,
+    RubricBank,
+    best_candidate,
+    gold_reflection,
+    rank_related,
+    reference_block,
+    reflection_sft_rows,
+    reflection_utility,
+    windowed_batch,
+    with_reference,
+)
+from arbor.tasks.types import ReflectionGrade, Trajectory
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from arbor.tasks.policy import build_tiny_policy
+
+    return build_tiny_policy(home=tmp_path_factory.mktemp("home"))
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_dir)
+
+
+GOLD = ("<structured_plan>Find who founded Zorblat Mills.</structured_plan>\n<search>Zorblat Mills founder</search>\n"
+        "<tool_output>\nDoc 1 (Title: Zorblat Mills) Zorblat Mills was founded by Quenby Arl.\n</tool_output>\n"
+        "<think>done</think>\n<review>Quenby Arl founded it.</review>\n<answer>\\boxed{Quenby Arl}</answer>")
+
+
+# ---------------------------------------------------------------------------------------------- D.3 curriculum
+def test_windowed_curriculum_replays_each_window_within_episode() -> None:
+    got = [windowed_batch(s, 3) for s in range(1, 14)]
+    assert got == [(1, "cross"), (2, "cross"), (3, "cross"), (1, "within"), (2, "within"), (3, "within"),
+                   (4, "cross"), (5, "cross"), (6, "cross"), (4, "within"), (5, "within"), (6, "within"),
+                   (7, "cross")]
+    assert [windowed_batch(s, 1) for s in range(1, 5)] == [(1, "cross"), (1, "within"), (2, "cross"), (2, "within")]
+    with pytest.raises(ValueError):
+        windowed_batch(0, 3)
+
+
+# ---------------------------------------------------------------------------------------------- D.6.2 utility
+def test_utility_weights_the_three_dimensions() -> None:
+    assert reflection_utility(ReflectionGrade(1.0, 0.5, 0.0)) == pytest.approx(0.4 + 0.15)
+    assert reflection_utility(ReflectionGrade(0.5, 1.0, 1.0)) == pytest.approx(0.2 + 0.3 + 0.3)
+    assert reflection_utility(ReflectionGrade(1.0, 1.0, 1.0), (0.5, 0.25, 0.25)) == pytest.approx(1.0)
+
+
+def test_best_candidate_is_the_highest_valid_one() -> None:
+    assert best_candidate([0.2, 0.9, 0.9, 0.5], [True, False, True, True]) == 2  # 1 is invalid; 2 beats 3
+    assert best_candidate([0.7, 0.7], [True, True]) == 0  # ties: the first
+    assert best_candidate([0.4, 0.9], [False, False]) is None
+    assert best_candidate([0.0, 0.0], [True, True]) is None  # nothing useful: the bank is left alone
+
+
+# ---------------------------------------------------------------------------------------------- D.5 bank
+def _item(qid: str, step: int, q: str = "") -> BankItem:
+    return BankItem(f"r/bank/{step}/{qid}", qid, q or f"question {qid}", f"rubrics {qid}", f"lessons {qid}", step,
+                    f"r/{step}/0/0", 0.5)
+
+
+def test_rank_related_by_inner_product_ties_in_order() -> None:
+    cands = [("a", [0.6, 0.8]), ("b", [1.0, 0.0]), ("c", [0.6, -0.8]), ("d", [1.0, 0.0])]
+    assert rank_related([1.0, 0.0], cands, 2) == [("b", 1.0), ("d", 1.0)]
+    assert [c for c, _ in rank_related([1.0, 0.0], cands, 4)] == ["b", "d", "a", "c"]
+    assert [c for c, _ in rank_related([0.0, 1.0], cands, 1)] == ["a"]  # 0.8 > 0 > -0.8
+    assert rank_related([1.0, 0.0], cands, 0) == []
+
+
+def test_bank_keeps_one_item_per_question_and_replays_from_events() -> None:
+    bank = RubricBank()
+    events = [bank.write(_item("q1", 1), 0), bank.write(_item("q2", 1), 1), bank.write(_item("q1", 2), 0)]
+    assert [e["event"] for e in events] == ["written", "written", "replaced"]
+    assert events[2]["replaced_item_id"] == "r/bank/1/q1" and events[0]["replaced_item_id"] is None
+    assert list(bank.items) == ["q2", "q1"]  # write order of the current items
+    assert bank.within("q1") == _item("q1", 2) and bank.within("q3") is None
+    vecs = {"q1": [1.0, 0.0], "q2": [0.0, 1.0]}
+    # cross-episode retrieval never returns the question's own item
+    assert [(it.question_id, s) for it, s in bank.cross("q1", [0.6, 0.8], vecs, 2)] == [("q2", 0.8)]
+    assert [it.question_id for it, _ in bank.cross("q9", [0.6, 0.8], vecs, 2)] == ["q2", "q1"]
+    again = RubricBank.from_events(events)
+    assert again.items == bank.items and list(again.items) == list(bank.items)
+
+
+# ---------------------------------------------------------------------------------------------- D.6.3 injection
+def test_reference_blocks_precede_the_question() -> None:
+    within = reference_block("within", [_item("q1", 1), _item("q2", 1)])
+    assert within.startswith("<reference_examples>") and within.endswith("</reference_examples>")
+    assert "rubrics q1" in within and "lessons q1" in within and "q2" not in within  # its own item only
+    cross = reference_block("cross", [_item("q1", 1, "Who built A?"), _item("q2", 1, "Where is B?")])
+    assert cross.index("Who built A?") < cross.index("rubrics q1") < cross.index("Where is B?")
+    assert "Similar question 1" in cross and "Similar question 2" in cross
+    assert reference_block("cross", []) == ""
+    msg = with_reference("  Who founded X? ", cross)
+    assert msg.startswith("<reference_examples>") and msg.endswith("\n\nWho founded X?")
+    assert with_reference("Who?", "") == "Who?"
+
+
+def test_prompt_shows_the_reference_but_the_trajectory_keeps_the_question(tiny_tokenizer) -> None:
+    from arbor.tasks.agent import AgentLoop, Budgets, build_prompt_ids
+    from arbor.tasks.format import RUBRICEM
+
+    loop = AgentLoop(tiny_tokenizer, None, Budgets(), protocol=RUBRICEM)
+    block = reference_block("within", [_item("q1", 1)])
+    s = loop.start("q1", "Who founded X?", ["a"], 0, block)
+    assert s.question == "Who founded X?"
+    assert s.prompt_ids == build_prompt_ids(tiny_tokenizer, with_reference("Who founded X?", block),
+                                             RUBRICEM.system_prompt)
+    assert len(s.prompt_ids) > len(loop.start("q1", "Who founded X?", ["a"], 0).prompt_ids)
+
+
+# ---------------------------------------------------------------------------------------------- SFT rows
+def test_gold_reflections_are_grounded_and_valid() -> None:
+    text = gold_reflection("Who founded Zorblat Mills?", GOLD, random.Random(3), "rubricem")
+    rubrics, takeaways = reflection_blocks(text) or ("", "")
+    assert "Zorblat Mills" in text and "Who" not in rubrics.split("Zorblat")[0].split(":")[-1]
+    assert rubrics.strip() and takeaways.strip()
+    rows = [{"question_id": f"q{i}", "question": "Who founded Zorblat Mills?", "golds": ["Quenby Arl"],
+             "response": GOLD} for i in range(40)]
+    out = reflection_sft_rows(rows, 0.5, seed=1, protocol="rubricem")
+    assert 10 <= len(out) <= 30 and out == reflection_sft_rows(rows, 0.5, seed=1, protocol="rubricem")
+    assert all(r["system"] and r["question"].startswith("Question: Who founded") for r in out)
+    assert len({r["response"] for r in out}) > 1  # parts are left out at random: samples differ
+    assert reflection_sft_rows(rows, 0.0, seed=1) == []
+
+
+# ---------------------------------------------------------------------------------------------- advantages
+def _task(sample: int, n: int, rewards: list[float]) -> Trajectory:
+    return Trajectory("r", 2, 0, sample, "q", "Q?", ["a"], prompt_ids=[1], response_ids=list(range(n)),
+                      loss_mask=[1] * n, rollout_logprobs=[0.0] * n, stage_starts=[0, 1, 2, 3], stage_rewards=rewards,
+                      shaped_reward=rewards[-1])
+
+
+def _refl(sample: int, n: int, u: float) -> Trajectory:
+    return Trajectory("r", 1, REFLECTION_GROUP + 0, sample, "q", "Q?", ["a"], prompt_ids=[1],
+                      response_ids=list(range(n)), loss_mask=[1] * n, rollout_logprobs=[0.0] * n, base_reward=u,
+                      shaped_reward=u)
+
+
+def test_mixed_batch_task_stage_credit_and_reflection_group_advantages() -> None:
+    cfg = ArborConfig.model_validate({"run": {"method": "rubricem"}, "rollout": {"protocol": "rubricem"}})
+    batch = [_task(0, 5, [1.0, 0.0, 0.0, 0.0]), _task(1, 5, [0.0, 0.0, 0.0, 0.0]),
+             _refl(0, 3, 0.2), _refl(1, 4, 0.6), _refl(2, 2, 0.4)]
+    rewards = [t.shaped_reward or 0.0 for t in batch]
+    adv = RubricEM(cfg).token_advantages(batch, rewards, [t.group for t in batch], cfg.train)
+    s = 2 ** 0.5
+    # task: stage 1 returns 1 vs 0 -> +-1/sqrt(2) on the plan token, stages 2-4 equal -> 0
+    assert adv[0].tolist() == pytest.approx([1 / s, 0, 0, 0, 0], abs=1e-5)
+    assert adv[1].tolist() == pytest.approx([-1 / s, 0, 0, 0, 0], abs=1e-5)
+    # reflections: u = .2, .6, .4 -> mean .4, sample std .2 -> A = -1, +1, 0 on every token of the candidate
+    assert adv[2].tolist() == pytest.approx([-1.0] * 3, abs=1e-4)
+    assert adv[3].tolist() == pytest.approx([1.0] * 4, abs=1e-4)
+    assert adv[4].tolist() == pytest.approx([0.0] * 2, abs=1e-4)
+    m = RubricEM(cfg)
+    assert [m.policy_lag(t) for t in batch] == [0, 0, 1, 1, 1]
+
+
+def test_trainer_takes_lagged_reflections_and_refuses_stale_rollouts(tiny_dir: Path, tmp_path: Path) -> None:
+    """A reflection candidate sampled at step s-1 by version v-1 trains at step s; a task trajectory must be
+    on-policy, and a reflection must be exactly one step old."""
+    from arbor.config import load_config
+    from arbor.tasks.train import Trainer
+
+    cfg = load_config("tiny-cpu", {"run.run_id": "r", "run.method": "rubricem", "rollout.protocol": "rubricem",
+                                   "train.lr": 1e-3})
+    tr = Trainer(cfg, tiny_dir, tmp_path)
+    g = torch.Generator().manual_seed(0)
+
+    def traj(step: int, group: int, sample: int, version: int, u: float) -> Trajectory:
+        n = 5
+        return Trajectory("r", step, group, sample, "q", "Q?", ["a"], prompt_ids=[5, 6, 7],
+                          response_ids=torch.randint(10, 200, (n,), generator=g).tolist(), loss_mask=[1] * n,
+                          rollout_logprobs=[-3.0] * n, stage_starts=[0, 1, 2, 3] if group < REFLECTION_GROUP else None,
+                          stage_rewards=[u, 0, 0, u] if group < REFLECTION_GROUP else None, base_reward=u,
+                          shaped_reward=u, policy_version=version)
+
+    tr.train_step([traj(1, 0, i, 0, float(i % 2)) for i in range(4)], 1)
+    ok = [traj(2, 0, i, 1, float(i % 2)) for i in range(4)] + [traj(1, REFLECTION_GROUP, i, 0, 0.1 * i)
+                                                                 for i in range(3)]
+    m = tr.train_step(ok, 2)
+    assert m["n_trajectories"] == 7.0
+    with pytest.raises(AssertionError, match="policy version"):  # an off-policy task trajectory
+        tr.train_step([traj(3, 0, i, 1, float(i % 2)) for i in range(4)], 3)
+    with pytest.raises(AssertionError, match="policy version"):  # a reflection two steps old
+        tr.train_step([traj(3, 0, i, 2, float(i % 2)) for i in range(4)] + [traj(1, REFLECTION_GROUP, 0, 0, 0.5)], 3)

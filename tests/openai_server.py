@@ -67,9 +67,11 @@ class FaultPlan:
     # accuracy rule per requested model (a second judge, App. C.2): "match" (the default: normalised string match),
     # "inverse" (the opposite verdict), "correct" or "incorrect" (always that verdict)
     accuracy_by_model: dict[str, str] = field(default_factory=dict)
+    # faults for one judge role only, served to that role's requests in arrival order before ``queue`` is read
+    by_role: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        bad = [f for f in self.queue if f not in FAULTS]
+        bad = [f for f in [*self.queue, *(f for q in self.by_role.values() for f in q)] if f not in FAULTS]
         if bad:
             raise ValueError(f"FaultPlan.queue: unknown fault kinds {bad}; known: {FAULTS}")
         bad = [r for r in self.accuracy_by_model.values() if r not in ACCURACY_RULES]
@@ -137,7 +139,8 @@ def answer_for(role: str, user: str, plan: FaultPlan, model: str | None = None) 
                                       for i in range(1, n + 1)]})
     if role == "reflection_grades":
         n = len(re.findall(r"<candidate index=", user))
-        return json.dumps({"grades": [{"index": i, "diagnosis": 0.5, "specificity": 0.5, "scope": 0.5}
+        # diagnosis 0, .5, 1, 0, ... by candidate index: utilities differ within a group
+        return json.dumps({"grades": [{"index": i, "diagnosis": (i - 1) % 3 / 2, "specificity": 0.5, "scope": 0.5}
                                       for i in range(1, n + 1)]})
     raise ValueError(role)
 
@@ -185,7 +188,8 @@ class OpenAIServer:
         if role is None:
             return JSONResponse({"error": {"message": "unknown prompt"}}, status_code=400)
         self.roles[role] += 1
-        fault = self.plan.queue.pop(0) if self.plan.queue else "ok"
+        mine = self.plan.by_role.get(role)
+        fault = mine.pop(0) if mine else self.plan.queue.pop(0) if self.plan.queue else "ok"
         self.faults_served.append(fault)
         if self.plan.latency_s:
             await asyncio.sleep(self.plan.latency_s)

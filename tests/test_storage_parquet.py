@@ -32,7 +32,8 @@ def _traj(step: int, group: int, sample: int, f1: float = 0.5) -> dict:
 def test_every_interface_table_has_a_schema():
     assert set(SCHEMAS) == {"runs", "steps", "stage_runs", "trajectories", "rubric_events", "rubric_activations",
                             "rubric_sources", "judge_calls", "eval_results", "rollouts", "draft_scores",
-                            "stage_rubrics", "stage_scores"}
+                            "stage_rubrics", "stage_scores", "stage_grades", "reflections", "rubric_bank",
+                            "bank_retrievals"}
 
 
 def test_unknown_column_refused_naming_it(tmp_path):

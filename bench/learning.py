@@ -46,8 +46,10 @@ STAGED_PROMPT = ("Answer the question by searching. Plan in <structured_plan></s
                  "<answer>\\boxed{answer}</answer>.")
 # RubricEM's start (its §5 ablations all start from one RUBRICEM-SFT checkpoint): staged gold rows, and for a
 # quarter of them a reflection row (App. D.6.1's two blocks), so the meta-policy starts out writing the format
+# (and, for as many, a copy of the row with a bank-style reference block before its question); room in the
+# context for the blocks (a plain prompt + response never reaches 768 tokens, so other methods are unaffected)
 RUBRICEM_SETS: dict[str, Any] = {"rollout.protocol": "rubricem", "rollout.system_prompt": STAGED_PROMPT,
-                                 "sft.reflections": 0.25}
+                                 "sft.reflections": 0.25, "rollout.max_context_tokens": 1024}
 METHOD_SETS: dict[str, dict[str, Any]] = {"ss-grpo": RUBRICEM_SETS, "rubricem": RUBRICEM_SETS}
 # the measured setting (docs/decisions.md, "Issue 12, session 6"): three times the demo's RL steps, held-out F1
 # sampled at the rollout temperature over 4 x 200 answers at steps 0, 15 and 30; any --set overrides these

@@ -131,10 +131,8 @@ class RubricBank:
 
 
 # ------------------------------------------------------------------------------------------------ injection
-_WITHIN = ("You have tried this exact question before. Below are the rubrics and lessons you drew from that attempt. "
-           "Use them to plan and answer better: avoid what went wrong and keep what worked.")
-_CROSS = ("Below are rubrics and lessons drawn from similar questions answered earlier. Use them as a guide for "
-          "planning and answering, adapted to this question; do not copy them.")
+_WITHIN = "You tried this exact question before. Avoid what went wrong then and keep what worked:"
+_CROSS = "Lessons from similar questions answered before. Adapt them to this question; do not copy them:"
 
 
 def reference_block(mode: Mode, items: Sequence[BankItem]) -> str:
@@ -143,12 +141,11 @@ def reference_block(mode: Mode, items: Sequence[BankItem]) -> str:
         return ""
     if mode == "within":
         it = items[0]
-        body = (f"{_WITHIN}\n\n## Your earlier attempt at this question\n### Rubrics\n{it.rubrics.strip()}\n"
-                f"### Lessons\n{it.takeaways.strip()}")
+        body = f"{_WITHIN}\n{it.rubrics.strip()}\n{it.takeaways.strip()}"
     else:
-        parts = [f"## Similar question {i}\n{it.question.strip()}\n### Rubrics\n{it.rubrics.strip()}\n"
-                 f"### Lessons\n{it.takeaways.strip()}" for i, it in enumerate(items, 1)]
-        body = _CROSS + "\n\n" + "\n---\n".join(parts)
+        parts = [f"Similar question {i}: {it.question.strip()}\n{it.rubrics.strip()}\n{it.takeaways.strip()}"
+                 for i, it in enumerate(items, 1)]
+        body = _CROSS + "\n" + "\n".join(parts)
     return f"<reference_examples>\n{body}\n</reference_examples>"
 
 
@@ -185,16 +182,16 @@ def gold_reflection(question: str, response: str, rng: random.Random, protocol: 
     named = " and ".join(names) if names else "the entities the question names"
     first = f'"{queries[0]}"' if queries else "a query naming the subject"
     rubrics = [
-        f"Critical requirement: the boxed answer must be the one the evidence gives for {named}.",
-        f"Analytical approach: search {first} first, then search the name that result gives next.",
-        "Communication: state the answer alone in the box, with no extra words.",
-        f"Pitfalls: stopping after the first search instead of following {named} to the end.",
+        f"Critical requirement: the answer the evidence gives for {named}.",
+        f"Analytical approach: search {first}, then the name that result gives.",
+        "Communication: the answer alone in the box.",
+        f"Pitfalls: stopping before the chain from {named} ends.",
     ]
     lessons = [
-        f"Follow each link of the chain from {named} before answering.",
-        f"The searches {', '.join(repr(q) for q in queries[:2]) or first} found the evidence; name entities in queries.",
-        f"The answer {answer} came from the last result, not from memory.",
-        "Check that the result read last names the entity asked about.",
+        f"Follow the chain from {named} to its end.",
+        f"The searches {', '.join(repr(q) for q in queries[:2]) or first} found the evidence.",
+        f"The answer {answer} came from the last result.",
+        "Check that the last result names the entity asked about.",
     ]
     keep_r = sorted(rng.sample(range(4), rng.randint(2, 4)))
     keep_l = sorted(rng.sample(range(4), rng.randint(1, 4)))
@@ -205,17 +202,32 @@ def gold_reflection(question: str, response: str, rng: random.Random, protocol: 
 
 def reflection_sft_rows(rows: Sequence[dict[str, Any]], share: float, seed: int,
                         protocol: str = "arbor") -> list[dict[str, Any]]:
-    """One reflection row (system prompt ``REFLECTION_SYSTEM_PROMPT``) for a seeded ``share`` of the gold rows."""
+    """RubricEM's SFT additions for a seeded ``share`` of the gold rows (issue 15): a reflection row (the reflection
+    request under ``REFLECTION_SYSTEM_PROMPT``, its gold reflection as the response), and a copy of the gold row
+    whose question comes after a ``<reference_examples>`` block (D.6.3): its own gold reflection (within-episode)
+    or two other questions' (cross-episode), alternately. A policy that never saw such a block in SFT writes
+    reflections instead of its plan when one appears in its prompt."""
     rng = random.Random(seed)
-    out = []
-    for r in rows:
-        if rng.random() < share:
-            out.append({"question_id": r.get("question_id"), "question": reflection_message(r["question"], r["response"]),
-                        "golds": r.get("golds", []), "system": REFLECTION_SYSTEM_PROMPT,
-                        "response": gold_reflection(r["question"], r["response"], rng, protocol)})
-    if any(reflection_blocks(r["response"]) is None for r in out):
+    items = [BankItem(f"sft/{i}", str(r.get("question_id") or i), r["question"], *(reflection_blocks(
+        gold_reflection(r["question"], r["response"], rng, protocol)) or ("", "")), 0, "", 1.0)
+        for i, r in enumerate(rows)]
+    reflections, references = [], []
+    for i, r in enumerate(rows):
+        if rng.random() >= share:
+            continue
+        reflections.append({"question_id": r.get("question_id"), "golds": r.get("golds", []),
+                            "question": reflection_message(r["question"], r["response"]),
+                            "system": REFLECTION_SYSTEM_PROMPT,
+                            "response": gold_reflection(r["question"], r["response"], rng, protocol)})
+        others = [j for j in range(len(rows)) if j != i]
+        if len(references) % 2 == 0 or len(others) < 2:
+            block = reference_block("within", [items[i]])
+        else:
+            block = reference_block("cross", [items[j] for j in rng.sample(others, 2)])
+        references.append({**r, "question": with_reference(r["question"], block)})
+    if any(reflection_blocks(r["response"]) is None for r in reflections):
         raise AssertionError("gold_reflection wrote a reflection without both blocks")
-    return out
+    return reflections + references
 
 
 __all__ = ["REFLECTION_GROUP", "REFLECTION_STOP", "REFLECTION_SYSTEM_PROMPT", "BankItem", "Mode", "RubricBank",

@@ -138,9 +138,16 @@ def test_gold_reflections_are_grounded_and_valid() -> None:
     rows = [{"question_id": f"q{i}", "question": "Who founded Zorblat Mills?", "golds": ["Quenby Arl"],
              "response": GOLD} for i in range(40)]
     out = reflection_sft_rows(rows, 0.5, seed=1, protocol="rubricem")
-    assert 10 <= len(out) <= 30 and out == reflection_sft_rows(rows, 0.5, seed=1, protocol="rubricem")
-    assert all(r["system"] and r["question"].startswith("Question: Who founded") for r in out)
-    assert len({r["response"] for r in out}) > 1  # parts are left out at random: samples differ
+    assert out == reflection_sft_rows(rows, 0.5, seed=1, protocol="rubricem")
+    refl = [r for r in out if "system" in r]
+    refs = [r for r in out if "system" not in r]
+    assert 10 <= len(refl) == len(refs) <= 30  # one reflection row and one reference copy per chosen row
+    assert all(r["question"].startswith("Question: Who founded") for r in refl)
+    assert len({r["response"] for r in refl}) > 1  # parts are left out at random: samples differ
+    # the copies keep the gold response and show a reference block before the question, within / cross alternately
+    assert all(r["response"] == GOLD and r["question"].endswith("\n\nWho founded Zorblat Mills?") for r in refs)
+    assert all(r["question"].startswith("<reference_examples>") for r in refs)
+    assert ["Similar question 2" in r["question"] for r in refs[:4]] == [False, True, False, True]
     assert reflection_sft_rows(rows, 0.0, seed=1) == []
 
 

@@ -177,6 +177,40 @@ def table(rows: pl.DataFrame, methods: list[str]) -> str:
     return _render(head, body)
 
 
+def reflection_table(run_ids: dict[str, tuple[str, int]], home: Path, window: int = 5) -> str:
+    """The reflection meta-policy of each method that has one (RubricEM): the judge's mean utility of the
+    candidates over the first and the last ``window`` steps, their valid share, bank writes and retrievals
+    (mean ± SE over seeds); "" when no run reflected."""
+    from arbor.storage.parquet import read_table
+    from arbor.tasks.curves import mean_se
+
+    per: dict[str, list[dict[str, float]]] = {}
+    for rid, (m, _) in run_ids.items():
+        refl = pl.from_arrow(read_table("reflections", run_id=rid, home=home))
+        if refl.is_empty():  # type: ignore[union-attr]
+            continue
+        bank = read_table("rubric_bank", run_id=rid, home=home)
+        got = pl.from_arrow(read_table("bank_retrievals", run_id=rid, home=home))
+        last = int(refl["step"].max())  # type: ignore[index]
+        early = refl.filter(pl.col("step") <= window)  # type: ignore[union-attr]
+        late = refl.filter(pl.col("step") > last - window)  # type: ignore[union-attr]
+        per.setdefault(m, []).append({
+            "u0": float(early["utility"].mean()), "u1": float(late["utility"].mean()),  # type: ignore[arg-type]
+            "v0": float(early["format_valid"].mean()), "v1": float(late["format_valid"].mean()),  # type: ignore[arg-type]
+            "bank": float(bank.num_rows), "within": float(got.filter(pl.col("mode") == "within").height),  # type: ignore[union-attr]
+            "cross": float(got.filter(pl.col("mode") == "cross").height)})  # type: ignore[union-attr]
+    if not per:
+        return ""
+    head = ["method", "seeds", f"utility steps 1-{window}", f"utility last {window}", "valid first→last",
+            "bank writes", "retrievals within / cross"]
+    body = []
+    for m, rows in per.items():
+        ms = {k: mean_se(r[k] for r in rows) for k in rows[0]}
+        body.append([m, str(len(rows)), str(ms["u0"]), str(ms["u1"]), f"{ms['v0'].mean:.2f} → {ms['v1'].mean:.2f}",  # type: ignore[union-attr]
+                     f"{ms['bank'].mean:.0f}", f"{ms['within'].mean:.0f} / {ms['cross'].mean:.0f}"])  # type: ignore[union-attr]
+    return _render(head, body)
+
+
 def _avg(rows: pl.DataFrame, key: str) -> str:
     from arbor.tasks.curves import mean_se
 
@@ -220,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.write_csv(out / "curves.csv")
     plot_curves(rows, methods, out / "curves.png")
     print("\n" + table(rows, methods))
+    if refl := reflection_table(run_ids, home):
+        print("\nreflection meta-policy (judge utility of the candidates, mean ± SE over seeds):\n" + refl)
     ran = [x for _, _, x in walls if x > 0]
     if ran:
         print(f"\nwall time per run: mean {sum(ran) / len(ran):.0f} s, max {max(ran):.0f} s ({len(ran)} runs)")

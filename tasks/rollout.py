@@ -372,13 +372,7 @@ class TransformersEngine(_EngineBase):
 
     def generate(self, requests: Sequence[GenRequest]) -> list[Generation]:
         """One turn for each request (the server in tests/completions_server.py calls this, too)."""
-        r = self.cfg.rollout
-        out: list[Generation] = []
-        for i in range(0, len(requests), r.max_batch_rows):
-            out += generate_turns(self.model, requests[i:i + r.max_batch_rows], temperature=r.temperature,
-                                  top_p=r.top_p, decode=self._decode, stop_strings=self.loop.stop_strings,
-                                  eos_ids=self.eos_ids, pad_id=self.pad_id)
-        return out
+        return self.complete(requests, temperature=self.cfg.rollout.temperature, stop_strings=self.loop.stop_strings)
 
     def run_states(self, states: list[AgentState], reuse_cache: bool = True) -> None:
         """Drive the agent loops to the end, ``max_batch_rows`` trajectories at a time.
@@ -503,9 +497,11 @@ class OpenAIEngine(_EngineBase):
             raise RolloutError(f"{where}: unexpected finish_reason {finish!r}")
         return Generation(tokens, token_logprobs, finish)
 
-    async def _complete(self, client: Any, sem: asyncio.Semaphore, req: GenRequest) -> Generation:
+    async def _complete(self, client: Any, sem: asyncio.Semaphore, req: GenRequest,
+                        **body: Any) -> Generation:
+        """One completion; ``body`` overrides fields of ``request_body`` (``complete``'s temperature and stops)."""
         async with sem:
-            resp = await client.post(self.url, json=self.request_body(req), headers=self.headers)
+            resp = await client.post(self.url, json={**self.request_body(req), **body}, headers=self.headers)
         if resp.status_code != 200:
             raise RolloutError(f"POST {self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
         return self.parse_choice(resp.json(), f"POST {self.url}")
@@ -541,14 +537,8 @@ class OpenAIEngine(_EngineBase):
         async def run() -> list[Generation]:
             sem = asyncio.Semaphore(self.cfg.rollout.concurrency)
             async with httpx.AsyncClient(timeout=self.cfg.rollout.request_timeout_s) as client:
-                async def one(req: GenRequest) -> Generation:
-                    body = {**self.request_body(req), "temperature": temperature, "stop": list(stop_strings)}
-                    async with sem:
-                        resp = await client.post(self.url, json=body, headers=self.headers)
-                    if resp.status_code != 200:
-                        raise RolloutError(f"POST {self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
-                    return self.parse_choice(resp.json(), f"POST {self.url}")
-                return await asyncio.gather(*(one(r) for r in requests))
+                return await asyncio.gather(*(self._complete(client, sem, r, temperature=temperature,
+                                                             stop=list(stop_strings)) for r in requests))
 
         return asyncio.run(run())
 

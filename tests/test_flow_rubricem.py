@@ -39,11 +39,24 @@ def _overrides(start: Path) -> dict:
             "checkpoint.every": 1}
 
 
-def _train(home: Path, overrides: dict, resume: bool = False) -> None:
+def _train(home: Path, overrides: dict, resume: bool = False, run_id: str = RUN) -> None:
     from arbor.flows.train import arbor_train
 
     os.environ["ARBOR_HOME"] = str(home)
-    arbor_train(profile="tiny-world", overrides=overrides, run_id=RUN, resume=resume)
+    arbor_train(profile="tiny-world", overrides=overrides, run_id=run_id, resume=resume)
+
+
+def _killed_run(home: Path, run_id: str, overrides: dict, fault: str, log: Path) -> None:
+    """``arbor train`` in a subprocess that ``ARBOR_FAULT=fault`` SIGKILLs mid-stage; asserts it died by signal 9."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "ARBOR_HOME": str(home), "ARBOR_FAULT": fault,
+           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    with open(log, "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "-p", "tiny-world", "--run-id", run_id,
+                               *[f"--set={k}={'null' if v is None else v}" for k, v in overrides.items()]], env=env,
+                              stdout=out, stderr=subprocess.STDOUT, timeout=600)
+    assert proc.returncode == -9, log.read_text()[-2000:]
 
 
 def _stored(home: Path) -> tuple:
@@ -99,16 +112,7 @@ def test_resume_after_sigkill_mid_stage_judging(reference: Path, staged_start: P
                                                 prefect_harness) -> None:
     home = tmp_path / "home"
     o = _overrides(staged_start)
-    from prefect.settings import PREFECT_API_URL
-
-    env = {**os.environ, "ARBOR_HOME": str(home), "ARBOR_FAULT": "2:score:kill-mid",
-           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "-p", "tiny-world", "--run-id", RUN,
-                               *[f"--set={k}={'null' if v is None else v}" for k, v in o.items()]], env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=600)
-    assert proc.returncode == -9, log.read_text()[-2000:]
+    _killed_run(home, RUN, o, "2:score:kill-mid", tmp_path / "killed.log")
     assert not any(s["stage"] == "score" and s["step"] == 2 for s in table("stage_runs", RUN, home))
     _train(home, o, resume=True)
     assert _stored(home) == _stored(reference)
@@ -151,13 +155,6 @@ def _rem_overrides(start: Path) -> dict:
             "rubricem.reflection_samples": 4}
 
 
-def _rem_train(home: Path, overrides: dict, resume: bool = False) -> None:
-    from arbor.flows.train import arbor_train
-
-    os.environ["ARBOR_HOME"] = str(home)
-    arbor_train(profile="tiny-world", overrides=overrides, run_id=REM, resume=resume)
-
-
 def _rem_stored(home: Path) -> tuple:
     key = lambda r: (r["step"], r.get("traj_id") or "", r.get("item_id") or "", r.get("group") or 0)  # noqa: E731
     refl = [(r["step"], r["traj_id"], r["text"], r["source_traj_id"], round(r["utility"], 9), r["chosen"],
@@ -175,7 +172,7 @@ def _rem_stored(home: Path) -> tuple:
 @pytest.fixture(scope="module")
 def rem_reference(staged_start: Path, prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("rem_ref")
-    _rem_train(home, _rem_overrides(staged_start))
+    _train(home, _rem_overrides(staged_start), run_id=REM)
     return home
 
 
@@ -258,19 +255,10 @@ def test_rubricem_resume_after_sigkill_mid_reflection_judging(rem_reference: Pat
                                                                tmp_path: Path, prefect_harness) -> None:
     home = tmp_path / "home"
     o = _rem_overrides(staged_start)
-    from prefect.settings import PREFECT_API_URL
-
-    env = {**os.environ, "ARBOR_HOME": str(home), "ARBOR_FAULT": "2:induce:kill-mid",
-           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "-p", "tiny-world", "--run-id", REM,
-                               *[f"--set={k}={'null' if v is None else v}" for k, v in o.items()]], env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=600)
-    assert proc.returncode == -9, log.read_text()[-2000:]
+    _killed_run(home, REM, o, "2:induce:kill-mid", tmp_path / "killed.log")
     assert not any(s["stage"] == "induce" and s["step"] == 2 for s in table("stage_runs", REM, home))
     assert table("reflections", REM, home) and all(r["step"] == 1 for r in table("reflections", REM, home))
-    _rem_train(home, o, resume=True)
+    _train(home, o, resume=True, run_id=REM)
     assert _rem_stored(home) == _rem_stored(rem_reference)
 
 
@@ -286,8 +274,8 @@ def test_reflection_judge_through_the_openai_server_under_faults(staged_start: P
     monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
     plan = FaultPlan(by_role={"reflection_grades": ["429", "malformed"] + ["invalid"] * 12})
     with OpenAIServer(plan) as srv:
-        _rem_train(tmp_path / "home", {**_rem_overrides(staged_start), **openai_judge(srv.base_url),
-                                       "run.steps": 2})
+        _train(tmp_path / "home", {**_rem_overrides(staged_start), **openai_judge(srv.base_url), "run.steps": 2},
+               run_id=REM)
         assert srv.roles["reflection_grades"] == 4 * 3 + 4 + 2
     home = tmp_path / "home"
     calls = [c for c in table("judge_calls", REM, home) if c["role"] == "reflection_grades"]

@@ -16,13 +16,14 @@ from arbor.tasks.types import (
     RubricGrade,
     StageRubric,
     StageRubricDraft,
+    StepLabel,
     Trajectory,
 )
 
 T = TypeVar("T")
 Winner = Literal["A", "B", "TIE"]
 ROLES = ("induction", "consolidation", "pairwise", "accuracy", "rar_rubrics", "rar_rate", "stage_rubrics",
-         "stage_grades", "reflection_grades")
+         "stage_grades", "reflection_grades", "step_labels")
 JUDGE_CALL_COLUMNS = (
     "run_id", "step", "stage", "role", "backend", "model", "prompt_version", "cache_key", "prompt_hash", "group",
     "rubric_id", "edge", "latency_s", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hit", "attempts",
@@ -156,6 +157,13 @@ class Judge(ABC):
         """D.6.2: one grade per reflection candidate (diagnosis, specificity, scope in [0, 1]), judged with the
         trajectory's stage grades and their justifications as privileged context."""
         raise NotImplementedError(f"judge backend {self.backend!r} has no reflection_grades role (RubricEM)")
+
+    async def step_labels(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                          steps: Sequence[tuple[str, str]], k: int, *,
+                          ctx: CallContext | None = None) -> JudgeOutcome[list[StepLabel]]:
+        """ARCO's teacher: for each step (its action, the result that followed) k criteria and a score in [-1, 1]
+        for each, in step order, knowing the whole trajectory and its outcome."""
+        raise NotImplementedError(f"judge backend {self.backend!r} has no step_labels role (ARCO)")
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release network clients (openai backend)."""

@@ -36,6 +36,7 @@ from arbor.llm.parse import (
     parse_reflection_grades,
     parse_stage_grades,
     parse_stage_rubrics,
+    parse_step_labels,
 )
 from arbor.seeding import derive_seed
 from arbor.tasks.types import (
@@ -45,6 +46,7 @@ from arbor.tasks.types import (
     RubricGrade,
     StageRubric,
     StageRubricDraft,
+    StepLabel,
     Trajectory,
 )
 
@@ -308,3 +310,16 @@ class OpenAIJudge(Judge):
         n = len(candidates)
         return await self._call("reflection_grades", version, messages, lambda t: parse_reflection_grades(t, n),
                                 ctx)
+
+    # ---- ARCO's warm-up teacher ---------------------------------------------------------------------------------
+    async def step_labels(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                          steps: Sequence[tuple[str, str]], k: int, *,
+                          ctx: CallContext | None = None) -> JudgeOutcome[list[StepLabel]]:
+        """``step_labels.v1``: one entry per step with k criteria and scores (a reply with another number of steps
+        is invalid output, retried). No steps: ``[]`` without a call."""
+        if not steps:
+            return JudgeOutcome([], None, 0, False)
+        version, messages = prompts.step_labels_messages(question, golds, trajectory, steps, k,
+                                                         self.cfg.max_judge_tokens)
+        n = len(steps)
+        return await self._call("step_labels", version, messages, lambda t: parse_step_labels(t, n, k), ctx)

@@ -16,7 +16,7 @@ from pydantic import (
     field_validator,
 )
 
-from arbor.tasks.types import ReflectionGrade, RubricDraft, RubricGrade, StageRubricDraft
+from arbor.tasks.types import ReflectionGrade, RubricDraft, RubricGrade, StageRubricDraft, StepLabel
 
 
 class InvalidOutput(ValueError):
@@ -134,6 +134,15 @@ class ReflectionGradesOut(_Strict):
     grades: list[ReflectionGradeOut]
 
 
+class StepLabelOut(_Strict):
+    criteria: list[str]
+    scores: list[Annotated[float, Field(allow_inf_nan=False)]]
+
+
+class StepLabelsOut(_Strict):
+    steps: list[StepLabelOut]
+
+
 def _by_index(items: list[Any], n: int, what: str) -> list[Any]:
     """Items with indices 1..n, each exactly once, in index order (InvalidOutput otherwise)."""
     got = sorted(i.index for i in items)
@@ -158,6 +167,23 @@ def parse_reflection_grades(text: str, n: int) -> list[ReflectionGrade]:
     grades = _by_index(parse_json(text, ReflectionGradesOut).grades, n,  # type: ignore[attr-defined]
                        "ReflectionGradesOut")
     return [ReflectionGrade(g.diagnosis, g.specificity, g.scope) for g in grades]
+
+
+def parse_step_labels(text: str, n: int, k: int) -> list[StepLabel]:
+    """ARCO's teacher: one entry per step (exactly ``n``); each step's criteria and scores are cut or padded to
+    ``k`` (a short score list repeats its last value, missing criteria are empty) and scores clamped to [-1, 1]."""
+    steps = parse_json(text, StepLabelsOut).steps  # type: ignore[attr-defined]
+    if len(steps) != n:
+        raise InvalidOutput(f"StepLabelsOut: {len(steps)} steps for a trajectory of {n}")
+    out = []
+    for s in steps:
+        if not s.scores:
+            raise InvalidOutput("StepLabelsOut: a step without scores")
+        scores = [min(1.0, max(-1.0, float(v))) for v in s.scores[:k]]
+        scores += [scores[-1]] * (k - len(scores))
+        criteria = [c.strip() for c in s.criteria[:k]] + [""] * (k - len(s.criteria[:k]))
+        out.append(StepLabel(tuple(criteria), tuple(scores)))
+    return out
 
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)

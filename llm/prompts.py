@@ -29,6 +29,7 @@ VERSIONS = {
     "stage_rubrics": "stage_rubrics.v1",  # RubricEM App. C.2
     "stage_grades": "stage_grades.v1",  # RubricEM App. C.3
     "reflection_grades": "reflection_grades.v1",  # RubricEM App. D.6.2
+    "step_labels": "step_labels.v1",  # ARCO's warm-up teacher
 }
 STAGE_LABELS = {1: "Plan", 2: "Research", 3: "Review", 4: "Answer"}
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -210,3 +211,17 @@ def reflection_grades_messages(question: str, golds: Sequence[str] | None, traje
               for i, c in enumerate(candidates)]
     return version, render(version, question=escape_block(question), ground_truth=_golds(golds),
                            trajectory=_traj(trajectory, max_tokens), grades=grades, candidates="\n".join(blocks))
+
+
+def step_labels_messages(question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                         steps: Sequence[tuple[str, str]], k: int, max_tokens: int) -> tuple[str, Messages]:
+    """ARCO's teacher: the whole trajectory's steps, numbered from 1 (each action with the result after it), the
+    outcome reward, and how many criteria to write per step."""
+    version = VERSIONS["step_labels"]
+    listed = "\n".join(f"Step {i + 1}:\n  action: {escape_block(compact_trajectory(a, max_tokens // 2))}\n"
+                       f"  result: {escape_block(compact_trajectory(o, max_tokens // 2)) or '(none)'}"
+                       for i, (a, o) in enumerate(steps))
+    return version, render(version, question=escape_block(question), ground_truth=_golds(golds),
+                           steps=listed, n_steps=str(len(steps)), k=str(k),
+                           outcome=f"{trajectory.base_reward:.3f}")
+

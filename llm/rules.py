@@ -36,6 +36,7 @@ from arbor.tasks.types import (
     StagePolarity,
     StageRubric,
     StageRubricDraft,
+    StepLabel,
     Trajectory,
 )
 
@@ -608,6 +609,61 @@ class RulesJudge(Judge):
         self._done("reflection_grades", ctx, key, t0)
         return JudgeOutcome(out, None, 1, False)
 
+
+    async def step_labels(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                          steps: Sequence[tuple[str, str]], k: int, *,
+                          ctx: CallContext | None = None) -> JudgeOutcome[list[StepLabel]]:
+        """ARCO's teacher as a HEURISTIC: each step gets up to three criteria read from its action and result
+        (``step_criteria``), cycled to ``k``. No steps: ``[]`` without a call."""
+        if not steps:
+            return JudgeOutcome([], None, 0, False)
+        t0 = time.perf_counter()
+        key = _key("step_labels", question, tuple(golds or ()), tuple(steps), k)
+        out = []
+        queries: list[str] = []
+        for action, result in steps:
+            crit = step_criteria(question, golds or [], action, result, queries)
+            out.append(StepLabel(tuple(crit[j % len(crit)][0] for j in range(k)),
+                                 tuple(crit[j % len(crit)][1] for j in range(k))))
+            queries += parse_trajectory(action).queries
+        self._done("step_labels", ctx, key, t0)
+        return JudgeOutcome(out, None, 1, False)
+
+
+def step_criteria(question: str, golds: Sequence[str], action: str, result: str,
+                  earlier_queries: Sequence[str]) -> list[tuple[str, float]]:
+    """(criterion, score in [-1, 1]) for one step, from features of the step alone:
+
+    - a search: it names the question's entities (2 x share - 1), it is new (+1, a repeat -1), and its result
+      holds a gold answer (+1), else a question entity (0), else nothing useful (-1);
+    - an answer: it matches a gold answer (2 F1 - 1), it is short (at most four words: a name, not a
+      sentence), and it is boxed;
+    - anything else (no search, no answer): one criterion, -1."""
+    from arbor.tasks.reward import token_f1
+
+    p = parse_trajectory(action)
+    ents = question_entities(question)
+    ent_tokens = set().union(*(_tokens(e) for e in ents)) if ents else set()
+    if p.answer is not None:
+        f1 = token_f1(p.answer, list(golds)) if golds else 0.0
+        boxed = "\\boxed{" in action
+        return [(f"The answer matches {' or '.join(golds[:2]) or 'the gold answer'}", 2 * f1 - 1),
+                ("The answer is a short entity name, not a sentence", 1.0 if len(p.answer.split()) <= 4 else -1.0),
+                ("The answer is given in the required boxed format", 1.0 if boxed else -1.0)]
+    if p.queries:
+        q = p.queries[-1]
+        share = len(ent_tokens & _tokens(q)) / len(ent_tokens) if ent_tokens else 0.0
+        repeat = normalize_answer(q) in {normalize_answer(e) for e in earlier_queries}
+        if golds and any(_contains(result, g) for g in golds):
+            found = 1.0
+        elif any(_contains(result, e) for e in ents):
+            found = 0.0
+        else:
+            found = -1.0
+        return [(f"The query names {', '.join(ents[:2]) or 'the entities of the question'}", 2 * share - 1),
+                ("The query does not repeat an earlier search", -1.0 if repeat else 1.0),
+                ("The result brings the fact the question asks for", found)]
+    return [("The step searches or answers", -1.0)]
 
 def _contains(haystack: str, needle: str) -> bool:
     n = normalize_answer(needle)

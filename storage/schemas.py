@@ -47,7 +47,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         [_key("run_id"), _key("step", I64), _f("completed_at", TS), _f("wall_seconds", F64)]
         + [_f(m, F64) for m in STEP_METRICS]
         + [_f("n_groups", I64), _f("judge_calls", I64), _f("policy_version", I64), _f("dropped_groups", I64),
-           _f("dapo_shortfall", I64)]
+           _f("dapo_shortfall", I64),
+           _f("mu_loss", F64)]  # ARCO: the rubric model's loss in the step's update (null for other methods)
     ),
     "stage_runs": pa.schema([
         _key("run_id"), _key("step", I64), _key("stage"), _f("started_at", TS), _f("finished_at", TS),
@@ -143,6 +144,32 @@ SCHEMAS["rubric_bank"] = pa.schema([
 SCHEMAS["bank_retrievals"] = pa.schema([
     _key("run_id"), _key("step", I64), _f("group", I64), _f("question_id", STR), _key("item_id"), _f("mode", STR),
     _f("rank", I64), _f("similarity", F64), _f("item_step", I64),
+])
+
+# ARCO (issue 16): every step (policy turn) of every trajectory as the rubric model mu read it in the score stage:
+# its bucket, token span, the criteria mu wrote (text and ids) and its K scores, the step score s̄_t, the outcome,
+# and during the warm-up the teacher's criteria, raw labels and the labels projected onto the outcome.
+SCHEMAS["mu_scores"] = pa.schema([
+    _key("run_id"), _key("step", I64), _key("traj_id"), _f("group", I64), _f("sample", I64), _f("question_id", STR),
+    _key("turn", I64), _f("kind", STR), _f("bucket", STR), _f("token_start", I64), _f("token_end", I64),
+    _f("searches_left", I64), _f("criteria", STR), _f("criteria_ids", pa.list_(pa.int32())),
+    _f("scores", pa.list_(F64)), _f("step_score", F64), _f("outcome", F64), _f("mu_version", I64),
+    _f("teacher_criteria", pa.list_(STR)), _f("teacher_scores", pa.list_(F64)),
+    _f("teacher_projected", pa.list_(F64)), _f("teacher_lambda", F64), _f("judge_error", STR),
+])
+# The policy's credit per step (shape stage): reward-to-go G_t, the baseline b of its bucket, A_t, and the phase.
+SCHEMAS["turn_advantages"] = pa.schema([
+    _key("run_id"), _key("step", I64), _key("traj_id"), _f("group", I64), _f("sample", I64), _key("turn", I64),
+    _f("kind", STR), _f("bucket", STR), _f("step_score", F64), _f("reward_to_go", F64), _f("baseline", F64),
+    _f("advantage", F64), _f("phase", STR), _f("outcome", F64),
+])
+# mu's update per step (consolidate stage): its phase, loss parts, and its calibration before the update (mean
+# sum_t s̄_t and mean |sum_t s̄_t - R| over positive and negative trajectories).
+SCHEMAS["mu_updates"] = pa.schema([
+    _key("run_id"), _key("step", I64), _f("phase", STR), _f("n_trajectories", I64), _f("n_steps", I64),
+    _f("mu_version_before", I64), _f("loss", F64), _f("lm", F64), _f("mse", F64), _f("decomposition", F64),
+    _f("kl", F64), _f("n_pos", I64), _f("n_neg", I64), _f("mean_sum_pos", F64), _f("mean_sum_neg", F64),
+    _f("abs_error_pos", F64), _f("abs_error_neg", F64),
 ])
 
 TABLES: tuple[str, ...] = tuple(SCHEMAS)

@@ -33,6 +33,11 @@ TOKENIZER_FILES = (
 )
 
 
+def run_checkpoint_root(cfg: Any, home: Path) -> Path:
+    """Where a run's checkpoints live: ``checkpoint.dir`` or ``{home}/checkpoints/{run_id}``."""
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(home) / "checkpoints" / (cfg.run.run_id or "default")
+
+
 def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step_{step:06d}"
 

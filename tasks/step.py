@@ -172,6 +172,7 @@ class RunState:
         """Once the train stage is committed: checkpoint (every N steps) and weight sync. A crash between the
         commit and the checkpoint is repaired on resume by replaying the stored batch (``restore_policy``)."""
         self.trainer.maybe_save(step, self.last_train_metrics)
+        self.method.after_train(self, step, self.last_train_metrics)
         self.sync_weights()
 
     def evaluate(self, step: int) -> dict[str, Rows]:
@@ -224,6 +225,7 @@ class RunState:
         for key in ("loss", "clip_frac", "approx_kl", "tis_mean", "tis_clip_frac", "entropy", "grad_norm"):
             v = train_metrics.get(key)
             row[key] = None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+        row.update(self.method.step_metrics(self, step))
         return row
 
 

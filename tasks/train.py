@@ -375,7 +375,7 @@ class Trainer:
         self.model_path = Path(model_path)
         self.home = Path(home) if home is not None else arbor_home()
         self.run_id = cfg.run.run_id or "default"
-        self.ckpt_root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else self.home / "checkpoints" / self.run_id
+        self.ckpt_root = ckpt.run_checkpoint_root(cfg, self.home)
         self.method = make_method(cfg)
         self.eps_low = self.tc.eps_clip_low
         self.eps_high = self.method.eps_clip_high(self.tc)
@@ -480,6 +480,7 @@ class Trainer:
                     f"the trainer is at version {self.policy_version} (weight sync missed?)"
                 )
         tc = self.tc
+        self.kl_coef = self.method.kl_coef_at(step, tc)  # a method may switch its KL term by phase (ARCO)
         metrics: dict[str, float] = {}
         rewards = [reward_of(t) for t in batch]
         if tc.overlong_penalty:

@@ -279,6 +279,7 @@ class RemoteTrainer:
                  batch_path: Callable[[int], Path], max_restarts: int = 3) -> None:
         rid = cfg.run.run_id or "default"
         self.cfg = cfg
+        self.model_path = Path(model_path)
         self.batch_path = batch_path
         self.max_restarts = max_restarts
         self.restarts = 0

@@ -143,3 +143,13 @@ class ReflectionGrade:
     diagnosis: float
     specificity: float
     scope: float
+
+
+@dataclass(frozen=True)
+class StepLabel:
+    """A teacher's reading of one step of a trajectory (ARCO's warm-up): K criteria and a score in [-1, 1] for
+    each (how well the step meets it), before the projection that makes the steps add up to the outcome."""
+
+    criteria: tuple[str, ...]
+    scores: tuple[float, ...]
+

@@ -53,6 +53,7 @@ _ROLE_MARKERS = [
     ("You write stage rubrics", "stage_rubrics"),
     ("You score one research agent", "stage_grades"),
     ("You rate reflection candidates", "reflection_grades"),
+    ("You teach a step-level reward model", "step_labels"),
 ]
 
 
@@ -142,13 +143,18 @@ def answer_for(role: str, user: str, plan: FaultPlan, model: str | None = None) 
         # diagnosis 0, .5, 1, 0, ... by candidate index: utilities differ within a group
         return json.dumps({"grades": [{"index": i, "diagnosis": (i - 1) % 3 / 2, "specificity": 0.5, "scope": 0.5}
                                       for i in range(1, n + 1)]})
+    if role == "step_labels":  # step i: criteria "c1".."ck", scores rising with i (a search step -0.5, then up)
+        n = len(re.findall(r"^Step \d+:", _block(user, "steps"), re.M))
+        k = int(_block(user, "criteria_per_step"))
+        return json.dumps({"steps": [{"criteria": [f"step {i} criterion {j}" for j in range(1, k + 1)],
+                                      "scores": [round(-0.5 + 0.5 * i, 3)] * k} for i in range(n)]})
     raise ValueError(role)
 
 
 _INVALID = {"pairwise": '{"winner": "C"}', "accuracy": "I cannot decide.", "induction": '{"rubrics": "none"}',
             "consolidation": '{"standards": []}', "rar_rubrics": '{"items": ["only one"]}', "rar_rate": '{"rating": 11}',
             "stage_rubrics": '{"stage_1": []}', "stage_grades": '{"scores": [{"index": 1, "score": 3}]}',
-            "reflection_grades": '{"grades": []}'}
+            "reflection_grades": '{"grades": []}', "step_labels": '{"steps": []}'}
 
 
 class OpenAIServer:

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from arbor.config.arco import ArcoConfig
 from arbor.config.base import Section
 from arbor.config.cluster import ClusterConfig
 from arbor.config.data import DataConfig
@@ -30,7 +31,7 @@ from arbor.paths import CONFIGS_DIR
 __all__ = [
     "ArborConfig", "ConfigError", "load_config", "apply_overrides", "DataConfig", "PolicyConfig", "RolloutConfig",
     "SearchConfig", "JudgeConfig", "MemoryConfig", "RunConfig", "EvalConfig", "TrainConfig", "CheckpointConfig",
-    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig", "RewardConfig", "TrackingConfig", "RubricEMConfig",
+    "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig", "RewardConfig", "TrackingConfig", "RubricEMConfig", "ArcoConfig",
 ]
 
 
@@ -55,6 +56,7 @@ class ArborConfig(Section):
     world: WorldConfig = Field(default_factory=WorldConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     rubricem: RubricEMConfig = Field(default_factory=RubricEMConfig)
+    arco: ArcoConfig = Field(default_factory=ArcoConfig)
     deviations: dict[str, str] = Field(default_factory=dict, description="departures from the paper, with reasons "
                                        "(keys must be config keys; stored with the run's config)")
 

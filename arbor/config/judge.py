@@ -34,6 +34,8 @@ class JudgeRoles(Section):
         default_factory=lambda: JudgeRoleConfig(max_tokens=2048))
     stage_grades: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. C.3
     reflection_grades: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. D.6.2
+    step_labels: JudgeRoleConfig = Field(  # ARCO's teacher: k criteria and scores for every step of a trajectory
+        default_factory=lambda: JudgeRoleConfig(max_tokens=2048))
 
 
 class JudgeConfig(Section):

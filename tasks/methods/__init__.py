@@ -7,6 +7,7 @@
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
     ss-grpo    tasks/methods/ss_grpo.py    RubricEM's stage-structured GRPO with a stagewise rubric judge (issue 15)
     rubricem   tasks/methods/rubricem.py   ss-grpo plus the reflection meta-policy and the rubric bank (issue 15)
+    arco       tasks/methods/arco.py       a co-evolving rubric model turns the outcome into per-turn rewards (issue 16)
 
 A user's method is a subclass of ``arbor.tasks.methods.base.Method`` named by ``run.method: pkg.module:ClassName``
 (docs/methods.md). This module imports no method (nor torch) until one is resolved, so that checking a config
@@ -32,6 +33,7 @@ BUILTIN: dict[str, str] = {
     "no-memory": "arbor.tasks.methods.no_memory:NoMemory",
     "ss-grpo": "arbor.tasks.methods.ss_grpo:SSGRPO",
     "rubricem": "arbor.tasks.methods.rubricem:RubricEM",
+    "arco": "arbor.tasks.methods.arco:ARCO",
 }
 # Config values a built-in method cannot run without (its ``Method.requires``, repeated here so that checking a
 # config imports no method; a test keeps the two equal).

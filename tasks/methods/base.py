@@ -19,6 +19,9 @@ in the decisions, each a hook with a do-nothing default, so plain GRPO (``tasks.
     token_advantages one advantage per response token (GRPO: the group advantage A_i broadcast; a method with
                      stage- or turn-level credit returns different values along one trajectory)
     kl               the KL coefficient and its reference (``old``: pi_old; ``frozen``: the start checkpoint)
+    kl_coef_at       the coefficient at one step (ARCO: 0 in its sparse phase)
+    after_train      once a step's policy update is committed (ARCO: mu's checkpoint with the policy's)
+    step_metrics     the method's columns of the ``steps`` row (ARCO: mu's loss)
     batch            the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)
     train_batch      what the trainer gets besides the shaped rollouts (RubricEM: last step's reflections)
     policy_lag       how many steps old a trajectory of the train batch may be (RubricEM's reflections: 1)
@@ -58,6 +61,8 @@ class StepResources(Protocol):
 
     cfg: ArborConfig
     run_id: str
+    home: Any  # the workspace (pathlib.Path)
+    trainer: Any  # the policy trainer: model_path (the start checkpoint), policy_version
     questions: list[Question]
     store: Any  # tasks.stages.StageStore: this run's stored stages (a method reads its own earlier rows)
     engine: Any  # a rollout engine: generate_groups(questions, k, seed, step, run_id=..., first_group=...)
@@ -69,6 +74,8 @@ class StepResources(Protocol):
     def seed(self) -> int: ...
 
     def groups(self, trajs: Sequence[Trajectory]) -> list[list[Trajectory]]: ...
+
+    def trajectories(self, step: int, stage: str, table: str) -> list[Trajectory]: ...
 
     def judge_capped(self) -> bool: ...
 
@@ -166,6 +173,17 @@ class Method:
     def kl(self, train: TrainConfig) -> tuple[float, str]:
         """(coefficient, reference) of the loss's KL term: ``train.kl_coef`` against ``train.kl_reference``."""
         return train.kl_coef, train.kl_reference
+
+    def kl_coef_at(self, step: int, train: TrainConfig) -> float:
+        """The KL coefficient of ``step``'s update (default: ``kl``'s, every step)."""
+        return self.kl(train)[0]
+
+    def after_train(self, run: StepResources, step: int, metrics: dict[str, float]) -> None:
+        """Called once ``step``'s train stage is committed, beside the policy's checkpoint (not on a replay)."""
+
+    def step_metrics(self, run: StepResources, step: int) -> dict[str, float | None]:
+        """Columns the method adds to the step's ``steps`` row (declared in storage/schemas.py)."""
+        return {}
 
     def select_groups(self, rewards: Sequence[float], groups: Sequence[int]) -> tuple[list[int], dict[str, float]]:
         """Indices of the trajectories to train on, and metrics about the choice (default: all)."""

@@ -1,0 +1,401 @@
+"""ARCO's rubric model mu on DeepSpeed (issue 16): one backbone, a generation head and a score head.
+
+mu is a copy of the policy's start checkpoint with LoRA on the attention projections (q_proj, v_proj; r = 8,
+alpha = 32) and a score head: Linear(H, 512) - GELU - Linear(512, 128) - GELU - Linear(128, K) - tanh on the
+masked mean of the last hidden state over [step prompt + criteria]. The generation head is the frozen LM head
+reading the same LoRA-adapted trunk, so the score loss moves what mu writes too; a KL to mu_ref on the criteria
+tokens anchors it. mu_ref is mu as the teacher warm-up left it: the LoRA weights copied into buffers
+(``snapshot_reference``), so no second model is loaded.
+
+    score / write      no grad, LoRA dropout off: greedy criteria per step, then K scores per step
+    update_warmup      CE(criteria tokens) + mse_coef * MSE(K scores, projected teacher labels)       (mu's SFT)
+    update_decompose   (1/N) sum_traj [w(R) (sum_t mean_k s_tk - R)^2 + beta sum_t KL_t(mu_ref || mu)]
+
+Checkpoints mirror the policy's (``tasks.checkpoint``: atomic, retained, ``{root}/step_NNNNNN``) under the run's
+checkpoint folder ``mu/``; resume loads the latest and replays the stored updates after it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from arbor.config import ArborConfig
+from arbor.seeding import derive_seed
+from arbor.tasks import arco
+from arbor.tasks import checkpoint as ckpt
+
+LORA_TARGETS = ("q_proj", "v_proj")
+MU_SYSTEM = ("You judge single steps of a search agent that answers multi-hop questions with a search tool. For the "
+             "step you are shown, write the criteria that decide whether this step brings the agent closer to a "
+             "correct, supported answer.")
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+def step_messages(question: str, history: str, searches_left: int, action: str, k: int) -> list[dict[str, str]]:
+    """mu's prompt for one step: the question, what came before the step (earlier turns and their results: the
+    step's own result is not shown), the searches left before it, and the step itself."""
+    user = (f"Question: {question.strip()}\n\nTrajectory so far:\n{history.strip() or '(nothing yet)'}\n\n"
+            f"Searches left before this step: {searches_left}\n\nStep to judge:\n{action.strip()}\n\n"
+            f"Write exactly {k} short criteria for this step as JSON: {{\"criteria\": [...]}}")
+    return [{"role": "system", "content": MU_SYSTEM}, {"role": "user", "content": user}]
+
+
+def criteria_text(criteria: Sequence[str]) -> str:
+    """The text mu learns to write for a step (the teacher's criteria during the warm-up)."""
+    return json.dumps({"criteria": list(criteria)})
+
+
+def encode_prompt(tokenizer: Any, question: str, history: str, searches_left: int, action: str, k: int,
+                  max_tokens: int) -> list[int]:
+    """Token ids of mu's step prompt (chat template, assistant turn opened); the oldest history is dropped until
+    it fits in ``max_tokens`` (the question and the step are kept)."""
+    for _ in range(8):
+        text = tokenizer.apply_chat_template(step_messages(question, history, searches_left, action, k),
+                                             tokenize=False, add_generation_prompt=True)
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        if len(ids) <= max_tokens or not history:
+            break
+        history = history[len(history) - int(len(history) * max_tokens / len(ids) * 0.9):] if len(ids) else ""
+    return ids[-max_tokens:]
+
+
+# ---------------------------------------------------------------------------------------------- the network
+class LoRALinear(nn.Module):
+    """y = W x + (alpha / r) B A dropout(x), W frozen; ``use_ref`` swaps (A, B) for the frozen reference copy."""
+
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.base = base
+        self.scaling = alpha / r
+        self.lora_A = nn.Parameter(torch.empty(r, base.in_features, dtype=base.weight.dtype))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, dtype=base.weight.dtype))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.register_buffer("ref_A", self.lora_A.detach().clone())
+        self.register_buffer("ref_B", self.lora_B.detach().clone())
+        self.dropout = nn.Dropout(dropout)
+        self.use_ref = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        a, b = (self.ref_A, self.ref_B) if self.use_ref else (self.lora_A, self.lora_B)
+        return self.base(x) + (self.dropout(x) @ a.T @ b.T) * self.scaling
+
+
+def add_lora(lm: nn.Module, r: int, alpha: float, dropout: float, targets: Sequence[str] = LORA_TARGETS) -> int:
+    """Freeze ``lm`` and wrap every ``nn.Linear`` whose name ends in one of ``targets``; the number wrapped."""
+    for p in lm.parameters():
+        p.requires_grad_(False)
+    found = [(name, m) for name, m in lm.named_modules()
+             if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets]
+    for name, m in found:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(lm.get_submodule(parent_name) if parent_name else lm, attr, LoRALinear(m, r, alpha, dropout))
+    if not found:
+        raise ValueError(f"no linear layer named {'/'.join(targets)} to put LoRA on")
+    return len(found)
+
+
+class ScoreHead(nn.Module):
+    """H -> 512 -> 128 -> K with GELU, then tanh: K criterion scores in [-1, 1] (kept in float32)."""
+
+    def __init__(self, hidden: int, k: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(hidden, 512), nn.GELU(), nn.Linear(512, 128), nn.GELU(),
+                                 nn.Linear(128, k), nn.Tanh())
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return self.net(pooled.float())
+
+
+class RubricModel(nn.Module):
+    """mu as DeepSpeed sees it: forward gives the K scores of each row (masked mean pooling over the whole row)
+    and the log-probabilities of the vocabulary at the selected (row, position) pairs (the criteria tokens)."""
+
+    def __init__(self, lm: nn.Module, k: int, r: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.lm = lm
+        self.n_lora = add_lora(lm, r, alpha, dropout)
+        self.head = ScoreHead(lm.config.hidden_size, k)
+
+    def set_reference(self, on: bool) -> None:
+        for m in self.modules():
+            if isinstance(m, LoRALinear):
+                m.use_ref = on
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, rows: Tensor, cols: Tensor,
+                ref: bool = False) -> tuple[Tensor, Tensor]:
+        self.set_reference(ref)
+        try:
+            hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        finally:
+            self.set_reference(False)
+        m = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+        scores = self.head(pooled)
+        logp = torch.log_softmax(self.lm.lm_head(hidden[rows, cols]).float(), dim=-1)
+        return scores, logp
+
+
+# ---------------------------------------------------------------------------------------------- examples
+@dataclass
+class MuExample:
+    """One step as mu reads it: its prompt, the criteria after it (generated, static, or the teacher's), and
+    for the warm-up the projected teacher labels of its K criteria."""
+
+    prompt_ids: list[int]
+    criteria_ids: list[int]
+    traj: int = 0  # index of its trajectory in the update batch
+    labels: list[float] | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.criteria_ids)
+
+
+def batch_tensors(examples: Sequence[MuExample], pad_id: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Right-padded [prompt + criteria] rows and the positions predicting each criteria token: (ids, mask, rows,
+    cols, targets)."""
+    L = max(e.length for e in examples)
+    ids = torch.full((len(examples), L), pad_id, dtype=torch.long)
+    att = torch.zeros((len(examples), L), dtype=torch.long)
+    rows: list[int] = []
+    cols: list[int] = []
+    tgts: list[int] = []
+    for b, e in enumerate(examples):
+        seq = e.prompt_ids + e.criteria_ids
+        ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+        att[b, :len(seq)] = 1
+        for j, t in enumerate(e.criteria_ids):
+            rows.append(b)
+            cols.append(len(e.prompt_ids) - 1 + j)
+            tgts.append(t)
+    if not rows:  # no criteria tokens (criteria=none): one masked placeholder position
+        rows, cols, tgts = [0], [0], [int(ids[0, 0])]
+    return ids, att, torch.tensor(rows), torch.tensor(cols), torch.tensor(tgts)
+
+
+def pack(examples: Sequence[MuExample], max_tokens: int) -> list[list[int]]:
+    """Micro-batches of example indices whose padded size stays within ``max_tokens`` (in order)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, e in enumerate(examples):
+        longest_new = max(longest, e.length)
+        if cur and longest_new * (len(cur) + 1) > max_tokens:
+            out.append(cur)
+            cur, longest_new = [], e.length
+        cur.append(i)
+        longest = longest_new
+    if cur:
+        out.append(cur)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the trainer
+class RubricModelTrainer:
+    """mu on a DeepSpeed engine: scoring, greedy criteria, its two losses, reference snapshot, checkpoints."""
+
+    def __init__(self, cfg: ArborConfig, start: Path, ckpt_root: Path) -> None:
+        import deepspeed
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from arbor.tasks.train import deepspeed_config, init_single_process_env
+
+        init_single_process_env()
+        self.cfg = cfg
+        self.ac = cfg.arco
+        self.start = Path(start)
+        self.ckpt_root = Path(ckpt_root)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.start)
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_ids = {t for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if t is not None}
+        lm = AutoModelForCausalLM.from_pretrained(self.start, dtype=torch.float32)
+        lm.config.use_cache = True
+        self.k_out = 1 if self.ac.criteria == "none" else self.ac.k
+        torch.manual_seed(derive_seed(cfg.run.seed, "mu-init") % (2**63))
+        model = RubricModel(lm, self.k_out, self.ac.lora_rank, self.ac.lora_alpha, self.ac.lora_dropout)
+        lora = [p for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
+        head = list(model.head.parameters())
+        opt = torch.optim.AdamW([{"params": lora, "lr": self.ac.lr}, {"params": head, "lr": self.ac.head_lr}],
+                                weight_decay=self.ac.weight_decay)
+        ds = deepspeed_config(zero_stage=0, bf16=False, grad_clip=self.ac.grad_clip)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
+        self.version = 0  # mu updates applied (one per RL step)
+        self.reference_taken = False
+
+    @property
+    def model(self) -> RubricModel:
+        return self.engine.module
+
+    # ------------------------------------------------------------------ reading
+    @torch.no_grad()
+    def write_criteria(self, prompts: Sequence[list[int]]) -> list[list[int]]:
+        """Greedy criteria for each step prompt (criteria=generate); EOS ends one (and is kept)."""
+        from arbor.tasks.agent import GenRequest
+        from arbor.tasks.rollout import generate_turns
+
+        self.model.eval()
+        out: list[list[int]] = []
+        rows = self.cfg.rollout.max_batch_rows
+        for i in range(0, len(prompts), rows):
+            reqs = [GenRequest(list(p), self.ac.max_criteria_tokens, 0) for p in prompts[i:i + rows]]
+            gens = generate_turns(self.model.lm, reqs, temperature=0.0, top_p=1.0, decode=lambda ids: "",
+                                  stop_strings=[], eos_ids=self.eos_ids, pad_id=self.pad_id)
+            out += [list(g.token_ids) for g in gens]
+        return out
+
+    @torch.no_grad()
+    def score(self, examples: Sequence[MuExample]) -> list[list[float]]:
+        """K scores per step (eval mode: no LoRA dropout)."""
+        self.model.eval()
+        out: list[list[float]] = [[] for _ in examples]
+        for mb in pack(examples, self.cfg.train.micro_batch_tokens):
+            ids, att, r, c, _ = batch_tensors([examples[i] for i in mb], self.pad_id)
+            scores, _ = self.model(ids, att, r, c)
+            for i, s in zip(mb, scores.tolist(), strict=True):
+                out[i] = [float(v) for v in s]
+        return out
+
+    # ------------------------------------------------------------------ learning
+    def _set_lr(self, lr: float, head_lr: float) -> None:
+        groups = self.optimizer.param_groups
+        groups[0]["lr"], groups[1]["lr"] = lr, head_lr
+
+    def update_warmup(self, examples: Sequence[MuExample], step: int) -> dict[str, float]:
+        """mu's SFT on the teacher: CE on the criteria tokens (mean) + mse_coef * MSE on the K labels, one
+        optimizer update per pass over ``examples`` (``warmup_updates`` passes)."""
+        ac = self.ac
+        self._set_lr(ac.warmup_lr, ac.warmup_head_lr)
+        n_tok = max(1, sum(len(e.criteria_ids) for e in examples))
+        sums = {"loss": 0.0, "lm": 0.0, "mse": 0.0}
+        for u in range(ac.warmup_updates):
+            torch.manual_seed(derive_seed(self.cfg.run.seed, step, "mu-warmup", u) % (2**63))
+            self.model.train()
+            micro = pack(examples, self.cfg.train.micro_batch_tokens)
+            for j, mb in enumerate(micro):
+                self.engine.set_gradient_accumulation_boundary(j == len(micro) - 1)
+                exs = [examples[i] for i in mb]
+                ids, att, r, c, tgt = batch_tensors(exs, self.pad_id)
+                scores, logp = self.engine(ids, att, r, c)
+                has_tokens = any(e.criteria_ids for e in exs)
+                lm = -logp.gather(-1, tgt[:, None]).sum() / n_tok if has_tokens else scores.sum() * 0.0
+                labels = torch.tensor([e.labels if self.k_out > 1 else [sum(e.labels or [0.0]) /
+                                                                         max(1, len(e.labels or []))]
+                                       for e in exs], dtype=torch.float32)
+                mse = ((scores - labels) ** 2).mean(-1).sum() / len(examples)
+                loss = lm + ac.warmup_mse_coef * mse
+                self.engine.backward(loss, scale_wrt_gas=False)
+                self.engine.step()
+                if u == ac.warmup_updates - 1:
+                    sums["loss"] += float(loss.detach())
+                    sums["lm"] += float(lm.detach())
+                    sums["mse"] += float(mse.detach())
+        self.version += 1
+        return sums
+
+    def update_decompose(self, examples: Sequence[MuExample], outcomes: Sequence[float],
+                         step: int) -> dict[str, float]:
+        """The decomposition loss with class-balance weights and the KL to mu_ref on the criteria tokens
+        (``updates`` optimizer updates on the step's trajectories; a micro-batch holds whole trajectories)."""
+        ac = self.ac
+        self._set_lr(ac.lr, ac.head_lr)
+        weights = arco.class_balance_weights(outcomes, ac.positive_threshold)
+        N = len(outcomes)
+        by_traj: dict[int, list[int]] = {}
+        for i, e in enumerate(examples):
+            by_traj.setdefault(e.traj, []).append(i)
+        trajs = sorted(by_traj)
+        lengths = [max(examples[i].length for i in by_traj[t]) * len(by_traj[t]) for t in trajs]
+        micro = [[i for g in mb for i in by_traj[trajs[g]]] for mb in pack_sizes(lengths, self.cfg.train.micro_batch_tokens)]
+        sums = {"loss": 0.0, "decomposition": 0.0, "kl": 0.0}
+        for u in range(ac.updates):
+            torch.manual_seed(derive_seed(self.cfg.run.seed, step, "mu-update", u) % (2**63))
+            self.model.train()
+            for j, mb in enumerate(micro):
+                self.engine.set_gradient_accumulation_boundary(j == len(micro) - 1)
+                exs = [examples[i] for i in mb]
+                ids, att, r, c, _ = batch_tensors(exs, self.pad_id)
+                scores, logp = self.engine(ids, att, r, c)
+                kl = scores.sum() * 0.0
+                has = torch.tensor([bool(e.criteria_ids) for e in exs])
+                if ac.kl_coef > 0 and bool(has.any()):
+                    with torch.no_grad():
+                        _, logp_ref = self.model(ids, att, r, c, ref=True)
+                    per_tok = (logp_ref.exp() * (logp_ref - logp)).sum(-1)  # KL(mu_ref || mu) per criteria token
+                    per_row = torch.zeros(len(exs)).index_add(0, r, per_tok)
+                    counts = torch.bincount(r, minlength=len(exs)).clamp(min=1)
+                    kl = (per_row / counts)[has].sum()  # mean over a step's tokens, summed over steps
+                local = sorted({e.traj for e in exs})
+                pos = torch.tensor([local.index(e.traj) for e in exs])
+                totals = torch.zeros(len(local)).index_add(0, pos, scores.mean(-1))  # sum_t s̄_t per trajectory
+                R = torch.tensor([outcomes[t] for t in local], dtype=torch.float32)
+                w = torch.tensor([weights[t] for t in local], dtype=torch.float32)
+                dec = (w * (totals - R) ** 2).sum()
+                loss = (dec + ac.kl_coef * kl) / N
+                self.engine.backward(loss, scale_wrt_gas=False)
+                self.engine.step()
+                if u == ac.updates - 1:
+                    sums["loss"] += float(loss.detach())
+                    sums["decomposition"] += float(dec.detach()) / N
+                    sums["kl"] += float(kl.detach()) / N
+        self.version += 1
+        return sums
+
+    def snapshot_reference(self) -> None:
+        """mu_ref := mu now (the end of the warm-up): the LoRA weights are copied into the reference buffers."""
+        with torch.no_grad():
+            for m in self.model.modules():
+                if isinstance(m, LoRALinear):
+                    m.ref_A.copy_(m.lora_A)
+                    m.ref_B.copy_(m.lora_B)
+        self.reference_taken = True
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, step: int, keep_last: int, metrics: dict[str, float] | None = None) -> Path:
+        """Atomic checkpoint of mu after ``step``'s update (DeepSpeed state: LoRA, head, reference buffers,
+        optimizer), then retention."""
+        tmp = ckpt.begin(self.ckpt_root, step)
+        self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+        state = {"step": step, "version": self.version, "reference_taken": self.reference_taken,
+                 "metrics": metrics or {}}
+        final = ckpt.commit(tmp, step, state)
+        ckpt.apply_retention(self.ckpt_root, keep_last, False, "")
+        return final
+
+    def load_latest(self, upto: int | None = None) -> int:
+        """Load the latest complete checkpoint (at most ``upto``); its step, 0 when there is none."""
+        steps = [s for s in ckpt.complete_steps(self.ckpt_root) if upto is None or s <= upto]
+        if not steps:
+            return 0
+        path = ckpt.step_dir(self.ckpt_root, steps[-1])
+        load_path, _ = self.engine.load_checkpoint(str(path), tag="ds", load_optimizer_states=True,
+                                                   load_lr_scheduler_states=False)
+        if load_path is None:
+            raise RuntimeError(f"{path}/ds: DeepSpeed could not load mu's checkpoint")
+        state = ckpt.read_state(path)
+        self.version = int(state["version"])
+        self.reference_taken = bool(state["reference_taken"])
+        return int(state["step"])
+
+
+def pack_sizes(sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Consecutive runs of items (whole trajectories) whose summed padded sizes stay within ``max_tokens``."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for i, n in enumerate(sizes):
+        if cur and total + n > max_tokens:
+            out.append(cur)
+            cur, total = [], 0
+        cur.append(i)
+        total += n
+    if cur:
+        out.append(cur)
+    return out

@@ -35,7 +35,7 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("grpo", "dapo", "arbor", "no-memory", "rar", "ss-grpo", "rubricem")
+METHODS = ("grpo", "dapo", "arbor", "no-memory", "rar", "ss-grpo", "rubricem", "arco")
 PROFILE = "tiny-world"
 # what a method needs beyond the profile: SS-GRPO's stage scaffold (the world's short prompt in its tags); such a
 # method starts from its own SFT checkpoint (same world, questions and updates, staged gold trajectories), and its

@@ -642,6 +642,7 @@ def step_criteria(question: str, golds: Sequence[str], action: str, result: str,
     from arbor.tasks.reward import token_f1
 
     p = parse_trajectory(action)
+    result = re.sub(r"<[^>]*>", " ", result)  # the result's text without its tags
     ents = question_entities(question)
     ent_tokens = set().union(*(_tokens(e) for e in ents)) if ents else set()
     if p.answer is not None:

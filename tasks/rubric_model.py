@@ -33,18 +33,15 @@ from arbor.tasks import arco
 from arbor.tasks import checkpoint as ckpt
 
 LORA_TARGETS = ("q_proj", "v_proj")
-MU_SYSTEM = ("You judge single steps of a search agent that answers multi-hop questions with a search tool. For the "
-             "step you are shown, write the criteria that decide whether this step brings the agent closer to a "
-             "correct, supported answer.")
+MU_SYSTEM = "You write the criteria that decide whether one step of a search agent helps answer the question."
 
 
 # ---------------------------------------------------------------------------------------------- prompts
 def step_messages(question: str, history: str, searches_left: int, action: str, k: int) -> list[dict[str, str]]:
     """mu's prompt for one step: the question, what came before the step (earlier turns and their results: the
     step's own result is not shown), the searches left before it, and the step itself."""
-    user = (f"Question: {question.strip()}\n\nTrajectory so far:\n{history.strip() or '(nothing yet)'}\n\n"
-            f"Searches left before this step: {searches_left}\n\nStep to judge:\n{action.strip()}\n\n"
-            f"Write exactly {k} short criteria for this step as JSON: {{\"criteria\": [...]}}")
+    user = (f"Question: {question.strip()}\nSo far:\n{history.strip() or '(nothing)'}\n"
+            f"Searches left: {searches_left}\nStep:\n{action.strip()}\nWrite {k} criteria as JSON.")
     return [{"role": "system", "content": MU_SYSTEM}, {"role": "user", "content": user}]
 
 

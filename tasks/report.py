@@ -12,6 +12,9 @@ Written under ``{home}/reports/{run_id}/`` (``report.md`` and one PNG per figure
 - Consolidation lineage (App. D): each common rubric's drafts and the questions they were induced from
   (view ``rubric_lineage``).
 - Judge calls, cache hits, errors, tokens and cost per role (view ``judge_cost_per_step``).
+- ARCO (issue 16), for a run of ``run.method=arco``: the rubric model's calibration per step (sum of step scores
+  against the outcome, by outcome class; view ``mu_calibration``) and the distribution of the per-turn advantages
+  by phase and position bucket (``turn_advantages``).
 - Figure 4 (§4.6): when runs of the same profile differ in lambda or K_consol, average official LLM-judge accuracy
   (pass@1, App. C.1) against each, one at a time, with the GRPO runs as the dashed baseline (``runs``,
   ``eval_results``).
@@ -289,6 +292,49 @@ def _plot_sweep(s: Sweep, path: Path) -> None:
     plt.close(fig)
 
 
+def _plot_calibration(rows: list[dict[str, Any]], path: Path) -> None:
+    """Per step: mean sum of mu's step scores (solid) against mean R (dashed), one colour per outcome class."""
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for cls, colour in (("positive", "tab:green"), ("negative", "tab:red")):
+        mine = [r for r in rows if r["outcome_class"] == cls]
+        if not mine:
+            continue
+        steps = [r["step"] for r in mine]
+        ax.plot(steps, [r["mean_score_sum"] for r in mine], marker="o", ms=3, color=colour,
+                label=f"{cls}: sum of step scores")
+        ax.plot(steps, [r["mean_outcome"] for r in mine], ls="--", color=colour, label=f"{cls}: R")
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean over trajectories")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title("mu's calibration (decomposition constraint)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_advantages(rows: list[dict[str, Any]], path: Path) -> None:
+    """Histograms of the per-turn advantages, one panel per phase, one series per position bucket."""
+    plt = _plt()
+    phases = [p for p in ("sparse", "dense") if any(r["phase"] == p for r in rows)] or ["sparse"]
+    fig, axes = plt.subplots(1, len(phases), figsize=(5 * len(phases), 3.5), squeeze=False)
+    for ax, phase in zip(axes[0], phases, strict=True):
+        mine = [r for r in rows if r["phase"] == phase]
+        for bucket in sorted({r["bucket"] for r in mine}):
+            vals = [float(r["advantage"]) for r in mine if r["bucket"] == bucket]
+            ax.hist(vals, bins=30, alpha=0.5, label=f"{bucket} ({len(vals)})")
+        ax.set_xlabel("advantage A_t")
+        ax.set_ylabel("turns")
+        ax.set_title(f"{phase} phase")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _known_run(run_id: str, home: Any) -> bool:
     rows, _ = _query("run_row_count", home, run_id=run_id)
     return bool(rows[0]["n"])
@@ -399,6 +445,25 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
     else:
         md += ["No judge calls recorded.", ""]
     md += [_sql_block(sql_c), ""]
+
+    # ARCO
+    calib, sql_cal = _query("mu_calibration_of_run", home_p, run_id=run_id)
+    if calib:
+        advs, sql_adv = _query("turn_advantages_of_run", home_p, run_id=run_id)
+        queries += [sql_cal, sql_adv]
+        figures["mu_calibration"] = out / "mu_calibration.png"
+        _plot_calibration(calib, figures["mu_calibration"])
+        figures["turn_advantages"] = out / "turn_advantages.png"
+        _plot_advantages(advs, figures["turn_advantages"])
+        md += ["## ARCO: the rubric model's calibration and the per-turn credit", "",
+               "The decomposition constraint asks the step scores of a trajectory to add up to its outcome R.", "",
+               _md_table(["Step", "Outcome", "Trajectories", "Mean R", "Mean sum of step scores", "Mean abs. gap",
+                          "Within-trajectory spread"],
+                         [[str(x["step"]), x["outcome_class"], str(x["trajectories"]), f"{x['mean_outcome']:.3f}",
+                           f"{x['mean_score_sum']:.3f}", f"{x['mean_abs_gap']:.3f}",
+                           f"{x['mean_within_spread']:.3f}"] for x in calib]), "",
+               f"![mu calibration]({figures['mu_calibration'].name})", "", _sql_block(sql_cal), "",
+               f"![per-turn advantages]({figures['turn_advantages'].name})", "", _sql_block(sql_adv), ""]
 
     # Figure 4
     sw = sweep(run_id, home_p)

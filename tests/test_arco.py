@@ -181,46 +181,42 @@ def test_openai_teacher_through_a_local_server_with_a_retried_fault(tmp_path: Pa
 
 # ---- learning: mu credits the step that decides the outcome -------------------------------------------------------
 def test_a_tiny_rubric_model_learns_which_step_decides_the_outcome(tmp_path: Path) -> None:
-    """Two-step trajectories: a search for 'red' or 'blue' (irrelevant) then the answer 'good' (R = 1) or 'bad'
-    (R = 0). Trained only on sum_t s̄_t = R, mu must move the credit onto the answer step. A constant scorer (or a
-    loss that ignored the steps' scores) stays at a weighted squared error of 0.25 per trajectory; a flipped sign
-    drives the sums away from R."""
-    from arbor.tasks.policy import build_tiny_policy
+    """Two-step trajectories: a search for the red or the blue door (irrelevant), then either an answer (R = 1) or
+    a hesitation without one (R = 0). Trained only on sum_t s̄_t = R (45 updates of the decomposition loss), mu must
+    move the credit onto the second step. A constant scorer (or a loss that ignored the steps' scores) stays at a
+    weighted squared error of 0.25 per trajectory; a flipped sign drives the sums away from R."""
+    from arbor.tasks.policy import TINY_SHAPES, build_tiny_policy
     from arbor.tasks.rubric_model import MuExample, RubricModelTrainer, encode_prompt
 
-    cfg = load_config("tiny-cpu", {"run.method": "arco", "arco.criteria": "static", "arco.lr": 1e-3,
-                                   "arco.head_lr": 3e-3, "arco.updates": 40, "arco.kl_coef": 0.05})
-    start = build_tiny_policy(home=tmp_path)
-    mu = RubricModelTrainer(cfg, start, tmp_path / "mu")
+    cfg = load_config("tiny-cpu", {"run.method": "arco", "arco.criteria": "none", "arco.lr": 5e-4,
+                                   "arco.head_lr": 1e-3, "arco.updates": 45})
+    mu = RubricModelTrainer(cfg, build_tiny_policy(TINY_SHAPES["1.5m"], home=tmp_path), tmp_path / "mu")
     tok = mu.tokenizer
-    static = list(tok.encode(cfg.arco.static_criteria, add_special_tokens=False))
-    rng = random.Random(0)
     examples, outcomes, kinds = [], [], []
-    for i in range(16):
-        color, good = rng.choice(["red", "blue"]), i % 2 == 0
+    for i in range(8):
+        color, answers = ["red", "blue"][i // 2 % 2], i % 2 == 0
         search = f"<search>door {color}</search>"
-        answer = f"<answer>\\boxed{{{'good' if good else 'bad'}}}</answer>"
+        second = "<answer>\\boxed{the red door}</answer>" if answers else "<think>I am not sure which to pick</think>"
         p1 = encode_prompt(tok, "Which door?", "", 3, search, 3, 512)
-        p2 = encode_prompt(tok, "Which door?", search + "<result>a door</result>", 2, answer, 3, 512)
-        examples += [MuExample(p1, static, i), MuExample(p2, static, i)]
-        outcomes.append(1.0 if good else 0.0)
-        kinds.append((color, good))
-    mu.snapshot_reference()
-    before = mu.score(examples)
+        p2 = encode_prompt(tok, "Which door?", search + "<result>a door</result>", 2, second, 3, 512)
+        examples += [MuExample(p1, [], i), MuExample(p2, [], i)]
+        outcomes.append(1.0 if answers else 0.0)
+        kinds.append((color, answers))
     got = mu.update_decompose(examples, outcomes, step=1)
-    after = mu.score(examples)
+    after = [s[0] for s in mu.score(examples)]  # criteria=none: one score per step
 
-    def mean_step(scores: list[list[float]], turn: int, keep) -> float:  # noqa: ANN001
-        vals = [sum(scores[2 * i + turn]) / 3 for i, k in enumerate(kinds) if keep(k)]
+    def mean_step(turn: int, keep) -> float:  # noqa: ANN001
+        vals = [after[2 * i + turn] for i, k in enumerate(kinds) if keep(k)]
         return sum(vals) / len(vals)
 
-    good = mean_step(after, 1, lambda k: k[1]) - mean_step(after, 1, lambda k: not k[1])
-    color = mean_step(after, 0, lambda k: k[0] == "red") - mean_step(after, 0, lambda k: k[0] == "blue")
-    gap = [abs(sum(after[2 * i]) / 3 + sum(after[2 * i + 1]) / 3 - outcomes[i]) for i in range(16)]
-    assert good > 0.7, (good, before[1], after[1])  # the answer step carries the outcome
-    assert abs(color) < 0.15  # the irrelevant search step does not
-    assert max(gap) < 0.2 and got["decomposition"] < 0.05  # a constant scorer cannot go below 0.25
-    assert got["kl"] >= 0.0 and mu.version == 1
+    second_gap = mean_step(1, lambda k: k[1]) - mean_step(1, lambda k: not k[1])
+    first_gap = mean_step(0, lambda k: k[0] == "red") - mean_step(0, lambda k: k[0] == "blue")
+    sums = [after[2 * i] + after[2 * i + 1] for i in range(8)]
+    assert second_gap > 0.7, (second_gap, after)  # the deciding step carries the outcome
+    assert abs(first_gap) < 0.1  # the irrelevant search does not
+    assert got["decomposition"] < 0.05  # a constant scorer cannot go below 0.25
+    assert max(abs(s - r) for s, r in zip(sums, outcomes, strict=True)) < 0.3
+    assert got["kl"] == 0.0 and mu.version == 1  # no criteria tokens: no KL term
 
 
 def test_rubric_model_checkpoint_round_trip(tmp_path: Path) -> None:

@@ -5,7 +5,6 @@ trajectories, where only the second step decides the outcome, learns to credit t
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 
 import pytest

@@ -148,6 +148,24 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
     return out
 
 
+def _teacher_problems(cfg: ArborConfig) -> list[str]:
+    """ARCO's teacher warm-up calls the judge's ``step_labels`` role: a plug-in judge must implement it."""
+    from arbor.plugins import PluginError, is_import_path
+
+    if cfg.run.method != "arco" or cfg.arco.warmup(cfg.run.steps) == 0 or not is_import_path(cfg.judge.backend):
+        return []
+    from arbor.llm import Judge, load_judge_plugin
+
+    try:
+        cls = load_judge_plugin(cfg.judge.backend)
+    except PluginError:
+        return []  # reported by _plugin_problems
+    if cls.step_labels is Judge.step_labels:
+        return [f"judge.backend: {cfg.judge.backend} has no step_labels role, which run.method=arco's teacher "
+                "warm-up calls (implement it, or set arco.warmup_steps=0)"]
+    return []
+
+
 def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str] | None = None) -> list[str]:
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
@@ -164,6 +182,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     except MethodError as e:
         missing.append(str(e))
     missing += _plugin_problems(cfg)
+    missing += _teacher_problems(cfg)
     if not _model_available(cfg.policy.model):
         missing.append(
             f"policy.model: '{cfg.policy.model}' is neither a local path nor in the local Hugging Face cache "

@@ -118,7 +118,7 @@ class RubricModel(nn.Module):
     def __init__(self, lm: nn.Module, k: int, r: int, alpha: float, dropout: float) -> None:
         super().__init__()
         self.lm = lm
-        self.n_lora = add_lora(lm, r, alpha, dropout)
+        add_lora(lm, r, alpha, dropout)
         self.head = ScoreHead(lm.config.hidden_size, k)
 
     def set_reference(self, on: bool) -> None:
@@ -231,6 +231,9 @@ class RubricModelTrainer:
     def model(self) -> RubricModel:
         return self.engine.module
 
+    def _tensors(self, examples: Sequence[MuExample]) -> tuple[Tensor, ...]:
+        return tuple(x.to(self.engine.device) for x in batch_tensors(examples, self.pad_id))
+
     # ------------------------------------------------------------------ reading
     @torch.no_grad()
     def write_criteria(self, prompts: Sequence[list[int]]) -> list[list[int]]:
@@ -254,7 +257,7 @@ class RubricModelTrainer:
         self.model.eval()
         out: list[list[float]] = [[] for _ in examples]
         for mb in pack(examples, self.cfg.train.micro_batch_tokens):
-            ids, att, r, c, _ = batch_tensors([examples[i] for i in mb], self.pad_id)
+            ids, att, r, c, _ = self._tensors([examples[i] for i in mb])
             scores, _ = self.model(ids, att, r, c)
             for i, s in zip(mb, scores.tolist(), strict=True):
                 out[i] = [float(v) for v in s]
@@ -279,13 +282,13 @@ class RubricModelTrainer:
             for j, mb in enumerate(micro):
                 self.engine.set_gradient_accumulation_boundary(j == len(micro) - 1)
                 exs = [examples[i] for i in mb]
-                ids, att, r, c, tgt = batch_tensors(exs, self.pad_id)
+                ids, att, r, c, tgt = self._tensors(exs)
                 scores, logp = self.engine(ids, att, r, c)
                 has_tokens = any(e.criteria_ids for e in exs)
                 lm = -logp.gather(-1, tgt[:, None]).sum() / n_tok if has_tokens else scores.sum() * 0.0
                 labels = torch.tensor([e.labels if self.k_out > 1 else [sum(e.labels or [0.0]) /
                                                                          max(1, len(e.labels or []))]
-                                       for e in exs], dtype=torch.float32)
+                                       for e in exs], dtype=torch.float32, device=scores.device)
                 mse = ((scores - labels) ** 2).mean(-1).sum() / len(examples)
                 loss = lm + ac.warmup_mse_coef * mse
                 self.engine.backward(loss, scale_wrt_gas=False)
@@ -318,7 +321,7 @@ class RubricModelTrainer:
             for j, mb in enumerate(micro):
                 self.engine.set_gradient_accumulation_boundary(j == len(micro) - 1)
                 exs = [examples[i] for i in mb]
-                ids, att, r, c, _ = batch_tensors(exs, self.pad_id)
+                ids, att, r, c, _ = self._tensors(exs)
                 scores, logp = self.engine(ids, att, r, c)
                 kl = scores.sum() * 0.0
                 has = torch.tensor([bool(e.criteria_ids) for e in exs])
@@ -326,14 +329,15 @@ class RubricModelTrainer:
                     with torch.no_grad():
                         _, logp_ref = self.model(ids, att, r, c, ref=True)
                     per_tok = (logp_ref.exp() * (logp_ref - logp)).sum(-1)  # KL(mu_ref || mu) per criteria token
-                    per_row = torch.zeros(len(exs)).index_add(0, r, per_tok)
+                    per_row = torch.zeros(len(exs), device=per_tok.device).index_add(0, r, per_tok)
                     counts = torch.bincount(r, minlength=len(exs)).clamp(min=1)
-                    kl = (per_row / counts)[has].sum()  # mean over a step's tokens, summed over steps
+                    kl = (per_row / counts)[has.to(per_row.device)].sum()  # mean over a step's tokens, summed over steps
                 local = sorted({e.traj for e in exs})
-                pos = torch.tensor([local.index(e.traj) for e in exs])
-                totals = torch.zeros(len(local)).index_add(0, pos, scores.mean(-1))  # sum_t s̄_t per trajectory
-                R = torch.tensor([outcomes[t] for t in local], dtype=torch.float32)
-                w = torch.tensor([weights[t] for t in local], dtype=torch.float32)
+                dev = scores.device
+                pos = torch.tensor([local.index(e.traj) for e in exs], device=dev)
+                totals = torch.zeros(len(local), device=dev).index_add(0, pos, scores.mean(-1))  # sum_t s̄_t
+                R = torch.tensor([outcomes[t] for t in local], dtype=torch.float32, device=dev)
+                w = torch.tensor([weights[t] for t in local], dtype=torch.float32, device=dev)
                 dec = (w * (totals - R) ** 2).sum()
                 loss = (dec + ac.kl_coef * kl) / N
                 self.engine.backward(loss, scale_wrt_gas=False)

@@ -39,7 +39,8 @@ class Trajectory:
     shaped_reward: float | None = None
     policy_version: int = 0
     gen_seconds: float = 0.0
-    # stage-structured credit (RubricEM, issue 15): where each stage starts among the response tokens, and its score
+    # segment credit for the trainer: RubricEM's stages (issue 15: where each stage starts among the response
+    # tokens, and its score) or ARCO's turns (issue 16: where each policy turn starts, and its advantage A_t)
     stage_starts: list[int] | None = None
     stage_rewards: list[float] | None = None
 

@@ -12,8 +12,9 @@ import torch
 
 from arbor.config import load_config
 from arbor.config.judge import JudgeConfig
-from arbor.llm import make_judge
+from arbor.llm import Judge, make_judge
 from arbor.llm.parse import InvalidOutput, parse_step_labels
+from arbor.llm.rules import RulesJudge
 from arbor.tasks import arco
 from arbor.tasks.types import StepLabel, Trajectory
 
@@ -240,3 +241,21 @@ def test_rubric_model_checkpoint_round_trip(tmp_path: Path) -> None:
     assert fresh2.load_latest() == 0
     torch.testing.assert_close(torch.tensor(fresh.score(ex)), torch.tensor(mu.score(ex)))
     assert want != mu.score(ex)  # the second update changed the scores
+
+
+class NoTeacherJudge(RulesJudge):
+    """A plug-in judge without ARCO's teacher role."""
+
+    step_labels = Judge.step_labels  # type: ignore[assignment]
+
+
+def test_preflight_refuses_a_plugin_judge_without_the_teacher_role() -> None:
+    from arbor.preflight import check
+
+    base = {"run.method": "arco", "judge.backend": "test_arco:NoTeacherJudge", "run.steps": 8}
+    problems = check(load_config("tiny-cpu", base), gpu_count=0)
+    assert any(p.startswith("judge.backend: test_arco:NoTeacherJudge has no step_labels role") for p in problems)
+    without = check(load_config("tiny-cpu", {**base, "arco.warmup_steps": 0}), gpu_count=0)
+    assert not any("step_labels" in p for p in without)  # no warm-up: no teacher needed
+    rules = check(load_config("tiny-cpu", {**base, "judge.backend": "rules"}), gpu_count=0)
+    assert not any("step_labels" in p for p in rules)

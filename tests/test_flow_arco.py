@@ -96,6 +96,17 @@ def test_arco_scores_turns_teaches_mu_and_trains_on_turn_credit(reference: Path)
     assert not (home / "checkpoints" / RUN / "mu").exists() or not any((home / "checkpoints" / RUN / "mu").iterdir())
 
 
+def test_report_draws_mu_calibration_and_turn_advantages(reference: Path, tmp_path: Path) -> None:
+    from arbor.tasks.report import build_report
+
+    paths = build_report(RUN, reference, tmp_path / "report")
+    assert paths.figures["mu_calibration"].stat().st_size > 0 and paths.figures["turn_advantages"].stat().st_size > 0
+    md = paths.markdown.read_text()
+    assert "## ARCO: the rubric model's calibration" in md and "from mu_calibration" in md
+    rows = [line for line in md.splitlines() if line.startswith("| 1 | ") or line.startswith("| 3 | ")]
+    assert rows  # one row per (step, outcome class) of the calibration table
+
+
 def test_resume_after_sigkill_mid_scoring_replays_mu(reference: Path, sft_policy: Path, tmp_path: Path,
                                                      prefect_harness) -> None:
     from prefect.settings import PREFECT_API_URL

@@ -65,7 +65,7 @@ def test_segment_advantages_by_hand() -> None:
 
 
 def test_registry_resolves_names_and_import_paths() -> None:
-    assert sorted(method_names()) == ["arbor", "dapo", "grpo", "no-memory", "rar", "rubricem", "ss-grpo"]
+    assert sorted(method_names()) == ["arbor", "arco", "dapo", "grpo", "no-memory", "rar", "rubricem", "ss-grpo"]
     assert all(resolve_method(name).name == name for name in BUILTIN)
     assert resolve_method("examples.length_penalty:LengthPenaltyGRPO") is LengthPenaltyGRPO
     for spec, words in [("grpo2", "unknown method"), ("examples.length_penalty:Nope", "cannot import"),

@@ -18,7 +18,7 @@ exc, et, tb
 # the GPU fallback of docs/gpu.md (save and restart `vllm serve`), wired by the GPU issue
 save_and_restart
 # the built-in methods, imported by the strings of tasks.methods.BUILTIN
-Arbor, DAPO, NoMemory, RaR, SSGRPO, RubricEM
+Arbor, DAPO, NoMemory, RaR, SSGRPO, RubricEM, ARCO
 # BankItem fields read through dataclasses.asdict (rubric_bank rows)
 source_traj_id, utility
 # plug-ins named by import-path strings (tests/test_plugins.py, docs/plugins.md)

@@ -72,7 +72,7 @@ class ARCO(Method):
     def __init__(self, cfg: ArborConfig) -> None:
         super().__init__(cfg)
         self.mu: Any = None  # tasks.rubric_model.RubricModelTrainer, built by restore (the trainer's copy has none)
-        self.dense_start = cfg.arco.dense_start(cfg.run.steps)
+        self.dense_start_step = cfg.arco.dense_start(cfg.run.steps)
         self.warmup_steps = cfg.arco.warmup(cfg.run.steps)
 
     # ------------------------------------------------------------------------------------------ resume
@@ -166,7 +166,7 @@ class ARCO(Method):
         means = [[float(r["step_score"]) for r in rs] for rs in mine]
         buckets = [[str(r["bucket"]) for r in rs] for rs in mine]
         returns = [arco.reward_to_go(m, ac.signal, ac.gamma) for m in means]
-        dense = step >= self.dense_start
+        dense = step >= self.dense_start_step
         if dense:
             base = arco.bucket_baselines(returns, buckets, ac.baseline)
             advs = arco.dense_advantages(returns, base, ac.c)
@@ -248,13 +248,13 @@ class ARCO(Method):
         return self.cfg.arco.kl_coef_dense, "frozen"
 
     def kl_coef_at(self, step: int, train: TrainConfig) -> float:
-        return self.cfg.arco.kl_coef_dense if step >= self.dense_start else 0.0
+        return self.cfg.arco.kl_coef_dense if step >= self.dense_start_step else 0.0
 
     def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                          train: TrainConfig) -> list[Tensor]:
         """Sparse phase: A = R - group mean on every token (R with the trainer's overlong penalty, if any); dense
         phase: A_t on every token of turn t (stored by the shape stage)."""
-        if batch and batch[0].step < self.dense_start:
+        if batch and batch[0].step < self.dense_start_step:
             sparse = arco.sparse_advantages(rewards, groups)
             return [arco.turn_token_advantages(len(t.response_ids), [(0, len(t.response_ids))], [a])
                     for t, a in zip(batch, sparse, strict=True)]

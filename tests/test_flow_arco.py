@@ -81,7 +81,7 @@ def test_arco_scores_turns_teaches_mu_and_trains_on_turn_credit(reference: Path)
     assert updates[0]["lm"] > 0 and updates[0]["mse"] is not None and updates[1]["kl"] is not None
     steps = sorted(table("steps", RUN, home), key=lambda r: r["step"])
     assert [s["mu_loss"] for s in steps] == pytest.approx([u["loss"] for u in updates])
-    assert [s["n"] for s in [{"n": u["mu_version_before"]} for u in updates]] == [0, 1, 2]
+    assert [u["mu_version_before"] for u in updates] == [0, 1, 2]
     # credit: sparse steps carry R - group mean on every turn; the dense step c (G_t - b_bucket)
     advs = table("turn_advantages", RUN, home)
     assert {(r["step"], r["phase"]) for r in advs} == {(1, "sparse"), (2, "sparse"), (3, "dense")}

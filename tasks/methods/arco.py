@@ -194,7 +194,7 @@ class ARCO(Method):
 
     def _update(self, run: StepResources, step: int) -> dict[str, Any]:
         """mu's update of ``step`` from what the score stage stored (the same on a replay)."""
-        from arbor.tasks.rubric_model import MuExample
+        from arbor.tasks.rubric_model import MuExample, criteria_text
 
         ac = self.cfg.arco
         trajs = sorted(run.trajectories(step, "rollout", "rollouts"), key=lambda t: (t.group, t.sample))
@@ -212,8 +212,6 @@ class ARCO(Method):
                 if r["teacher_projected"] is None:
                     continue
                 if ac.criteria == "generate":
-                    from arbor.tasks.rubric_model import criteria_text
-
                     ids = list(self.mu.tokenizer.encode(criteria_text(r["teacher_criteria"]),
                                                         add_special_tokens=False))
                     eos = self.mu.tokenizer.eos_token_id

@@ -5,7 +5,8 @@
     storage      Parquet stage store, DuckDB catalog, SQL
     judges       llm/: the OpenAI-compatible and rules judges, prompts
     environment  tasks/: search, datasets, agent loop, rollout engines, policy, losses, rubric memory, shaping
-    methods      tasks/methods/, the stages (tasks/step.py, tasks/stages.py), the trainers (RL, SFT), preflight
+    methods      tasks/methods/, the stages (tasks/step.py, tasks/stages.py), the trainers (RL, SFT, ARCO's
+                 rubric model), preflight
     flows        flows/: Prefect flows
     cli          arbor/cli.py
 
@@ -29,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("judges", ("arbor.llm",)),
     ("environment", ("arbor.tasks",)),
     ("methods", ("arbor.tasks.methods", "arbor.tasks.step", "arbor.tasks.stages", "arbor.tasks.train",
-                 "arbor.tasks.trainer_service", "arbor.tasks.sft", "arbor.preflight")),
+                 "arbor.tasks.trainer_service", "arbor.tasks.sft", "arbor.tasks.rubric_model", "arbor.preflight")),
     ("flows", ("arbor.flows",)),
     ("cli", ("arbor.cli",)),
 ]

@@ -28,6 +28,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
              run_id: str | None = None) -> tuple[str, str]:
     """The body of ``arbor-eval``: evaluate, store, and return (run id, printed tables)."""
     from arbor.llm import make_judge
+    from arbor.llm.base import CallContext
     from arbor.storage.parquet import write_stage
     from arbor.tasks.datasets import load_questions
     from arbor.tasks.evaluate import (
@@ -39,6 +40,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         store_eval_results,
         summarize,
     )
+    from arbor.tasks.guidance import guidance_tag, make_guide
     from arbor.tasks.policy import load_policy, policy_source
     from arbor.tasks.rollout import make_engine
     from arbor.tasks.search import make_search
@@ -65,12 +67,20 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     else:
         engine = make_engine(cfg, search=search, home=home)
     by_split = {s: load_questions(SPLIT_SPECS.get(s, s), world=cfg.world)[:limit] for s in splits}
+    guide = make_guide(cfg, judge, home=home, ctx=CallContext(run_id=rid, step=0, stage="eval-guided"))
+    tag = guidance_tag(cfg.guidance) if guide is not None else None
     rows = evaluate_questions(engine, judge, by_split, runs=runs, seed=cfg.run.seed, run_id=rid, step=0,
-                              checkpoint=str(model), second_judge=second_judge, temperature=cfg.eval.temperature)
+                              checkpoint=str(model), second_judge=second_judge, temperature=cfg.eval.temperature,
+                              guide=guide, guidance=tag)
     main_model = judge_model_name(judge)
     second_name = judge_model_name(second_judge) if second_judge is not None else None
+    guided = [r for r in rows if r["guidance"] is not None]
+    rows = [r for r in rows if r["guidance"] is None]
     store_eval_results([r for r in rows if r["judge_model"] != second_name], run_id=rid, step=0, stage="eval",
                        home=home)
+    if guide is not None:
+        store_eval_results(guided, run_id=rid, step=0, stage="eval-guided", home=home)
+        write_stage("guided_steps", guide.drain_records(), run_id=rid, step=0, stage="eval-guided", home=home)
     write_stage("judge_calls", judge.drain_calls(), run_id=rid, step=0, stage="eval", home=home)
     if second_judge is not None:
         store_eval_results([r for r in rows if r["judge_model"] == second_name], run_id=rid, step=0,
@@ -78,7 +88,29 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         write_stage("judge_calls", second_judge.drain_calls(), run_id=rid, step=0, stage=SECOND_JUDGE_STAGE,
                     home=home)
     summary = summarize(rows, splits=list(by_split), judge_model=main_model, second_judge_model=second_name)
-    return rid, format_summary(summary, name=Path(str(model)).name)
+    table = format_summary(summary, name=Path(str(model)).name)
+    if guide is not None:
+        table += "\n\n" + format_guided(rid, home)
+    return rid, table
+
+
+def format_guided(run_id: str, home: Path) -> str:
+    """Co-ReAct's comparison on the same questions (sql/queries/guided_eval_of_run.sql): strict EM / F1 and valid
+    rate per guidance and split, then the guided turns (view guided_step_summary) and the judge calls they cost."""
+    from arbor.storage.sql import run_file
+
+    lines = ["Co-ReAct guidance on the same questions (strict-gated):",
+             f"{'guidance':<28}{'split':<14}{'answers':>8}{'valid':>8}{'EM':>8}{'F1':>8}"]
+    for r in run_file("guided_eval_of_run", {"run_id": run_id}, home=home):
+        lines.append(f"{r['guidance']:<28}{r['split']:<14}{r['n_answers']:>8}{100 * r['valid_rate']:>8.1f}"
+                     f"{100 * r['strict_em']:>8.1f}{100 * r['strict_f1']:>8.1f}")
+    for r in run_file("guided_turns_of_run", {"run_id": run_id}, home=home):
+        fail = "-" if r["fail_rate"] is None else f"{100 * r['fail_rate']:.1f}%"
+        per = "-" if r["judge_calls_per_answer"] is None else f"{r['judge_calls_per_answer']:.2f}"
+        lines.append(f"guided turns ({r['source']}): {r['turns']}, with a rubric {r['guided_turns']}, failing "
+                     f"verification {fail}, retried {r['retries']}, failed calls {r['errors']}; extra judge calls "
+                     f"per guided answer {per}")
+    return "\n".join(lines)
 
 
 @flow(name="arbor-eval", log_prints=True)

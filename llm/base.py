@@ -17,13 +17,16 @@ from arbor.tasks.types import (
     StageRubric,
     StageRubricDraft,
     StepLabel,
+    StepRubric,
+    StepVerdict,
     Trajectory,
 )
 
 T = TypeVar("T")
 Winner = Literal["A", "B", "TIE"]
 ROLES = ("induction", "consolidation", "pairwise", "accuracy", "rar_rubrics", "rar_rate", "stage_rubrics",
-         "stage_grades", "reflection_grades", "step_labels")
+         "stage_grades", "reflection_grades", "step_labels", "step_rubric", "step_verify", "rank_actions")
+RANK_LABELS = ("X", "Y", "Z", "W", "V", "U", "T", "S")  # Co-ReAct §3.1: neutral names of the shown candidates
 JUDGE_CALL_COLUMNS = (
     "run_id", "step", "stage", "role", "backend", "model", "prompt_version", "cache_key", "prompt_hash", "group",
     "rubric_id", "edge", "latency_s", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hit", "attempts",
@@ -65,6 +68,25 @@ def unswap(winner: Winner | None, swap: bool) -> Winner | None:
     if winner is None or not swap or winner == "TIE":
         return winner
     return "B" if winner == "A" else "A"
+
+
+def unshuffle_ranking(best_first_labels: Sequence[str], order: Sequence[int]) -> list[int]:
+    """Map a ranking of the *shown* candidates back to the caller's order (Co-ReAct §3.1's random relabelling).
+
+    Candidate ``order[j]`` was shown at position j under ``RANK_LABELS[j]``; ``best_first_labels`` is the judge's
+    full ranking of those labels, best first. Returns ``ranks`` with ``ranks[i]`` the rank (1 = best) of the
+    caller's candidate i. ValueError unless ``order`` is a permutation of range(n) and the ranking holds each of
+    the n shown labels exactly once."""
+    n = len(order)
+    if sorted(order) != list(range(n)) or n > len(RANK_LABELS):
+        raise ValueError(f"order {list(order)} is not a permutation of range({n}) (at most {len(RANK_LABELS)})")
+    labels = RANK_LABELS[:n]
+    if sorted(best_first_labels) != sorted(labels):
+        raise ValueError(f"ranking {list(best_first_labels)} is not a permutation of {list(labels)}")
+    ranks = [0] * n
+    for position, label in enumerate(best_first_labels, start=1):
+        ranks[order[labels.index(label)]] = position
+    return ranks
 
 
 class Judge(ABC):
@@ -164,6 +186,45 @@ class Judge(ABC):
         """ARCO's teacher: for each step (its action, the result that followed) k criteria and a score in [-1, 1]
         for each, in step order, knowing the whole trajectory and its outcome."""
         raise NotImplementedError(f"judge backend {self.backend!r} has no step_labels role (ARCO)")
+
+    # ---- Co-ReAct roles (its §3.1-3.3, App. A): not abstract either ------------------------------------------------
+    async def step_rubric(self, question: str, history: str, *, tool_calls: int, max_tool_calls: int,
+                          ctx: CallContext | None = None) -> JudgeOutcome[StepRubric]:
+        """§3.2 (prompt-only): 3-5 weighted conditions "[weight] condition" the NEXT action should meet (positive
+        weights summing to about 1, negative ones for flaws to avoid) and one recommended action, from the question
+        and the agent's history so far; ``tool_calls`` of ``max_tool_calls`` searches made set the phase (none yet:
+        broaden the search, never answer; at most one left: answer if the evidence suffices)."""
+        raise NotImplementedError(f"judge backend {self.backend!r} has no step_rubric role (Co-ReAct)")
+
+    async def step_verify(self, question: str, history: str, action: str, rubric: StepRubric, *,
+                          ctx: CallContext | None = None) -> JudgeOutcome[StepVerdict]:
+        """§3.3's verifier: one verdict per rubric item in order (for a negative item: whether the flaw is
+        present) and one short feedback sentence naming the unmet items ("" when all are met)."""
+        raise NotImplementedError(f"judge backend {self.backend!r} has no step_verify role (Co-ReAct)")
+
+    async def rank_actions(self, question: str, golds: Sequence[str] | None, history: str,
+                           candidates: Sequence[str], *, order: Sequence[int],
+                           ctx: CallContext | None = None) -> JudgeOutcome[list[int]]:
+        """§3.1's list-wise expert ranking of candidate next actions. ``order`` is a permutation of
+        range(len(candidates)) drawn by the caller: candidate ``order[j]`` is shown at position j as
+        ``RANK_LABELS[j]``. Returns ``ranks`` in the caller's order (``ranks[i]``: rank of ``candidates[i]``,
+        1 = best); the relabelling is undone here. No candidates: ``[]`` without a call. ValueError on more
+        candidates than labels or an ``order`` that is no permutation."""
+        if len(candidates) > len(RANK_LABELS):
+            raise ValueError(f"rank_actions: {len(candidates)} candidates, at most {len(RANK_LABELS)} labels")
+        if sorted(order) != list(range(len(candidates))):
+            raise ValueError(f"rank_actions: order {list(order)} is not a permutation of range({len(candidates)})")
+        if not candidates:
+            return JudgeOutcome([], None, 0, False)
+        shown = [candidates[i] for i in order]
+        out = await self._rank_shown(question, golds, history, shown, ctx=ctx)
+        ranks = None if out.value is None else unshuffle_ranking(out.value, order)
+        return JudgeOutcome(ranks, out.error, out.attempts, out.cache_hit)
+
+    async def _rank_shown(self, question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str],
+                          *, ctx: CallContext | None) -> JudgeOutcome[list[str]]:
+        """The shown candidates (``shown[j]`` labelled ``RANK_LABELS[j]``) ranked best first, as labels."""
+        raise NotImplementedError(f"judge backend {self.backend!r} has no rank_actions role (Co-ReAct)")
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release network clients (openai backend)."""

@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletion
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm import prompts
-from arbor.llm.base import ROLES, CallContext, Judge, JudgeOutcome, Winner
+from arbor.llm.base import RANK_LABELS, ROLES, CallContext, Judge, JudgeOutcome, Winner
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
 from arbor.llm.parse import (
     ConsolidationOut,
@@ -33,10 +33,13 @@ from arbor.llm.parse import (
     RarRubricsOut,
     parse_accuracy,
     parse_json,
+    parse_ranking,
     parse_reflection_grades,
     parse_stage_grades,
     parse_stage_rubrics,
     parse_step_labels,
+    parse_step_rubric,
+    parse_step_verdict,
 )
 from arbor.seeding import derive_seed
 from arbor.tasks.types import (
@@ -47,6 +50,8 @@ from arbor.tasks.types import (
     StageRubric,
     StageRubricDraft,
     StepLabel,
+    StepRubric,
+    StepVerdict,
     Trajectory,
 )
 
@@ -323,3 +328,31 @@ class OpenAIJudge(Judge):
                                                          self.cfg.max_judge_tokens)
         n = len(steps)
         return await self._call("step_labels", version, messages, lambda t: parse_step_labels(t, n, k), ctx)
+
+    # ---- Co-ReAct roles (its §3.1-3.3, App. A) ----------------------------------------------------------------
+    async def step_rubric(self, question: str, history: str, *, tool_calls: int, max_tool_calls: int,
+                          ctx: CallContext | None = None) -> JudgeOutcome[StepRubric]:
+        """``step_rubric.v1``: 1-8 weighted items (weights clamped to [-1, 1]) and a recommended action; a reply
+        without items, or with a non-numeric weight or an empty condition, is invalid output (retried)."""
+        version, messages = prompts.step_rubric_messages(question, history, tool_calls, max_tool_calls,
+                                                         self.cfg.max_judge_tokens)
+        return await self._call("step_rubric", version, messages, parse_step_rubric, ctx)
+
+    async def step_verify(self, question: str, history: str, action: str, rubric: StepRubric, *,
+                          ctx: CallContext | None = None) -> JudgeOutcome[StepVerdict]:
+        """``step_verify.v1``: exactly one boolean per rubric item (else invalid output, retried) and feedback.
+        A rubric without items: an empty verdict without a call."""
+        if not rubric.items:
+            return JudgeOutcome(StepVerdict((), ""), None, 0, False)
+        version, messages = prompts.step_verify_messages(question, history, action, rubric,
+                                                         self.cfg.max_judge_tokens)
+        n = len(rubric.items)
+        return await self._call("step_verify", version, messages, lambda t: parse_step_verdict(t, n), ctx)
+
+    async def _rank_shown(self, question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str],
+                          *, ctx: CallContext | None) -> JudgeOutcome[list[str]]:
+        """``rank_actions.v1``: every shown label exactly once, best first (else invalid output, retried)."""
+        labels = RANK_LABELS[: len(shown)]
+        version, messages = prompts.rank_actions_messages(question, golds, history, shown,
+                                                          self.cfg.max_judge_tokens)
+        return await self._call("rank_actions", version, messages, lambda t: parse_ranking(t, labels), ctx)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -11,12 +12,22 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StringConstraints,
     ValidationError,
     field_validator,
 )
 
-from arbor.tasks.types import ReflectionGrade, RubricDraft, RubricGrade, StageRubricDraft, StepLabel
+from arbor.tasks.types import (
+    ReflectionGrade,
+    RubricDraft,
+    RubricGrade,
+    RubricItem,
+    StageRubricDraft,
+    StepLabel,
+    StepRubric,
+    StepVerdict,
+)
 
 
 class InvalidOutput(ValueError):
@@ -184,6 +195,61 @@ def parse_step_labels(text: str, n: int, k: int) -> list[StepLabel]:
         criteria = [c.strip() for c in s.criteria[:k]] + [""] * (k - len(s.criteria[:k]))
         out.append(StepLabel(tuple(criteria), tuple(scores)))
     return out
+
+
+# ---- Co-ReAct roles (its §3.1-3.3) ------------------------------------------------------------------------------
+STEP_RUBRIC_MAX_ITEMS = 8  # the prompt asks for 3-5; the format reward, not the parser, scores that
+
+
+def _json_number(v: Any) -> Any:
+    """A JSON number only: no boolean, no string holding digits."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError("not a JSON number")
+    return v
+
+
+class RubricItemOut(_Strict):
+    weight: Annotated[float, BeforeValidator(_json_number), Field(allow_inf_nan=False)]
+    condition: Text
+
+
+class StepRubricOut(_Strict):
+    items: list[RubricItemOut] = Field(min_length=1, max_length=STEP_RUBRIC_MAX_ITEMS)
+    action: Annotated[str, StringConstraints(strip_whitespace=True)]
+
+
+class StepVerdictOut(_Strict):
+    satisfied: list[StrictBool]
+    feedback: Annotated[str, StringConstraints(strip_whitespace=True)]
+
+
+class RankingOut(_Strict):
+    ranking: list[Annotated[str, StringConstraints(strip_whitespace=True, to_upper=True)]]
+
+
+def parse_step_rubric(text: str) -> StepRubric:
+    """Co-ReAct's step rubric: 1-8 items, each a JSON-number weight (clamped to [-1, 1]) and a non-empty
+    condition, and the recommended action (may be empty)."""
+    out = parse_json(text, StepRubricOut)
+    items = tuple(RubricItem(min(1.0, max(-1.0, float(i.weight))), i.condition)
+                  for i in out.items)  # type: ignore[attr-defined]
+    return StepRubric(items, out.action)  # type: ignore[attr-defined]
+
+
+def parse_step_verdict(text: str, n_items: int) -> StepVerdict:
+    """Co-ReAct's verifier: exactly ``n_items`` JSON booleans (rubric order) and a feedback string."""
+    out = parse_json(text, StepVerdictOut)
+    if len(out.satisfied) != n_items:  # type: ignore[attr-defined]
+        raise InvalidOutput(f"StepVerdictOut: {len(out.satisfied)} verdicts for a rubric of {n_items}")  # type: ignore[attr-defined]
+    return StepVerdict(tuple(out.satisfied), out.feedback)  # type: ignore[attr-defined]
+
+
+def parse_ranking(text: str, labels: Sequence[str]) -> list[str]:
+    """Co-ReAct's list-wise ranking: the shown ``labels`` (case-insensitive), each exactly once, best first."""
+    ranking = parse_json(text, RankingOut).ranking  # type: ignore[attr-defined]
+    if len(ranking) != len(labels) or set(ranking) != set(labels):
+        raise InvalidOutput(f"RankingOut: {ranking} is not a permutation of {list(labels)}")
+    return list(ranking)
 
 
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)

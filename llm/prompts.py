@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 
+from arbor.llm.base import RANK_LABELS
 from arbor.llm.text import compact_trajectory, escape_block
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
-from arbor.tasks.types import Rubric, RubricDraft, RubricGrade, StageRubric, Trajectory
+from arbor.tasks.types import Rubric, RubricDraft, RubricGrade, StageRubric, StepRubric, Trajectory
 
 PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
 VERSIONS = {
@@ -30,6 +31,9 @@ VERSIONS = {
     "stage_grades": "stage_grades.v1",  # RubricEM App. C.3
     "reflection_grades": "reflection_grades.v1",  # RubricEM App. D.6.2
     "step_labels": "step_labels.v1",  # ARCO's warm-up teacher
+    "step_rubric": "step_rubric.v1",  # Co-ReAct §3.2 (prompt-only rubric writer)
+    "step_verify": "step_verify.v1",  # Co-ReAct §3.3 verifier
+    "rank_actions": "rank_actions.v1",  # Co-ReAct §3.1 list-wise expert ranking
 }
 STAGE_LABELS = {1: "Plan", 2: "Research", 3: "Review", 4: "Answer"}
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -225,3 +229,54 @@ def step_labels_messages(question: str, golds: Sequence[str] | None, trajectory:
                            steps=listed, n_steps=str(len(steps)), k=str(k),
                            outcome=f"{trajectory.base_reward:.3f}")
 
+
+
+# ---- Co-ReAct roles (its §3.1-3.3) -------------------------------------------------------------------------------
+def _history(history: str, max_tokens: int) -> str:
+    return escape_block(compact_trajectory(history, max_tokens)) if history.strip() else "(nothing yet)"
+
+
+def _action(action: str, max_tokens: int) -> str:
+    return escape_block(compact_trajectory(action, max_tokens)) or "(empty)"
+
+
+def _phase(tool_calls: int, max_tool_calls: int) -> str:
+    """Early (no search yet), late (at most one search left) or middle: the rubric writer's phase hint."""
+    if tool_calls <= 0:
+        return "early - no search yet: the next action searches, broadly; do not recommend answering."
+    if tool_calls >= max_tool_calls - 1:
+        return "late - at most one search left: answer if the evidence so far suffices."
+    return "middle - searches remain: target the most important fact still missing."
+
+
+def step_rubric_messages(question: str, history: str, tool_calls: int, max_tool_calls: int,
+                         max_tokens: int) -> tuple[str, Messages]:
+    """Co-ReAct §3.2: the question, the agent's history so far (compacted to ``max_tokens``), the searches made
+    out of the budget and the phase they imply."""
+    version = VERSIONS["step_rubric"]
+    return version, render(version, question=escape_block(question), history=_history(history, max_tokens),
+                           tool_calls=str(tool_calls), max_tool_calls=str(max_tool_calls),
+                           phase=_phase(tool_calls, max_tool_calls))
+
+
+def step_verify_messages(question: str, history: str, action: str, rubric: StepRubric,
+                         max_tokens: int) -> tuple[str, Messages]:
+    """Co-ReAct §3.3: the history, the proposed action and the rubric's items numbered from 1 in rubric order
+    (``1. [0.4] condition``; the reply's verdicts follow these numbers)."""
+    version = VERSIONS["step_verify"]
+    items = "\n".join(f"{i + 1}. [{it.weight:g}] {escape_block(it.condition)}" for i, it in enumerate(rubric.items))
+    return version, render(version, question=escape_block(question), history=_history(history, max_tokens),
+                           action=_action(action, max_tokens // 2), items=items, n_items=str(len(rubric.items)))
+
+
+def rank_actions_messages(question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str],
+                          max_tokens: int) -> tuple[str, Messages]:
+    """Co-ReAct §3.1: the history and the candidates in shown order, ``shown[j]`` under ``RANK_LABELS[j]`` (each
+    compacted to ``max_tokens // 2``)."""
+    version = VERSIONS["rank_actions"]
+    labels = RANK_LABELS[: len(shown)]
+    blocks = [f'<candidate label="{lab}">\n{_action(a, max_tokens // 2)}\n</candidate>'
+              for lab, a in zip(labels, shown, strict=True)]
+    return version, render(version, question=escape_block(question), ground_truth=_golds(golds),
+                           history=_history(history, max_tokens), candidates="\n".join(blocks),
+                           labels=", ".join(labels))

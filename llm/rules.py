@@ -11,6 +11,11 @@ stage of a staged response (``arbor.tasks.format.stage_spans``: Plan, Research, 
 0/1/2 grade by fixed thresholds; ``stage_rubrics`` proposes a rubric per feature whose grades differ within the
 group, ``stage_grades`` reads the features back, and ``reflection_grades`` is a keyword heuristic over reflection
 candidates (see those methods). Same caveat: features, not understanding.
+
+The Co-ReAct roles (its §3.1-3.3) write and check step rubrics in a small machine-checkable language
+(``STEP_CONDITIONS``): ``step_rubric`` asks for a search of a question entity nobody has searched yet, then for
+one bridge hop, then for an answer naming the latest result's first new name; ``step_verify`` reads those items
+back from the proposed action; ``rank_actions`` sums ARCO's ``step_criteria`` scores of each candidate.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from arbor.llm.base import CallContext, Judge, JudgeOutcome, Winner
+from arbor.llm.base import RANK_LABELS, CallContext, Judge, JudgeOutcome, Winner
 from arbor.llm.text import normalize_answer, parse_trajectory, structure_valid
 from arbor.tasks.format import PROTOCOLS, reflection_blocks, stage_spans
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
@@ -33,10 +38,13 @@ from arbor.tasks.types import (
     Rubric,
     RubricDraft,
     RubricGrade,
+    RubricItem,
     StagePolarity,
     StageRubric,
     StageRubricDraft,
     StepLabel,
+    StepRubric,
+    StepVerdict,
     Trajectory,
 )
 
@@ -628,6 +636,105 @@ class RulesJudge(Judge):
             queries += parse_trajectory(action).queries
         self._done("step_labels", ctx, key, t0)
         return JudgeOutcome(out, None, 1, False)
+
+    # ---- Co-ReAct roles (its §3.1-3.3) ---------------------------------------------------------------------------
+    async def step_rubric(self, question: str, history: str, *, tool_calls: int, max_tool_calls: int,
+                          ctx: CallContext | None = None) -> JudgeOutcome[StepRubric]:
+        """The rubric writer as a HEURISTIC, in ``STEP_CONDITIONS`` (no gold knowledge): while searches remain,
+        (1) a search naming the first question entity no earlier query names, else (2) on a bridge question
+        ("... of the ...", one hop per "of the") a search naming the first new name of the latest result;
+        else (3) an answer naming the latest result's first new name (or just an answer), with a -0.2 item
+        against a repeated query while searches remain. Positive weights sum to 1."""
+        t0 = time.perf_counter()
+        key = _key("step_rubric", question, history, tool_calls, max_tool_calls)
+        queries = parse_trajectory(history).queries
+        results = _tool_outputs(history)
+        searches_left = max(tool_calls, len(queries)) < max_tool_calls
+        ent_union = set().union(*_entity_tokens(question))
+
+        def queried(name: str) -> bool:
+            return any(_tokens(name) <= _tokens(q) for q in queries)
+
+        latest = _DOC_HEADER.sub(" ", results[-1]) if results else ""  # "Doc 1 (Title: X)" is not a name
+        new_names = [n for n in _names(latest)
+                     if _tokens(n) and not _tokens(n) <= ent_union and not queried(n)]
+        unsearched = [e for e in question_entities(question) if _tokens(e) and not queried(e)]
+        bridge_hops = sum(not (_tokens(q) & ent_union) for q in queries)
+        target = None
+        if searches_left and unsearched:
+            target = unsearched[0]
+        elif searches_left and new_names and bridge_hops < len(_BRIDGE.findall(question)):
+            target = new_names[0]
+        if target is not None:
+            items = (RubricItem(0.6, f"query names: {target}"), RubricItem(0.2, "searches"),
+                     RubricItem(0.2, "query is new"))  # an off-target search scores 0.4: it fails tau = 0.5
+            out = StepRubric(items, f"search for {target}")
+        else:
+            items = ((RubricItem(0.6, "answers"), RubricItem(0.4, f"answer names: {new_names[0]}")) if new_names
+                     else (RubricItem(1.0, "answers"),))
+            if searches_left:
+                items += (RubricItem(-0.2, "query repeats"),)
+            out = StepRubric(items, f"answer with {new_names[0]}" if new_names else "answer from the evidence")
+        self._done("step_rubric", ctx, key, t0)
+        return JudgeOutcome(out, None, 1, False)
+
+    async def step_verify(self, question: str, history: str, action: str, rubric: StepRubric, *,
+                          ctx: CallContext | None = None) -> JudgeOutcome[StepVerdict]:
+        """The verifier as a HEURISTIC: each item read from the action (``step_condition_met``; a negative item's
+        verdict is whether its flaw is present); feedback "Unmet: ..." lists the positive items not met and the
+        negative ones present, "" when none."""
+        t0 = time.perf_counter()
+        key = _key("step_verify", question, history, action, rubric)
+        earlier = parse_trajectory(history).queries
+        met = tuple(step_condition_met(it.condition, action, earlier) for it in rubric.items)
+        unmet = [it.condition for it, m in zip(rubric.items, met, strict=True) if m != (it.weight >= 0)]
+        self._done("step_verify", ctx, key, t0)
+        return JudgeOutcome(StepVerdict(met, f"Unmet: {'; '.join(unmet)}" if unmet else ""), None, 1, False)
+
+    async def _rank_shown(self, question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str],
+                          *, ctx: CallContext | None) -> JudgeOutcome[list[str]]:
+        """The expert ranking as a HEURISTIC: each candidate's ARCO ``step_criteria`` scores summed (no result
+        yet), best first; ties keep the shown order."""
+        t0 = time.perf_counter()
+        key = _key("rank_actions", question, tuple(golds or ()), history, tuple(shown))
+        earlier = parse_trajectory(history).queries
+        score = [sum(v for _, v in step_criteria(question, golds or [], a, "", earlier)) for a in shown]
+        best_first = sorted(range(len(shown)), key=lambda j: -score[j])
+        self._done("rank_actions", ctx, key, t0)
+        return JudgeOutcome([RANK_LABELS[j] for j in best_first], None, 1, False)
+
+
+_BRIDGE = re.compile(r"\bof the\b", re.I)
+_DOC_HEADER = re.compile(r"Doc \d+\s*\(Title:[^)]*\)")
+# the rules backend's step-rubric language: "kind" or "kind: argument"; anything else is read as free text
+STEP_CONDITIONS = ("searches", "answers", "query names: <entity>", "query is new", "query repeats",
+                   "answer names: <text>")
+
+
+def step_condition_met(condition: str, action: str, earlier_queries: Sequence[str]) -> bool:
+    """Whether ``action`` meets one ``STEP_CONDITIONS`` item (for ``query repeats``: whether the flaw is there).
+    ``query names: X``: every content token of X is in one of the action's queries; ``query is new``: the action
+    searches and none of its queries repeats an earlier one (normalised); ``answer names: X``: the answer holds X
+    as whole words. A condition in no known form: all its content tokens of 3+ characters occur in the action."""
+    kind, _, arg = condition.partition(":")
+    kind, arg = kind.strip().lower(), arg.strip()
+    p = parse_trajectory(action)
+    seen = {normalize_answer(q) for q in earlier_queries}
+    repeats = [normalize_answer(q) in seen for q in p.queries]
+    if kind == "searches" and not arg:
+        return bool(p.queries)
+    if kind == "answers" and not arg:
+        return bool(normalize_answer(p.answer or ""))
+    if kind == "query names" and _tokens(arg):
+        return any(_tokens(arg) <= _tokens(q) for q in p.queries)
+    if kind == "query is new" and not arg:
+        return bool(repeats) and not any(repeats)
+    if kind == "query repeats" and not arg:
+        return any(repeats)
+    if kind == "answer names" and arg:
+        return _contains(p.answer or "", arg)
+    words = set(normalize_answer(re.sub(r"<[^>]*>", " ", action)).split())  # the action's text without its tags
+    return {t for t in _tokens(condition) if len(t) >= 3} <= words
 
 
 def step_criteria(question: str, golds: Sequence[str], action: str, result: str,

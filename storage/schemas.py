@@ -93,7 +93,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "eval_results": pa.schema([
         _key("run_id"), _key("step", I64), _f("checkpoint", STR), _f("split", STR), _key("question_id"),
         _f("run_index", I64), _f("answer", STR), _f("format_valid", BOOL), _f("em", F64), _f("f1", F64),
-        _f("judge_correct", BOOL), _f("judge_model", STR),
+        _f("judge_correct", BOOL), _f("judge_model", STR), _f("guidance", STR),
     ]),
 }
 
@@ -170,6 +170,34 @@ SCHEMAS["mu_updates"] = pa.schema([
     _f("mu_version_before", I64), _f("loss", F64), _f("lm", F64), _f("mse", F64), _f("decomposition", F64),
     _f("kl", F64), _f("n_pos", I64), _f("n_neg", I64), _f("mean_sum_pos", F64), _f("mean_sum_neg", F64),
     _f("abs_error_pos", F64), _f("abs_error_neg", F64),
+])
+
+# Co-ReAct (issue 17): every guided step of a guided rollout or evaluation: the rubric placed before the turn, the
+# proposed action and its verification, and the retry that replaced a failed action (tasks/guidance.py).
+SCHEMAS["guided_steps"] = pa.schema([
+    _key("run_id"), _key("step", I64), _f("split", STR), _f("run_index", I64), _key("question_id"),
+    _f("group", I64), _f("sample", I64), _key("turn", I64), _f("source", STR), _f("rubric", STR),
+    _f("n_items", I64), _f("rubric_error", STR), _f("action", STR), _f("verify_score", F64), _f("passed", BOOL),
+    _f("retried", BOOL), _f("retry_action", STR), _f("retry_score", F64), _f("retry_passed", BOOL),
+    _f("verify_error", STR),
+])
+
+# Co-ReAct's generator training (arbor-guidance-train; §3.1-3.2): each branching point with its slate of candidate
+# next actions, every judge's list-wise ranks (JSON) and their Borda consensus (branch stage, then rank stage) ...
+SCHEMAS["branch_points"] = pa.schema([
+    _key("run_id"), _key("step", I64), _key("point_id"), _f("question_id", STR), _f("question", STR),
+    _f("golds", pa.list_(STR)), _f("turn", I64), _f("history", STR), _f("tool_calls", I64),
+    _f("candidates", pa.list_(STR)), _f("judge_ranks", STR), _f("n_rankings", I64),
+    _f("consensus", pa.list_(F64)), _f("kept", BOOL),
+])
+# ... and every rubric the generator sampled in a GRPO update: its tokens and log-probs (the update replays from
+# them), the verification score of each slate candidate under it, and the reward's parts (eq. 1-3).
+SCHEMAS["generator_samples"] = pa.schema([
+    _key("run_id"), _key("step", I64), _key("point_id"), _f("group", I64), _key("sample", I64), _f("rubric", STR),
+    _f("n_items", I64), _f("candidate_scores", pa.list_(F64)), _f("r_rank", F64), _f("r_atom", F64),
+    _f("r_fmt", F64), _f("repetition", F64), _f("reward", F64), _f("prompt_ids", pa.list_(pa.int32())),
+    _f("response_ids", pa.list_(pa.int32())), _f("rollout_logprobs", pa.list_(pa.float32())),
+    _f("finish_reason", STR), _f("policy_version", I64), _f("eval_errors", I64),
 ])
 
 TABLES: tuple[str, ...] = tuple(SCHEMAS)

@@ -35,6 +35,7 @@ from arbor.tasks.format import (
     get_protocol,
     pending_search,
     result_block,
+    sanitize_tool_text,
 )
 
 SYSTEM_PROMPT = ARBOR.system_prompt  # the built-in prompt of arbor's protocol (tasks.format)
@@ -159,7 +160,9 @@ class AgentState:
     finish_reason: FinishReason | None = None
     started_at: float = field(default_factory=time.perf_counter)
     gen_seconds: float = 0.0
+    user_text: str = ""  # the user message of the prompt, before any guidance (Co-ReAct)
     _pending: str | None = None
+    _bare_observation: str | None = None  # the last observation as appended, before guidance was placed in it
 
     @property
     def done(self) -> bool:
@@ -213,7 +216,7 @@ class AgentLoop:
         only: the state's ``question`` stays the original."""
         user = f"{reference}\n\n{question.strip()}" if reference else question
         s = AgentState(question_id, question, list(golds), build_prompt_ids(self.tokenizer, user, self.system_prompt),
-                       seed)
+                       seed, user_text=user)
         if self._room(s) <= 0:
             s.finish_reason = "length"  # the prompt alone fills the context
         return s
@@ -293,7 +296,32 @@ class AgentLoop:
         body = self.format_results(hits, self.budgets.max_result_chars)
         self._append_observation(s, result_block(body, self.protocol))
 
+    def place_guidance(self, s: AgentState, text: str) -> None:
+        """Put ``text`` where the next turn reads it, loss-masked (Co-ReAct's injected step rubric, §3.3): inside
+        the last observation block, before its closing tag, or, before the first turn, after the question in the
+        user prompt. Calling it again before the turn replaces the earlier guidance (a retry's rubric + feedback).
+        Protocol tags are removed from ``text`` (a rubric cannot forge structure), so the response stays valid."""
+        if s.done:
+            raise ValueError(f"trajectory for {s.question_id} is finished ({s.finish_reason})")
+        text = sanitize_tool_text(text, self.protocol).strip()
+        if not s.turns:
+            s.prompt_ids = build_prompt_ids(self.tokenizer, f"{s.user_text}\n\n{text}", self.system_prompt)
+        else:
+            bare, n = s._bare_observation, s.turns[-1].observation_tokens
+            if bare is None or n == 0:
+                raise ValueError(f"trajectory for {s.question_id}: turn {len(s.turns) - 1} has no observation to "
+                                 f"carry guidance")
+            del s.response_ids[-n:], s.loss_mask[-n:], s.logprobs[-n:]
+            s.text_parts.pop()
+            close = bare.rfind(self.protocol.result_close)
+            guided = f"{bare[:close].rstrip()}\n\n{text}\n{bare[close:]}" if close != -1 else f"{bare}{text}"
+            self._append_observation(s, guided)
+            s._bare_observation = bare
+        if not s.done and self._room(s) <= 0:
+            s.finish_reason = "length"  # the guidance filled the budget
+
     def _append_observation(self, s: AgentState, text: str) -> None:
+        s._bare_observation = text
         ids = encode_text(self.tokenizer, text)
         room = self._room(s)
         if len(ids) >= room:  # the observation does not fit: fill the budget and stop (a truncation)

@@ -85,9 +85,11 @@ def eval_rows(
     checkpoint: str | None,
     verdicts: Sequence[bool | None] | None = None,
     judge_model: str | None = None,
+    guidance: str | None = None,
 ) -> list[dict[str, Any]]:
     """``eval_results`` rows for ``predictions`` (one row each). ``verdicts[i]`` is the judge's answer for
-    prediction i (None: not judged or failed); invalid responses get ``judge_correct = False`` (strict gate)."""
+    prediction i (None: not judged or failed); invalid responses get ``judge_correct = False`` (strict gate).
+    ``guidance`` tags answers written under Co-ReAct guidance (None: unguided)."""
     preds = list(predictions)
     if verdicts is not None and len(verdicts) != len(preds):
         raise EvalError(f"{len(verdicts)} verdicts for {len(preds)} predictions")
@@ -99,7 +101,7 @@ def eval_rows(
             "run_id": run_id, "step": step, "checkpoint": checkpoint, "split": p.split,
             "question_id": p.question_id, "run_index": p.run_index, **s,
             "judge_correct": (verdict if s["format_valid"] else False) if verdicts is not None else None,
-            "judge_model": judge_model if verdicts is not None else None,
+            "judge_model": judge_model if verdicts is not None else None, "guidance": guidance,
         })
     return rows
 
@@ -133,6 +135,7 @@ async def judge_predictions(
     judge_model: str | None = None,
     concurrency: int = 32,
     stage: str = "eval",
+    guidance: str | None = None,
 ) -> list[dict[str, Any]]:
     """Score ``predictions`` and run the LLM accuracy judge (E.4) on every format-valid one; ``eval_results`` rows.
 
@@ -157,7 +160,7 @@ async def judge_predictions(
 
     verdicts = await asyncio.gather(*(one(p, s) for p, s in zip(predictions, scored, strict=True)))
     return eval_rows(predictions, run_id=run_id, step=step, checkpoint=checkpoint, verdicts=verdicts,
-                     judge_model=model)
+                     judge_model=model, guidance=guidance)
 
 
 SECOND_JUDGE_STAGE = "eval-second"  # the stage (eval_results, judge_calls) of the second judge's verdicts (C.2)
@@ -405,17 +408,20 @@ def format_summary(summary: EvalSummary, name: str = "checkpoint") -> str:
 
 def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str, Sequence[Any]], *, runs: int,
                        seed: int, run_id: str, step: int, checkpoint: str | None,
-                       second_judge: Any = None, temperature: float | None = None) -> list[dict[str, Any]]:
+                       second_judge: Any = None, temperature: float | None = None,
+                       guide: Any = None, guidance: str | None = None) -> list[dict[str, Any]]:
     """Roll out every question once per evaluation run (seeded per run), score, judge; ``eval_results`` rows.
 
     ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
-    model in ``judge_model`` and its ledger stage ``eval-second``."""
+    model in ``judge_model`` and its ledger stage ``eval-second``. ``guide`` (a ``tasks.guidance.CoReAct``) answers
+    the same questions a second time, with the same seeds, under Co-ReAct guidance: those rows carry ``guidance``
+    and their guided turns collect in ``guide.records``."""
     from arbor.tasks.rollout import sampling_temperature  # torch: keep the CLI input checks fast
 
-    async def judge_all(preds: list[Any]) -> list[dict[str, Any]]:
-        kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint}
-        jobs = [judge_predictions(judge, preds, **kw)]
-        if second_judge is not None:
+    async def judge_all(preds: list[Any], tag: str | None = None) -> list[dict[str, Any]]:
+        kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint, "guidance": tag}
+        jobs = [judge_predictions(judge, preds, stage="eval-guided" if tag else "eval", **kw)]
+        if second_judge is not None and tag is None:
             jobs.append(judge_predictions(second_judge, preds, stage=SECOND_JUDGE_STAGE, **kw))
         try:
             return [row for rows in await asyncio.gather(*jobs) for row in rows]
@@ -432,6 +438,18 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
                 trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
                                                run_id=run_id)
             rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r, protocol) for t in trajs]))
+            if guide is None:
+                continue
+            guide.columns = {"run_id": run_id, "step": step, "split": split, "run_index": r}
+            engine.guide = guide
+            try:
+                with sampling_temperature(engine, temperature):
+                    trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
+                                                   run_id=run_id)
+            finally:
+                engine.guide = None
+            rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r, protocol) for t in trajs],
+                                          guidance or "co-react"))
     return rows
 
 

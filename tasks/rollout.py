@@ -329,6 +329,10 @@ def to_trajectory(s: AgentState, *, run_id: str, step: int, group: int, sample: 
 
 class _EngineBase:
     policy_version: int = 0
+    guide: Any = None  # a tasks.guidance.CoReAct: guided turns (inject, verify, retry) instead of plain ones
+
+    def _run_guided(self, states: list[AgentState], k: int, first_group: int) -> None:
+        self.guide.run(self, states, [(first_group + j // k, j % k) for j in range(len(states))])
 
     def __init__(self, cfg: ArborConfig, tokenizer: Any, search: Any) -> None:
         self.cfg = cfg
@@ -393,7 +397,10 @@ class TransformersEngine(_EngineBase):
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
                         run_id: str = "", first_group: int = 0) -> list[Trajectory]:
         states = self._start_states(questions, k, seed, step, first_group)
-        self.run_states(states)
+        if self.guide is not None:
+            self._run_guided(states, k, first_group)
+        else:
+            self.run_states(states)
         return self._finish(states, k, step, run_id, first_group)
 
     def complete(self, requests: Sequence[GenRequest], *, temperature: float,
@@ -527,6 +534,10 @@ class OpenAIEngine(_EngineBase):
 
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
                         run_id: str = "", first_group: int = 0) -> list[Trajectory]:
+        if self.guide is not None:  # turn by turn: each round waits for the rubric writer and the verifier
+            states = self._start_states(questions, k, seed, step, first_group)
+            self._run_guided(states, k, first_group)
+            return self._finish(states, k, step, run_id, first_group)
         return asyncio.run(self.agenerate_groups(questions, k, seed, step, run_id, first_group))
 
     def complete(self, requests: Sequence[GenRequest], *, temperature: float,

@@ -147,6 +147,32 @@ class ReflectionGrade:
 
 
 @dataclass(frozen=True)
+class RubricItem:
+    """One weighted condition of a Co-ReAct step rubric: "[weight] condition" (a negative weight marks a flaw)."""
+
+    weight: float
+    condition: str
+
+
+@dataclass(frozen=True)
+class StepRubric:
+    """Co-ReAct's step rubric (its §3.2, §3.3): 3-5 weighted conditions the next action should meet and one
+    recommended action, written for one branching point (question, history so far)."""
+
+    items: tuple[RubricItem, ...]
+    action: str = ""
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """A verifier's reading of one proposed action against a step rubric (Co-ReAct §3.3): one verdict per item in
+    the rubric's order (for a negative item: whether the flaw is present) and short feedback on what is unmet."""
+
+    satisfied: tuple[bool, ...]
+    feedback: str = ""
+
+
+@dataclass(frozen=True)
 class StepLabel:
     """A teacher's reading of one step of a trajectory (ARCO's warm-up): K criteria and a score in [-1, 1] for
     each (how well the step meets it), before the projection that makes the steps add up to the outcome."""

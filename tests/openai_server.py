@@ -54,6 +54,9 @@ _ROLE_MARKERS = [
     ("You score one research agent", "stage_grades"),
     ("You rate reflection candidates", "reflection_grades"),
     ("You teach a step-level reward model", "step_labels"),
+    ("You write step rubrics", "step_rubric"),
+    ("You verify a proposed action", "step_verify"),
+    ("You rank candidate next actions", "rank_actions"),
 ]
 
 
@@ -148,13 +151,32 @@ def answer_for(role: str, user: str, plan: FaultPlan, model: str | None = None) 
         k = int(_block(user, "criteria_per_step"))
         return json.dumps({"steps": [{"criteria": [f"step {i} criterion {j}" for j in range(1, k + 1)],
                                       "scores": [round(-0.5 + 0.5 * i, 3)] * k} for i in range(n)]})
+    if role == "step_rubric":  # early (no search yet): search items; later: answer items and a negative one
+        made = re.search(r"^Searches made: (\d+)", user, re.M)
+        if made is None or made.group(1) == "0":
+            return json.dumps({"items": [{"weight": 0.6, "condition": "The query names the question's entity"},
+                                         {"weight": 0.4, "condition": "The query is new"}],
+                               "action": "search for the question's entity"})
+        return json.dumps({"items": [{"weight": 1.0, "condition": "The answer is supported by the results"},
+                                     {"weight": -0.2, "condition": "The query repeats an earlier search"}],
+                           "action": "answer"})
+    if role == "step_verify":  # item i met when i is odd (1, 3, ...): verdicts True, False, True, ...
+        n = len(re.findall(r"^\d+\. ", _block(user, "rubric_items"), re.M))
+        unmet = [str(i) for i in range(2, n + 1, 2)]
+        return json.dumps({"satisfied": [i % 2 == 1 for i in range(1, n + 1)],
+                           "feedback": f"Items {', '.join(unmet)} are unmet." if unmet else ""})
+    if role == "rank_actions":  # the shown candidates in reverse: the last label shown is ranked best
+        labels = re.findall(r'<candidate label="(\w+)">', _block(user, "candidates"))
+        return json.dumps({"ranking": labels[::-1]})
     raise ValueError(role)
 
 
 _INVALID = {"pairwise": '{"winner": "C"}', "accuracy": "I cannot decide.", "induction": '{"rubrics": "none"}',
             "consolidation": '{"standards": []}', "rar_rubrics": '{"items": ["only one"]}', "rar_rate": '{"rating": 11}',
             "stage_rubrics": '{"stage_1": []}', "stage_grades": '{"scores": [{"index": 1, "score": 3}]}',
-            "reflection_grades": '{"grades": []}', "step_labels": '{"steps": []}'}
+            "reflection_grades": '{"grades": []}', "step_labels": '{"steps": []}',
+            "step_rubric": '{"items": [], "action": "search"}', "step_verify": '{"satisfied": [], "feedback": ""}',
+            "rank_actions": '{"ranking": ["X"]}'}
 
 
 class OpenAIServer:

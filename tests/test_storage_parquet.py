@@ -33,7 +33,8 @@ def test_every_interface_table_has_a_schema():
     assert set(SCHEMAS) == {"runs", "steps", "stage_runs", "trajectories", "rubric_events", "rubric_activations",
                             "rubric_sources", "judge_calls", "eval_results", "rollouts", "draft_scores",
                             "stage_rubrics", "stage_scores", "stage_grades", "reflections", "rubric_bank",
-                            "bank_retrievals", "mu_scores", "turn_advantages", "mu_updates"}
+                            "bank_retrievals", "mu_scores", "turn_advantages", "mu_updates",
+                            "guided_steps", "branch_points", "generator_samples"}
 
 
 def test_unknown_column_refused_naming_it(tmp_path):

@@ -16,6 +16,7 @@ from arbor.config.arco import ArcoConfig
 from arbor.config.base import Section
 from arbor.config.cluster import ClusterConfig
 from arbor.config.data import DataConfig
+from arbor.config.guidance import GuidanceConfig
 from arbor.config.judge import JudgeConfig
 from arbor.config.memory import MemoryConfig
 from arbor.config.reward import RewardConfig
@@ -32,6 +33,7 @@ __all__ = [
     "ArborConfig", "ConfigError", "load_config", "apply_overrides", "DataConfig", "PolicyConfig", "RolloutConfig",
     "SearchConfig", "JudgeConfig", "MemoryConfig", "RunConfig", "EvalConfig", "TrainConfig", "CheckpointConfig",
     "SFTConfig", "ClusterConfig", "config_keys", "WorldConfig", "RewardConfig", "TrackingConfig", "RubricEMConfig", "ArcoConfig",
+    "GuidanceConfig",
 ]
 
 
@@ -57,6 +59,7 @@ class ArborConfig(Section):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     rubricem: RubricEMConfig = Field(default_factory=RubricEMConfig)
     arco: ArcoConfig = Field(default_factory=ArcoConfig)
+    guidance: GuidanceConfig = Field(default_factory=GuidanceConfig)
     deviations: dict[str, str] = Field(default_factory=dict, description="departures from the paper, with reasons "
                                        "(keys must be config keys; stored with the run's config)")
 

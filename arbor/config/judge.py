@@ -36,6 +36,11 @@ class JudgeRoles(Section):
     reflection_grades: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # RubricEM App. D.6.2
     step_labels: JudgeRoleConfig = Field(  # ARCO's teacher: k criteria and scores for every step of a trajectory
         default_factory=lambda: JudgeRoleConfig(max_tokens=2048))
+    # Co-ReAct (App. A): the rubric writer samples at temperature 0.7 (the authors add top-p 0.95, which a role
+    # config cannot set) with up to 1024 tokens a rubric; the verifier decodes greedily (temperature 0)
+    step_rubric: JudgeRoleConfig = Field(default_factory=lambda: JudgeRoleConfig(temperature=0.7, max_tokens=1024))
+    step_verify: JudgeRoleConfig = Field(default_factory=lambda: JudgeRoleConfig(temperature=0.0))
+    rank_actions: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # Co-ReAct §3.1: list-wise expert ranking
 
 
 class JudgeConfig(Section):

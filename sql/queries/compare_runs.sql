@@ -8,10 +8,10 @@ select r.method,
        avg(s.zero_var_base)     as zero_var_base,
        avg(s.zero_var_total)    as zero_var_total,
        sum(s.judge_calls)       as judge_calls,
-       (select avg(e.em) from eval_results e where e.run_id = r.run_id)  as heldout_em,
-       (select avg(e.f1) from eval_results e where e.run_id = r.run_id)  as heldout_f1,
+       (select avg(e.em) from eval_results e where e.run_id = r.run_id and e.guidance is null)  as heldout_em,
+       (select avg(e.f1) from eval_results e where e.run_id = r.run_id and e.guidance is null)  as heldout_f1,
        (select avg(case when e.judge_correct then 1.0 else 0.0 end) from eval_results e
-         where e.run_id = r.run_id)                                      as heldout_acc
+         where e.run_id = r.run_id and e.guidance is null)               as heldout_acc
 from runs r join steps s using (run_id)
 where list_contains($run_ids, r.run_id)
 group by r.method, r.run_id

@@ -1,8 +1,9 @@
 -- profile_sweep: for every run of the same profile as $run_id, what are its lambda and K_consol (from config_json)
 -- and its average pass@1 at its latest evaluated step: accuracy under the judge with the most rows there (ties: by
 -- name) when every split is judged, and F1 (paper Figure 4, §4.6)?
-with last as (select run_id, max(step) as step from eval_results group by run_id),
-latest as (select e.* from eval_results e join last using (run_id, step)),
+with unguided as (select * from eval_results where guidance is null),
+last as (select run_id, max(step) as step from unguided group by run_id),
+latest as (select e.* from unguided e join last using (run_id, step)),
 judges as (select run_id, judge_model,
                   row_number() over (partition by run_id order by count(*) desc, judge_model) as k
            from latest where judge_model is not null group by run_id, judge_model),

@@ -1,8 +1,8 @@
 -- eval_summary: evaluation scores per run, step, checkpoint and split, averaged over questions and repeated runs
 -- (run_index). strict_*: every answer counts (format-invalid answers score 0); valid_*: only format-valid answers,
--- with valid_rate the share of format-valid answers. judge accuracy ignores rows without a judge verdict.
+-- with valid_rate the share of format-valid answers; guidance: null unguided, else the Co-ReAct source. judge accuracy ignores rows without a judge verdict.
 create or replace view eval_summary as
-select run_id, step, checkpoint, split,
+select run_id, step, checkpoint, guidance, split,
        count(*) as n_answers,
        count(distinct question_id) as n_questions,
        avg(format_valid::int) as valid_rate,
@@ -15,4 +15,4 @@ select run_id, step, checkpoint, split,
        avg(judge_correct::int) filter (where format_valid and judge_correct is not null) as valid_judge_acc,
        any_value(judge_model) as judge_model
 from eval_results
-group by run_id, step, checkpoint, split;
+group by run_id, step, checkpoint, guidance, split;

@@ -1,0 +1,187 @@
+"""``arbor-guidance-train``: Co-ReAct's rubric generator, trained with list-wise GRPO (issue 17; paper §3.1-3.2).
+
+Stages, each stored before the next starts, so a re-run with the same run id resumes after the last finished one
+without new rollouts or judge calls for work already stored:
+
+- ``branch`` (step 0): branching points of the policy's trajectories on training questions, with their slates;
+- ``rank`` (step 0): every judge's list-wise ranks and the Borda consensus;
+- ``warm`` (step 0): the warm-start SFT rows (the judge's own rubric at each point) and the SFT'd generator;
+- ``sample`` (step u) then ``train`` (step u) for GRPO update u = 1..U: the rubrics, their rewards and the
+  update. The trainer checkpoints every ``checkpoint.every`` updates; a resume loads the latest checkpoint and
+  replays the stored updates after it, then continues.
+
+The trained generator is exported to ``{home}/guidance/{run_id}/generator`` (HF format): pass it as
+``guidance.generator`` with ``guidance.source=generator``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from arbor.paths import arbor_home
+
+
+def generator_dir(run_id: str, home: Path) -> Path:
+    return home / "guidance" / run_id
+
+
+def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | None = None,
+                       checkpoint: str | None = None, run_id: str | None = None) -> tuple[str, Path, dict[str, Any]]:
+    """The body of ``arbor-guidance-train``: (run id, generator checkpoint, summary)."""
+    from arbor.flows.train import prepare_run, start_checkpoint
+    from arbor.llm import make_judge
+    from arbor.llm.base import CallContext
+    from arbor.storage.parquet import mark_stage_done, read_stage, stage_done, write_stage
+    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.guidance import GeneratorRubrics
+    from arbor.tasks.guidance_train import (
+        collect_branch_points,
+        generator_config,
+        rank_points,
+        sample_update,
+        total_updates,
+        update_batch,
+        update_points,
+        warm_rows,
+    )
+    from arbor.tasks.policy import load_policy
+    from arbor.tasks.rollout import make_engine
+    from arbor.tasks.search import make_search
+    from arbor.tasks.sft_data import write_jsonl
+
+    home = arbor_home()
+    cfg = prepare_run(profile, overrides, run_id, False, home)
+    rid = str(cfg.run.run_id)
+    g = cfg.guidance
+    write_stage("runs", [{"run_id": rid, "profile": cfg.run.profile, "method": "co-react-generator",
+                          "seed": cfg.run.seed, "config_json": cfg.to_json(), "created_at": time.time()}],
+                run_id=rid, step=0, stage="run", home=home)
+    judge = make_judge(cfg.judge, home=home)
+    out_dir = generator_dir(rid, home)
+    kw = {"run_id": rid, "home": home}
+
+    def stored(table: str, step: int, stage: str) -> list[dict[str, Any]] | None:
+        if not stage_done(stage=stage, step=step, **kw):
+            return None
+        return read_stage(table, step=step, stage=stage, **kw) or []
+
+    # ---- branch: one rollout per training question, slates at every turn
+    points = stored("branch_points", 0, "branch")
+    if points is None:
+        policy_path = Path(checkpoint) if checkpoint else start_checkpoint(cfg, home)
+        policy, tok = load_policy(policy_path, cfg.policy.dtype, home=home)
+        engine = make_engine(cfg, policy, tok, search=make_search(cfg.search, home=home, world=cfg.world), home=home)
+        questions = load_questions(cfg.data.train, size=g.branch_questions, seed=cfg.run.seed, world=cfg.world)
+        points = collect_branch_points(engine, questions[: g.branch_questions], cfg, run_id=rid, seed=cfg.run.seed)
+        write_stage("branch_points", points, step=0, stage="branch", **kw)
+        mark_stage_done(stage="branch", step=0, **kw)
+        points = stored("branch_points", 0, "branch") or []
+
+    # ---- rank: list-wise judges, Borda consensus
+    ranked = stored("branch_points", 0, "rank")
+    if ranked is None:
+        judges: list[tuple[str, Any]] = [(judge_name(cfg.judge), judge)]
+        for model in g.rank_models:
+            judges.append((model, make_judge(rank_judge_config(cfg.judge, model), home=home)))
+        ranked = rank_points(points, judges, min_rankings=g.min_rankings, seed=cfg.run.seed,
+                             ctx=CallContext(run_id=rid, step=0, stage="rank"))
+        write_stage("branch_points", ranked, step=0, stage="rank", **kw)
+        calls = [c for _, j in judges for c in j.drain_calls()]
+        write_stage("judge_calls", calls, step=0, stage="rank", **kw)
+        mark_stage_done(stage="rank", step=0, **kw)
+        ranked = stored("branch_points", 0, "rank") or []
+    kept = [p for p in ranked if p["kept"]]
+    if not kept:
+        raise RuntimeError(f"run {rid}: no branching point has {g.min_rankings} valid rankings; nothing to train on")
+
+    # ---- warm: SFT on the judge's rubrics (the generator's start), once
+    warm = out_dir / "warm"
+    if not (warm / "arbor_sft.json").exists():
+        from arbor.tasks.sft import run_sft
+
+        base = Path(g.generator_init) if g.generator_init else (Path(checkpoint) if checkpoint
+                                                                 else start_checkpoint(cfg, home))
+        rows = warm_rows(kept, judge, cfg.rollout.max_searches, CallContext(run_id=rid, step=0, stage="warm"))
+        write_stage("judge_calls", judge.drain_calls(), step=0, stage="warm", **kw)
+        data = write_jsonl(rows, out_dir / "warm.jsonl")
+        tmp = warm.with_name(f"warm.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        summary = run_sft(cfg, base, data, tmp, home=home)
+        (tmp / "arbor_sft.json").write_text(json.dumps({k: v for k, v in summary.items()
+                                                        if isinstance(v, int | float | str | bool)}, indent=1))
+        os.replace(tmp, warm)
+
+    # ---- GRPO: sample, score, train; replays stored updates after the latest checkpoint
+    from arbor.tasks.train import Trainer
+
+    n_updates = total_updates(len(kept), g.batch_points, g.epochs)
+    gcfg = generator_config(cfg, rid, n_updates)
+    trainer = Trainer(gcfg, warm, home)
+    done = trainer.load_latest() or 0
+    model, tok = load_policy(warm, cfg.policy.dtype, home=home)
+    sampler = GeneratorRubrics(model, tok, temperature=g.generator_temperature, top_p=1.0,
+                               max_tokens=g.max_rubric_tokens, max_batch_rows=cfg.rollout.max_batch_rows)
+    if done:
+        model.load_state_dict(trainer.state_dict_for_sync(), strict=False)
+    question_of = {p["point_id"]: p["question"] for p in kept}
+    rewards: list[float] = []
+    for u in range(done + 1, n_updates + 1):
+        rows = stored("generator_samples", u, "sample")
+        if rows is None:
+            batch_points = update_points(kept, u, g.batch_points, cfg.run.seed)
+            rows = sample_update(sampler, judge, batch_points, update=u, group_size=g.group_size,
+                                 seed=cfg.run.seed, run_id=rid, policy_version=trainer.policy_version,
+                                 ctx=CallContext(run_id=rid, step=u, stage="sample"))
+            write_stage("generator_samples", rows, step=u, stage="sample", **kw)
+            write_stage("judge_calls", judge.drain_calls(), step=u, stage="sample", **kw)
+            mark_stage_done(stage="sample", step=u, **kw)
+            rows = stored("generator_samples", u, "sample") or []
+        metrics = trainer.train_step(update_batch(rows, question_of), u)
+        mean_reward = sum(float(r["reward"]) for r in rows) / max(1, len(rows))
+        rewards.append(mean_reward)
+        write_stage("steps", [{"mean_base_reward": mean_reward, "loss": metrics.get("loss"),
+                               "clip_frac": metrics.get("clip_frac"), "approx_kl": metrics.get("approx_kl"),
+                               "grad_norm": metrics.get("grad_norm"), "n_groups": int(metrics.get("n_groups", 0)),
+                               "policy_version": int(metrics["policy_version"]), "completed_at": time.time()}],
+                    step=u, stage="train", **kw)
+        model.load_state_dict(trainer.state_dict_for_sync(), strict=False)
+        trainer.maybe_save(u, {"mean_reward": mean_reward})
+        print(f"generator update {u}/{n_updates}: mean reward {mean_reward:.4f}, loss {metrics.get('loss', 0):.4f}")
+    final = out_dir / "generator"
+    if not (final / "config.json").exists() or done < n_updates:
+        tmp = final.with_name(f"generator.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        trainer.export_hf(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    return rid, final, {"points": len(ranked), "kept": len(kept), "updates": n_updates, "rewards": rewards}
+
+
+def judge_name(judge_cfg: Any) -> str:
+    """The name a judge's rankings are stored under: its rank_actions model (``rules`` offline)."""
+    return "rules" if judge_cfg.backend == "rules" else str(judge_cfg.for_role("rank_actions")["model"])
+
+
+def rank_judge_config(judge_cfg: Any, model: str) -> Any:
+    """The judge config with the rank_actions role's model swapped for ``model`` (guidance.rank_models)."""
+    if judge_cfg.backend == "rules":
+        raise ValueError(f"guidance.rank_models: {model!r} needs an LLM judge (judge.backend=openai)")
+    role = judge_cfg.roles.rank_actions.model_copy(update={"model": model})
+    return judge_cfg.model_copy(update={"roles": judge_cfg.roles.model_copy(update={"rank_actions": role})})
+
+
+@flow(name="arbor-guidance-train", log_prints=True)
+def arbor_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | None = None,
+                         checkpoint: str | None = None, run_id: str | None = None) -> str:
+    """Train a Co-ReAct rubric generator from ``checkpoint``'s (default: the run's start policy) trajectories."""
+    rid, path, summary = run_guidance_train(profile, overrides, checkpoint, run_id)
+    get_run_logger().info("generator %s: %s (%d of %d branching points kept, %d updates)", rid, path,
+                          summary["kept"], summary["points"], summary["updates"])
+    return str(path)

@@ -1,0 +1,113 @@
+"""Co-ReAct's equations (tasks/coreact.py; issue 17) against values computed by hand, and the guided agent loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from arbor.tasks.coreact import (
+    atomicity_reward,
+    average_ranks,
+    borda,
+    consensus_ranks,
+    format_reward,
+    generator_reward,
+    is_atomic,
+    parse_rubric,
+    passes,
+    rank_reward,
+    render_rubric,
+    repetition_rate,
+    select_diverse,
+    spearman_rho,
+    verification_score,
+    verifier_feedback,
+)
+from arbor.tasks.types import RubricItem, StepRubric
+
+
+def test_spearman_reward_hand_values() -> None:
+    assert rank_reward([1, 2, 3, 4], [1, 2, 3, 4]) == pytest.approx(1.0)
+    assert rank_reward([4, 3, 2, 1], [1, 2, 3, 4]) == pytest.approx(0.0)
+    # first two swapped: rho = 1 - 6 * 2 / (4 * 15) = 0.8 -> (0.8 + 1) / 2 = 0.9
+    assert rank_reward([2, 1, 3, 4], [1, 2, 3, 4]) == pytest.approx(0.9)
+    # ties: Pearson of the tie-averaged ranks, 4.5 / sqrt(4.5 * 5) = 0.94868 -> 0.97434
+    assert rank_reward([1.5, 1.5, 3, 4], [1, 2, 3, 4]) == pytest.approx(0.97434, abs=1e-5)
+    assert spearman_rho([2.5, 2.5, 2.5, 2.5], [1, 2, 3, 4]) is None
+    assert rank_reward([2.5, 2.5, 2.5, 2.5], [1, 2, 3, 4]) == 0.5  # undefined rho: chance
+
+
+def test_without_ties_spearman_is_the_closed_form() -> None:
+    a, b = [3, 1, 4, 2, 5], [1, 2, 3, 4, 5]
+    d2 = sum((x - y) ** 2 for x, y in zip(a, b, strict=True))
+    assert spearman_rho(a, b) == pytest.approx(1 - 6 * d2 / (5 * (25 - 1)))
+
+
+def test_average_ranks_share_ties_and_follow_direction() -> None:
+    assert average_ranks([0.9, 0.5, 0.5, 0.1], descending=True) == [1.0, 2.5, 2.5, 4.0]
+    assert average_ranks([4, 6, 8, 12], descending=False) == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_borda_and_consensus() -> None:
+    rankings = [[1, 2, 3, 4], [2, 1, 3, 4], [1, 3, 2, 4]]
+    assert borda(rankings) == [4, 6, 8, 12]
+    assert consensus_ranks(rankings) == [1.0, 2.0, 3.0, 4.0]
+    assert consensus_ranks([[1, 2, 3, 4], [2, 1, 3, 4]]) == [1.5, 1.5, 3.0, 4.0]  # tied Borda sums
+    with pytest.raises(ValueError):
+        borda([])
+
+
+def test_composite_reward_and_gate() -> None:
+    # rho = .8 -> r_rank = .9; 3 of 4 items atomic; format 1: .75 * .9 + .15 * .75 + .10 * 1 = .8875
+    assert generator_reward(0.9, 0.75, 1.0) == pytest.approx(0.8875)
+    assert generator_reward(0.9, 0.75, 1.0, repetition=0.41) == 0.0
+    assert generator_reward(0.9, 0.75, 1.0, repetition=0.40) == pytest.approx(0.8875)  # the gate is strict
+
+
+def test_format_and_atomicity_rewards() -> None:
+    assert format_reward([0.4, 0.3, 0.2, 0.1]) == 1.0
+    assert format_reward([0.5, 0.5]) == 0.5  # two items; positive weights sum to 1
+    assert format_reward([0.5, 0.3, 0.1, -0.3]) == 1.0  # negatives do not count toward the sum
+    assert format_reward([0.2, 0.2, 0.2]) == 0.5  # sum 0.6: off by more than 0.15
+    assert format_reward([]) == 0.0
+    assert is_atomic("The query names the film") and not is_atomic("The query names the film and its year")
+    assert atomicity_reward(["a b", "c d", "e, f", "g"]) == 0.75
+
+
+def test_repetition_rate() -> None:
+    assert repetition_rate("one two three four five") == 0.0
+    # 8 words "a b c d a b c d": 5 four-grams, unique {abcd, bcda, cdab, dabc} = 4 -> 1 - 4/5 = 0.2
+    assert repetition_rate("a b c d a b c d") == pytest.approx(0.2)
+    assert repetition_rate("x x x x x x x x x x") == pytest.approx(1 - 1 / 7)
+    assert repetition_rate("too short") == 0.0
+
+
+def test_verification_hand_values() -> None:
+    w = [0.4, 0.3, 0.2, 0.1]
+    s1 = verification_score(w, [True, False, True, False])
+    s2 = verification_score(w, [False, True, True, False])
+    assert s1 == pytest.approx(0.6) and passes(s1)
+    assert s2 == pytest.approx(0.5) and not passes(s2)  # strictly above tau
+    # a present flaw (negative item satisfied) subtracts: (.6 + .4 - .5) / 1.0
+    assert verification_score([0.6, 0.4, -0.5], [True, True, True]) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        verification_score(w, [True])
+
+
+def test_rubric_text_round_trip_and_feedback() -> None:
+    rubric = StepRubric((RubricItem(0.5, "query names: Tobara"), RubricItem(0.5, "query is new"),
+                         RubricItem(-0.2, "query repeats")), "search for Tobara")
+    text = render_rubric(rubric)
+    assert text.splitlines()[0] == "1. [0.5] query names: Tobara" and text.endswith("Action: search for Tobara")
+    assert parse_rubric(text) == rubric
+    assert parse_rubric("noise\n1) [2.5] big\n[x] no\nAction: go").items == (RubricItem(1.0, "big"),)
+    assert verifier_feedback(rubric, [True, False, True]) == ["query is new", "query repeats"]
+
+
+def test_select_diverse_drops_duplicates_and_spreads() -> None:
+    actions = ["search Tobara director", "search  Tobara director", "search Tobara director film",
+               "answer Kerar Silix", "search Kerar Silix birthplace", "search Tobara"]
+    chosen = select_diverse(actions, k=3)
+    assert len(chosen) == 3 and 1 not in chosen  # the whitespace duplicate of action 0 is gone
+    texts = {actions[i] for i in chosen}
+    assert "answer Kerar Silix" in texts or "search Kerar Silix birthplace" in texts  # not three Tobara searches
+    assert select_diverse(actions[:2], k=4) == [0]

@@ -143,6 +143,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     from arbor.llm import make_judge
     from arbor.preflight import require
     from arbor.tasks.datasets import fields_of, load_questions
+    from arbor.tasks.guidance import make_guide
     from arbor.tasks.policy import load_policy
     from arbor.tasks.rollout import make_engine
     from arbor.tasks.search import make_search
@@ -172,6 +173,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
             cfg.rollout.base_url = spec.base_url
         engine = make_engine(cfg, search=search, home=home)
     judge = make_judge(cfg.judge, home=home)
+    engine.guide = make_guide(cfg, judge, home=home)  # guidance.mode=co-react: guided training rollouts
     memory = rebuild_memory(cfg, store, cfg.run.steps)
     state = RunState(cfg=cfg, run_id=run_id, home=home, store=store, questions=questions, engine=engine,
                      trainer=trainer, judge=judge, memory=memory, embed=_lazy_embedder(cfg.memory.embedder),
@@ -227,7 +229,7 @@ def restore_policy(state: RunState) -> None:
 
 # ------------------------------------------------------------------------------------------------ tasks
 STAGE_TABLES: dict[str, tuple[str, ...]] = {
-    "rollout": ("rollouts",),
+    "rollout": ("rollouts",),  # + guided_steps and judge_calls under guidance.mode=co-react
     "score": ("rubric_events", "rubric_activations", "judge_calls"),
     "retire": ("rubric_events",),
     "induce": ("rubric_events", "judge_calls", "draft_scores"),

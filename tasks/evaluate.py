@@ -416,7 +416,6 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
     model in ``judge_model`` and its ledger stage ``eval-second``. ``guide`` (a ``tasks.guidance.CoReAct``) answers
     the same questions a second time, with the same seeds, under Co-ReAct guidance: those rows carry ``guidance``
     and their guided turns collect in ``guide.records``."""
-    from arbor.tasks.rollout import sampling_temperature  # torch: keep the CLI input checks fast
 
     async def judge_all(preds: list[Any], tag: str | None = None) -> list[dict[str, Any]]:
         kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint, "guidance": tag}
@@ -432,24 +431,41 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
 
     protocol = engine.loop.protocol.name  # the grammar the answers were written in
     rows: list[dict[str, Any]] = []
-    for split, questions in questions_by_split.items():
-        for r in range(runs):
+    saved_guide = getattr(engine, "guide", None)  # a run's guided training rollouts: evaluate unguided here
+    engine.guide = None
+    try:
+        for split, questions in questions_by_split.items():
+            rows += _evaluate_split(engine, split, questions, runs, seed, step, run_id, temperature, protocol,
+                                    judge_all, guide, guidance)
+    finally:
+        engine.guide = saved_guide
+    return rows
+
+
+def _evaluate_split(engine: Any, split: str, questions: Sequence[Any], runs: int, seed: int, step: int, run_id: str,
+                    temperature: float | None, protocol: str, judge_all: Any, guide: Any,
+                    guidance: str | None) -> list[dict[str, Any]]:
+    """``evaluate_questions`` for one split: each run unguided, then (with ``guide``) guided with the same seed."""
+    from arbor.tasks.rollout import sampling_temperature  # torch: keep the CLI input checks fast
+
+    rows: list[dict[str, Any]] = []
+    for r in range(runs):
+        with sampling_temperature(engine, temperature):
+            trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
+                                           run_id=run_id)
+        rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r, protocol) for t in trajs]))
+        if guide is None:
+            continue
+        guide.set_context(guide.ctx, run_id=run_id, step=step, split=split, run_index=r)
+        engine.guide = guide
+        try:
             with sampling_temperature(engine, temperature):
                 trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
                                                run_id=run_id)
-            rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r, protocol) for t in trajs]))
-            if guide is None:
-                continue
-            guide.columns = {"run_id": run_id, "step": step, "split": split, "run_index": r}
-            engine.guide = guide
-            try:
-                with sampling_temperature(engine, temperature):
-                    trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
-                                                   run_id=run_id)
-            finally:
-                engine.guide = None
-            rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r, protocol) for t in trajs],
-                                          guidance or "co-react"))
+        finally:
+            engine.guide = None
+        rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r, protocol) for t in trajs],
+                                      guidance or "co-react"))
     return rows
 
 

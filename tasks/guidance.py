@@ -227,6 +227,12 @@ class CoReAct:
         self.records: list[dict[str, Any]] = []
         self.columns: dict[str, Any] = {}
 
+    def set_context(self, ctx: Any, **columns: Any) -> None:
+        """The judge-ledger context of the calls to come (the source's too) and the columns of their records."""
+        self.ctx, self.columns = ctx, columns
+        if hasattr(self.source, "ctx"):
+            self.source.ctx = ctx
+
     def drain_records(self) -> list[dict[str, Any]]:
         out, self.records = self.records, []
         return out

@@ -131,13 +131,20 @@ class RunState:
     # ------------------------------------------------------------------------------------------ stages
     def rollout(self, step: int) -> dict[str, Rows]:
         """K trajectories per prompt with the policy of version step-1, base reward, great-expectations check."""
+        from arbor.llm.base import CallContext
         from arbor.storage.validation import validate_trajectories
 
         batch, extra = self.method.batch(self, step)
+        guide = getattr(self.engine, "guide", None)  # Co-ReAct guided rollouts (guidance.mode=co-react)
+        if guide is not None:
+            guide.set_context(CallContext(run_id=self.run_id, step=step, stage="rollout"), run_id=self.run_id,
+                              step=step)
         trajs = self.engine.generate_groups(batch, self.cfg.rollout.k, self.seed, step, run_id=self.run_id)
         trajs += self.method.extra_rollouts(self, step, batch, trajs)
         rows = [t.to_row() for t in trajs]
         validate_trajectories(rows, k=self.cfg.rollout.k)
+        if guide is not None:  # the guided turns and the rubric writer's and verifier's calls
+            extra = {"guided_steps": guide.drain_records(), "judge_calls": self.judge_rows(), **extra}
         return {"rollouts": rows, **extra}
 
     def score(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:

@@ -232,6 +232,29 @@ def train_cmd(
     _next_steps(rid, home, time.perf_counter() - t0)
 
 
+@app.command("guidance-train")
+def guidance_train_cmd(
+    profile: Annotated[str, typer.Option("--profile", "-p", help="configs/<profile>.yaml or a YAML path")] = "tiny-world",
+    run_id: Annotated[str | None, typer.Option("--run-id", help="name the run; the same id resumes it")] = None,
+    checkpoint: Annotated[str | None, typer.Option(help="the policy whose trajectories give the branching points "
+                                                   "(default: the profile's start policy)")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
+) -> None:
+    """Train a Co-ReAct rubric generator (the arbor-guidance-train flow): branching points, list-wise judges, GRPO.
+    Then evaluate with `--set guidance.mode=co-react --set guidance.source=generator --set guidance.generator=DIR`."""
+    from arbor.config import ConfigError, load_config
+
+    overrides = _overrides(sets)
+    try:
+        load_config(profile, overrides)
+    except ConfigError as e:
+        _fail(e)
+    from arbor.flows.guidance import arbor_guidance_train
+
+    typer.echo(arbor_guidance_train(profile=profile, overrides=overrides or None, checkpoint=checkpoint,
+                                    run_id=run_id))
+
+
 @app.command("demo")
 def demo_cmd(
     steps: Annotated[int | None, typer.Option(help="RL steps (default: the profile's)")] = None,

@@ -55,6 +55,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     from arbor.tasks.rollout import make_engine
     from arbor.tasks.search import make_search
     from arbor.tasks.sft_data import write_jsonl
+    from arbor.tasks.stages import fault_point
 
     home = arbor_home()
     cfg = prepare_run(profile, overrides, run_id, False, home)
@@ -80,6 +81,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         engine = make_engine(cfg, policy, tok, search=make_search(cfg.search, home=home, world=cfg.world), home=home)
         questions = load_questions(cfg.data.train, size=g.branch_questions, seed=cfg.run.seed, world=cfg.world)
         points = collect_branch_points(engine, questions[: g.branch_questions], cfg, run_id=rid, seed=cfg.run.seed)
+        fault_point(0, "branch", "commit")
         write_stage("branch_points", points, step=0, stage="branch", **kw)
         mark_stage_done(stage="branch", step=0, **kw)
         points = stored("branch_points", 0, "branch") or []
@@ -92,6 +94,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
             judges.append((model, make_judge(rank_judge_config(cfg.judge, model), home=home)))
         ranked = rank_points(points, judges, min_rankings=g.min_rankings, seed=cfg.run.seed,
                              ctx=CallContext(run_id=rid, step=0, stage="rank"))
+        fault_point(0, "rank", "commit")
         write_stage("branch_points", ranked, step=0, stage="rank", **kw)
         calls = [c for _, j in judges for c in j.drain_calls()]
         write_stage("judge_calls", calls, step=0, stage="rank", **kw)
@@ -102,18 +105,19 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         raise RuntimeError(f"run {rid}: no branching point has {g.min_rankings} valid rankings; nothing to train on")
 
     # ---- warm: SFT on the judge's rubrics (the generator's start), once
-    warm = out_dir / "warm"
-    if not (warm / "arbor_sft.json").exists():
+    base = Path(g.generator_init) if g.generator_init else (Path(checkpoint) if checkpoint
+                                                             else start_checkpoint(cfg, home))
+    warm = out_dir / "warm" if g.warm_start else base
+    if g.warm_start and not (warm / "arbor_sft.json").exists():
         from arbor.tasks.sft import run_sft
 
-        base = Path(g.generator_init) if g.generator_init else (Path(checkpoint) if checkpoint
-                                                                 else start_checkpoint(cfg, home))
         rows = warm_rows(kept, judge, cfg.rollout.max_searches, CallContext(run_id=rid, step=0, stage="warm"))
         write_stage("judge_calls", judge.drain_calls(), step=0, stage="warm", **kw)
         data = write_jsonl(rows, out_dir / "warm.jsonl")
         tmp = warm.with_name(f"warm.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        summary = run_sft(cfg, base, data, tmp, home=home)
+        warm_cfg = cfg.model_copy(update={"sft": cfg.sft.model_copy(update={"epochs": g.warm_epochs})})
+        summary = run_sft(warm_cfg, base, data, tmp, home=home)
         (tmp / "arbor_sft.json").write_text(json.dumps({k: v for k, v in summary.items()
                                                         if isinstance(v, int | float | str | bool)}, indent=1))
         os.replace(tmp, warm)
@@ -139,11 +143,13 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
             rows = sample_update(sampler, judge, batch_points, update=u, group_size=g.group_size,
                                  seed=cfg.run.seed, run_id=rid, policy_version=trainer.policy_version,
                                  ctx=CallContext(run_id=rid, step=u, stage="sample"))
+            fault_point(u, "sample", "commit")
             write_stage("generator_samples", rows, step=u, stage="sample", **kw)
             write_stage("judge_calls", judge.drain_calls(), step=u, stage="sample", **kw)
             mark_stage_done(stage="sample", step=u, **kw)
             rows = stored("generator_samples", u, "sample") or []
         metrics = trainer.train_step(update_batch(rows, question_of), u)
+        fault_point(u, "train", "commit")
         mean_reward = sum(float(r["reward"]) for r in rows) / max(1, len(rows))
         rewards.append(mean_reward)
         write_stage("steps", [{"mean_base_reward": mean_reward, "loss": metrics.get("loss"),

@@ -61,5 +61,9 @@ class GuidanceConfig(Section):
     epochs: int = Field(2, ge=1, description="passes over the branching points")
     batch_points: int = Field(8, ge=1, description="branching points per GRPO update")
     grad_clip: float = Field(1.0, gt=0.0, description="gradient-norm clip")
+    warm_start: bool = Field(True, description="SFT the generator on the judge's own step rubrics at the kept "
+                             "branching points before GRPO (a tiny model cannot write the format unprompted; the "
+                             "paper starts from Qwen3-14B, which can)")
+    warm_epochs: int = Field(3, ge=1, description="epochs of that warm-start SFT (its other settings: sft.*)")
     generator_init: str | None = Field(None, description="the generator's start checkpoint; null: the policy's "
                                        "start checkpoint (the paper starts from the base model, Qwen3-14B)")

@@ -362,6 +362,10 @@ def eval_cmd(
         cfg = load_config(profile, overrides)
         if cfg.eval.second_judge_model:
             second_judge_config(cfg.judge, cfg.eval.second_judge_model)
+        from arbor.preflight import guidance_problems
+
+        if problems := guidance_problems(cfg):
+            raise ConfigError("; ".join(problems))
     except (ConfigError, EvalError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

@@ -166,6 +166,35 @@ def _teacher_problems(cfg: ArborConfig) -> list[str]:
     return []
 
 
+def guidance_problems(cfg: ArborConfig) -> list[str]:
+    """Co-ReAct guidance (guidance.mode=co-react): its rubric source must exist, and a plug-in judge must have the
+    roles it calls (step_rubric for source=judge, step_verify to verify)."""
+    from arbor.plugins import PluginError, is_import_path
+
+    g = cfg.guidance
+    if g.mode == "off":
+        return []
+    out = []
+    if g.source == "memory" and not (g.memory_pool and resolve_home_path(g.memory_pool).is_file()):
+        out.append(f"guidance.memory_pool: source=memory needs an exported pool file (arbor rubrics export RUN), "
+                   f"got {g.memory_pool!r}")
+    if g.source == "generator" and not (g.generator and (resolve_home_path(g.generator).exists()
+                                                         or _model_available(g.generator))):
+        out.append(f"guidance.generator: source=generator needs a generator checkpoint (arbor guidance-train), "
+                   f"got {g.generator!r}")
+    if is_import_path(cfg.judge.backend):
+        from arbor.llm import Judge, load_judge_plugin
+
+        try:
+            cls = load_judge_plugin(cfg.judge.backend)
+        except PluginError:
+            return out  # reported by _plugin_problems
+        needed = (["step_rubric"] if g.source == "judge" else []) + (["step_verify"] if g.verify else [])
+        out += [f"judge.backend: {cfg.judge.backend} has no {role} role, which guidance.mode=co-react calls"
+                for role in needed if getattr(cls, role) is getattr(Judge, role)]
+    return out
+
+
 def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str] | None = None) -> list[str]:
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
@@ -183,6 +212,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         missing.append(str(e))
     missing += _plugin_problems(cfg)
     missing += _teacher_problems(cfg)
+    missing += guidance_problems(cfg)
     if not _model_available(cfg.policy.model):
         missing.append(
             f"policy.model: '{cfg.policy.model}' is neither a local path nor in the local Hugging Face cache "

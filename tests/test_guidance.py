@@ -174,3 +174,27 @@ def test_make_guide_names_the_missing_key(tmp_path: Path) -> None:
         make_guide(load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.source": "memory"}), None)
     with pytest.raises(ValueError, match="guidance.generator"):
         make_guide(load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.source": "generator"}), None)
+
+
+def test_preflight_names_a_missing_source_and_a_judge_without_the_roles(tmp_path: Path) -> None:
+    from arbor.preflight import guidance_problems
+
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.source": "memory",
+                                   "guidance.memory_pool": str(tmp_path / "nope.json")})
+    assert [p.split(":")[0] for p in guidance_problems(cfg)] == ["guidance.memory_pool"]
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "judge.backend": "test_guidance:NoStepJudge"})
+    problems = guidance_problems(cfg)
+    assert len(problems) == 2 and "no step_rubric role" in problems[0] and "no step_verify role" in problems[1]
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.verify": False,
+                                   "judge.backend": "test_guidance:NoStepJudge"})
+    assert len(guidance_problems(cfg)) == 1  # inject-only needs no verifier
+    assert guidance_problems(load_config("tiny-cpu", {"judge.backend": "test_guidance:NoStepJudge"})) == []
+
+
+class NoStepJudge(RulesJudge):
+    """A plug-in judge without Co-ReAct's roles (the base class's, which raise)."""
+
+    from arbor.llm.base import Judge as _J
+
+    step_rubric = _J.step_rubric  # type: ignore[assignment]
+    step_verify = _J.step_verify  # type: ignore[assignment]

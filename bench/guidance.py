@@ -38,7 +38,7 @@ def stats(xs: list[float]) -> tuple[float, float]:
     return m, se
 
 
-def one(checkpoint: str, seed: int, source: str, args: argparse.Namespace) -> dict[str, Any]:
+def one(name: str, checkpoint: str, seed: int, source: str, args: argparse.Namespace) -> dict[str, Any]:
     """One guided evaluation: unguided and guided figures of the same answers' questions."""
     from arbor.flows.evaluate import run_eval
     from arbor.paths import arbor_home
@@ -49,7 +49,8 @@ def one(checkpoint: str, seed: int, source: str, args: argparse.Namespace) -> di
         o["guidance.memory_pool"] = args.pool
     if source == "generator":
         o["guidance.generator"] = args.generator
-    rid, _ = run_eval(checkpoint, "tiny-world", o, ["world:eval"], args.runs, args.limit)
+    rid, _ = run_eval(checkpoint, "tiny-world", o, ["world:eval"], args.runs, args.limit,
+                      run_id=f"guided-{name}-seed{seed}-{source}")
     home = arbor_home()
     by = {r["guidance"]: r for r in run_file("guided_eval_of_run", {"run_id": rid}, home=home)}
     turns = run_file("guided_turns_of_run", {"run_id": rid}, home=home)[0]
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         kind, seeds = (m.group(1), [int(m.group(2))]) if m else (name, args.seeds)
         for seed in seeds:
             for source in args.sources:
-                r = one(path, seed, source, args)
+                r = one(name, path, seed, source, args)
                 rows.append({"kind": kind, "checkpoint": name, "seed": seed, "source": source, **r})
                 print(f"{name} seed {seed} {source}: F1 {100 * r['f1_off']:.1f} -> {100 * r['f1_on']:.1f}, valid "
                       f"{100 * r['valid_off']:.1f} -> {100 * r['valid_on']:.1f}, failing verification "

@@ -144,3 +144,31 @@ def test_guided_eval_with_the_generator_through_a_faulty_judge(reference: tuple[
     calls = [c for c in table("judge_calls", rid, arbor_home) if c["role"] == "step_verify"]
     assert calls and {c["stage"] for c in calls} == {"eval-guided"} and JUDGE_KEY not in str(calls)
     assert "co-react:generator" in printed and "guided turns (generator)" in printed
+
+
+def test_generator_training_through_a_faulty_openai_judge(sft_policy: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every role through HTTP with one fault each (retried); the server ranks the shown slate in reverse, so each
+    stored rank must undo the seeded label shuffle exactly."""
+    from arbor.tasks.guidance_train import shuffled_order
+
+    monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
+    faults = FaultPlan(by_role={"rank_actions": ["invalid"], "step_rubric": ["malformed"], "step_verify": ["429"]})
+    with OpenAIServer(faults, api_key=JUDGE_KEY) as srv:
+        o = _overrides(sft_policy, **openai_judge(srv.base_url), **{"guidance.branch_questions": 2})
+        _, path, summary = _train(tmp_path / "home", o)
+    home = tmp_path / "home"
+    assert (path / "config.json").exists() and summary["updates"] >= 1
+    points = [p for p in table("branch_points", RUN, home) if p["kept"] is not None]
+    assert points and all(p["kept"] for p in points)
+    for p in points:
+        ranks = json.loads(p["judge_ranks"])["test-judge"]
+        order = shuffled_order(0, p["point_id"], "test-judge", len(p["candidates"]))
+        assert [ranks[order[j]] for j in range(len(order))] == list(range(len(order), 0, -1))
+    samples = table("generator_samples", RUN, home)
+    assert any(s["n_items"] for s in samples)  # some rubrics were verified on the slate
+    calls = table("judge_calls", RUN, home)
+    for role in ("rank_actions", "step_rubric", "step_verify"):
+        mine = [c for c in calls if c["role"] == role]
+        assert mine and max(c["attempts"] for c in mine) == 2 and not any(c["error"] for c in mine)
+    assert JUDGE_KEY not in str(calls)

@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             if not mine:
                 continue
             cells = []
-            for xs in ([r["f1_off"] for r in mine], [r["f1_on"] for r in mine],
-                       [r["f1_on"] - r["f1_off"] for r in mine]):
+            for xs, sign in (([r["f1_off"] for r in mine], ""), ([r["f1_on"] for r in mine], ""),
+                             ([r["f1_on"] - r["f1_off"] for r in mine], "+")):
                 mu, se = stats(xs)
-                cells.append(f"{100 * mu:+.1f} ± {100 * se:.1f}" if xs is not None else "")
+                cells.append(f"{100 * mu:{sign}.1f} ± {100 * se:.1f}")
             v0, v1 = stats([r["valid_off"] for r in mine])[0], stats([r["valid_on"] for r in mine])[0]
             fail = stats([r["fail_rate"] or 0.0 for r in mine])[0]
             calls = stats([r["calls"] or 0.0 for r in mine])[0]

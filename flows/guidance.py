@@ -35,10 +35,11 @@ def generator_dir(run_id: str, home: Path) -> Path:
 def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | None = None,
                        checkpoint: str | None = None, run_id: str | None = None) -> tuple[str, Path, dict[str, Any]]:
     """The body of ``arbor-guidance-train``: (run id, generator checkpoint, summary)."""
-    from arbor.flows.train import prepare_run, start_checkpoint
+    from arbor.flows.train import prepare_run, start_checkpoint, stored_config
     from arbor.llm import make_judge
     from arbor.llm.base import CallContext
-    from arbor.storage.parquet import mark_stage_done, read_stage, stage_done, write_stage
+    from arbor.storage.parquet import write_stage
+    from arbor.storage.runs import run_row
     from arbor.tasks.datasets import load_questions
     from arbor.tasks.guidance import GeneratorRubrics
     from arbor.tasks.guidance_train import (
@@ -55,51 +56,47 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     from arbor.tasks.rollout import make_engine
     from arbor.tasks.search import make_search
     from arbor.tasks.sft_data import write_jsonl
-    from arbor.tasks.stages import fault_point
+    from arbor.tasks.stages import StageStore
 
     home = arbor_home()
+    new_run = run_id is None or stored_config(run_id, home) is None
     cfg = prepare_run(profile, overrides, run_id, False, home)
     rid = str(cfg.run.run_id)
     g = cfg.guidance
-    write_stage("runs", [{"run_id": rid, "profile": cfg.run.profile, "method": "co-react-generator",
-                          "seed": cfg.run.seed, "config_json": cfg.to_json(), "created_at": time.time()}],
-                run_id=rid, step=0, stage="run", home=home)
+    if new_run:  # prepare_run wrote the row with run.method; this run trains the generator, not a policy
+        write_stage("runs", [{**(run_row(rid, home) or {}), "method": "co-react-generator"}], run_id=rid, step=0,
+                    stage="run", home=home)
     judge = make_judge(cfg.judge, home=home)
     out_dir = generator_dir(rid, home)
-    kw = {"run_id": rid, "home": home}
+    store = StageStore(rid, home)
 
-    def stored(table: str, step: int, stage: str) -> list[dict[str, Any]] | None:
-        if not stage_done(stage=stage, step=step, **kw):
-            return None
-        return read_stage(table, step=step, stage=stage, **kw) or []
+    def stage(step: int, name: str, table: str, compute: Any) -> list[dict[str, Any]]:
+        """The stage's rows, computed and committed once; read back from storage either way, so a resumed run
+        trains on exactly the values (float32 log-probs included) the first run stored."""
+        store.run(step, name, (table,), compute)
+        return store.load(step, name, (table,))[table]
 
     # ---- branch: one rollout per training question, slates at every turn
-    points = stored("branch_points", 0, "branch")
-    if points is None:
+    def branch() -> dict[str, list[dict[str, Any]]]:
         policy_path = Path(checkpoint) if checkpoint else start_checkpoint(cfg, home)
         policy, tok = load_policy(policy_path, cfg.policy.dtype, home=home)
         engine = make_engine(cfg, policy, tok, search=make_search(cfg.search, home=home, world=cfg.world), home=home)
         questions = load_questions(cfg.data.train, size=g.branch_questions, seed=cfg.run.seed, world=cfg.world)
-        points = collect_branch_points(engine, questions[: g.branch_questions], cfg, run_id=rid, seed=cfg.run.seed)
-        fault_point(0, "branch", "commit")
-        write_stage("branch_points", points, step=0, stage="branch", **kw)
-        mark_stage_done(stage="branch", step=0, **kw)
-        points = stored("branch_points", 0, "branch") or []
+        return {"branch_points": collect_branch_points(engine, questions[: g.branch_questions], cfg, run_id=rid,
+                                                       seed=cfg.run.seed)}
+
+    points = stage(0, "branch", "branch_points", branch)
 
     # ---- rank: list-wise judges, Borda consensus
-    ranked = stored("branch_points", 0, "rank")
-    if ranked is None:
+    def rank() -> dict[str, list[dict[str, Any]]]:
         judges: list[tuple[str, Any]] = [(judge_name(cfg.judge), judge)]
         for model in g.rank_models:
             judges.append((model, make_judge(rank_judge_config(cfg.judge, model), home=home)))
         ranked = rank_points(points, judges, min_rankings=g.min_rankings, seed=cfg.run.seed,
                              ctx=CallContext(run_id=rid, step=0, stage="rank"))
-        fault_point(0, "rank", "commit")
-        write_stage("branch_points", ranked, step=0, stage="rank", **kw)
-        calls = [c for _, j in judges for c in j.drain_calls()]
-        write_stage("judge_calls", calls, step=0, stage="rank", **kw)
-        mark_stage_done(stage="rank", step=0, **kw)
-        ranked = stored("branch_points", 0, "rank") or []
+        return {"branch_points": ranked, "judge_calls": [c for _, j in judges for c in j.drain_calls()]}
+
+    ranked = stage(0, "rank", "branch_points", rank)
     kept = [p for p in ranked if p["kept"]]
     if not kept:
         raise RuntimeError(f"run {rid}: no branching point has {g.min_rankings} valid rankings; nothing to train on")
@@ -112,7 +109,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         from arbor.tasks.sft import run_sft
 
         rows = warm_rows(kept, judge, cfg.rollout.max_searches, CallContext(run_id=rid, step=0, stage="warm"))
-        write_stage("judge_calls", judge.drain_calls(), step=0, stage="warm", **kw)
+        write_stage("judge_calls", judge.drain_calls(), run_id=rid, step=0, stage="warm", home=home)
         data = write_jsonl(rows, out_dir / "warm.jsonl")
         tmp = warm.with_name(f"warm.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -137,26 +134,22 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     question_of = {p["point_id"]: p["question"] for p in kept}
     rewards: list[float] = []
     for u in range(done + 1, n_updates + 1):
-        rows = stored("generator_samples", u, "sample")
-        if rows is None:
-            batch_points = update_points(kept, u, g.batch_points, cfg.run.seed)
-            rows = sample_update(sampler, judge, batch_points, update=u, group_size=g.group_size,
-                                 seed=cfg.run.seed, run_id=rid, policy_version=trainer.policy_version,
+        def sample(u: int = u) -> dict[str, list[dict[str, Any]]]:
+            rows = sample_update(sampler, judge, update_points(kept, u, g.batch_points, cfg.run.seed), update=u,
+                                 group_size=g.group_size, seed=cfg.run.seed, run_id=rid,
+                                 policy_version=trainer.policy_version,
                                  ctx=CallContext(run_id=rid, step=u, stage="sample"))
-            fault_point(u, "sample", "commit")
-            write_stage("generator_samples", rows, step=u, stage="sample", **kw)
-            write_stage("judge_calls", judge.drain_calls(), step=u, stage="sample", **kw)
-            mark_stage_done(stage="sample", step=u, **kw)
-            rows = stored("generator_samples", u, "sample") or []
-        metrics = trainer.train_step(update_batch(rows, question_of), u)
-        fault_point(u, "train", "commit")
+            return {"generator_samples": rows, "judge_calls": judge.drain_calls()}
+
+        rows = stage(u, "sample", "generator_samples", sample)
+        metrics = trainer.train_step(update_batch(rows, question_of), u)  # replayed after the latest checkpoint
         mean_reward = sum(float(r["reward"]) for r in rows) / max(1, len(rows))
         rewards.append(mean_reward)
-        write_stage("steps", [{"mean_base_reward": mean_reward, "loss": metrics.get("loss"),
-                               "clip_frac": metrics.get("clip_frac"), "approx_kl": metrics.get("approx_kl"),
-                               "grad_norm": metrics.get("grad_norm"), "n_groups": int(metrics.get("n_groups", 0)),
-                               "policy_version": int(metrics["policy_version"]), "completed_at": time.time()}],
-                    step=u, stage="train", **kw)
+        store.commit(u, "train", {"steps": [{
+            "mean_base_reward": mean_reward, "loss": metrics.get("loss"), "clip_frac": metrics.get("clip_frac"),
+            "approx_kl": metrics.get("approx_kl"), "grad_norm": metrics.get("grad_norm"),
+            "n_groups": int(metrics.get("n_groups", 0)), "policy_version": int(metrics["policy_version"]),
+            "completed_at": time.time()}]})
         model.load_state_dict(trainer.state_dict_for_sync(), strict=False)
         trainer.maybe_save(u, {"mean_reward": mean_reward})
         print(f"generator update {u}/{n_updates}: mean reward {mean_reward:.4f}, loss {metrics.get('loss', 0):.4f}")

@@ -315,13 +315,13 @@ class AgentLoop:
             s.text_parts.pop()
             close = bare.rfind(self.protocol.result_close)
             guided = f"{bare[:close].rstrip()}\n\n{text}\n{bare[close:]}" if close != -1 else f"{bare}{text}"
-            self._append_observation(s, guided)
-            s._bare_observation = bare
+            self._append_observation(s, guided, bare=bare)
         if not s.done and self._room(s) <= 0:
             s.finish_reason = "length"  # the guidance filled the budget
 
-    def _append_observation(self, s: AgentState, text: str) -> None:
-        s._bare_observation = text
+    def _append_observation(self, s: AgentState, text: str, bare: str | None = None) -> None:
+        """Append an observation block (loss mask 0); ``bare``: the block without guidance, when ``text`` has it."""
+        s._bare_observation = text if bare is None else bare
         ids = encode_text(self.tokenizer, text)
         room = self._room(s)
         if len(ids) >= room:  # the observation does not fit: fill the budget and stop (a truncation)

@@ -100,21 +100,14 @@ def rank_points(rows: Sequence[dict[str, Any]], judges: Sequence[tuple[str, Any]
     """Each judge's ranks of each slate (caller order, 1 = best), their Borda consensus, and whether the point is
     kept (at least min(min_rankings, judges) valid rankings)."""
     need = min(min_rankings, len(judges))
-    jobs = []
-    for name, judge in judges:
-        for r in rows:
-            order = shuffled_order(seed, r["point_id"], name, len(r["candidates"]))
-            jobs.append((name, judge, r, order))
-    by_judge: dict[str, list[Any]] = {}
-    for name, judge in judges:
-        mine = [(r, order) for n, j, r, order in jobs if n == name]
-        by_judge[name] = run_judge(judge, [judge.rank_actions(r["question"], r["golds"], r["history"],
-                                                              r["candidates"], order=order, ctx=ctx)
-                                           for r, order in mine])
+    by_judge = {name: run_judge(judge, [judge.rank_actions(r["question"], r["golds"], r["history"], r["candidates"],
+                                                           order=shuffled_order(seed, r["point_id"], name,
+                                                                                len(r["candidates"])), ctx=ctx)
+                                        for r in rows])
+                for name, judge in judges}
     out = []
     for i, r in enumerate(rows):
-        ranks = {name: (by_judge[name][i].value if by_judge[name][i].value is not None else None)
-                 for name, _ in judges}
+        ranks = {name: by_judge[name][i].value for name, _ in judges}  # None: the judge's call failed
         valid = [v for v in ranks.values() if v is not None]
         kept = len(valid) >= need
         out.append({**r, "judge_ranks": json.dumps(ranks, sort_keys=True), "n_rankings": len(valid),

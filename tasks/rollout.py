@@ -331,8 +331,12 @@ class _EngineBase:
     policy_version: int = 0
     guide: Any = None  # a tasks.guidance.CoReAct: guided turns (inject, verify, retry) instead of plain ones
 
-    def _run_guided(self, states: list[AgentState], k: int, first_group: int) -> None:
+    def _guided_groups(self, questions: Sequence[Any], k: int, seed: int, step: int, run_id: str,
+                       first_group: int) -> list[Trajectory]:
+        """``generate_groups`` under ``guide``: turn by turn, each round waiting for the rubric writer and verifier."""
+        states = self._start_states(questions, k, seed, step, first_group)
         self.guide.run(self, states, [(first_group + j // k, j % k) for j in range(len(states))])
+        return self._finish(states, k, step, run_id, first_group)
 
     def __init__(self, cfg: ArborConfig, tokenizer: Any, search: Any) -> None:
         self.cfg = cfg
@@ -396,11 +400,10 @@ class TransformersEngine(_EngineBase):
 
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
                         run_id: str = "", first_group: int = 0) -> list[Trajectory]:
-        states = self._start_states(questions, k, seed, step, first_group)
         if self.guide is not None:
-            self._run_guided(states, k, first_group)
-        else:
-            self.run_states(states)
+            return self._guided_groups(questions, k, seed, step, run_id, first_group)
+        states = self._start_states(questions, k, seed, step, first_group)
+        self.run_states(states)
         return self._finish(states, k, step, run_id, first_group)
 
     def complete(self, requests: Sequence[GenRequest], *, temperature: float,
@@ -534,10 +537,8 @@ class OpenAIEngine(_EngineBase):
 
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
                         run_id: str = "", first_group: int = 0) -> list[Trajectory]:
-        if self.guide is not None:  # turn by turn: each round waits for the rubric writer and the verifier
-            states = self._start_states(questions, k, seed, step, first_group)
-            self._run_guided(states, k, first_group)
-            return self._finish(states, k, step, run_id, first_group)
+        if self.guide is not None:
+            return self._guided_groups(questions, k, seed, step, run_id, first_group)
         return asyncio.run(self.agenerate_groups(questions, k, seed, step, run_id, first_group))
 
     def complete(self, requests: Sequence[GenRequest], *, temperature: float,

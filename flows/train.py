@@ -173,6 +173,10 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
             cfg.rollout.base_url = spec.base_url
         engine = make_engine(cfg, search=search, home=home)
     judge = make_judge(cfg.judge, home=home)
+    if cfg.run.stream_judging:  # issue 19: a group's judge work starts once its rollouts end
+        from arbor.llm.stream import StreamedJudge
+
+        judge = StreamedJudge(judge)
     engine.guide = make_guide(cfg, judge, home=home)  # guidance.mode=co-react: guided training rollouts
     memory = rebuild_memory(cfg, store, cfg.run.steps)
     state = RunState(cfg=cfg, run_id=run_id, home=home, store=store, questions=questions, engine=engine,
@@ -341,6 +345,7 @@ def run_step(run: RunState, step: int) -> dict[str, Any]:
     induce = call_stage(induce_task, run, step, rollout, retire)
     shape = call_stage(shape_task, run, step, rollout, score, induce)
     consolidate = call_stage(consolidate_task, run, step, induce, shape)
+    run.end_judging(step)
     train = call_stage(train_task, run, step, shape, consolidate)
     every = run.cfg.run.eval_every
     if every and step % every == 0:

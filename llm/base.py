@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -89,6 +90,11 @@ def unshuffle_ranking(best_first_labels: Sequence[str], order: Sequence[int]) ->
     return ranks
 
 
+CAPTURE: ContextVar[list[dict[str, Any]] | None] = ContextVar("arbor_judge_capture", default=None)
+"""When set (in one asyncio task's context), ledger rows go to this list instead of the judge's own: the streamed
+judge (``llm.stream``) hands a prefetched call's rows to the stage that claims its answer."""
+
+
 class Judge(ABC):
     """One object per run; methods are coroutines, safe to gather concurrently."""
 
@@ -114,7 +120,8 @@ class Judge(ABC):
             "backend": self.backend,
         }
         full.update(row)
-        self._calls.append({c: full.get(c) for c in JUDGE_CALL_COLUMNS})
+        sink = CAPTURE.get()
+        (self._calls if sink is None else sink).append({c: full.get(c) for c in JUDGE_CALL_COLUMNS})
 
     # ---- roles --------------------------------------------------------------------------------------------
     @abstractmethod

@@ -48,7 +48,10 @@ SCHEMAS: dict[str, pa.Schema] = {
         + [_f(m, F64) for m in STEP_METRICS]
         + [_f("n_groups", I64), _f("judge_calls", I64), _f("policy_version", I64), _f("dropped_groups", I64),
            _f("dapo_shortfall", I64),
-           _f("mu_loss", F64)]  # ARCO: the rubric model's loss in the step's update (null for other methods)
+           _f("mu_loss", F64),  # ARCO: the rubric model's loss in the step's update (null for other methods)
+           # streamed judging (issue 19): judge calls made ahead of their stage, those never claimed (a wrong
+           # guess: not in judge_calls) and what they cost; null when the step's judging was not streamed
+           _f("prefetched_calls", I64), _f("prefetch_wasted_calls", I64), _f("prefetch_wasted_cost_usd", F64)]
     ),
     "stage_runs": pa.schema([
         _key("run_id"), _key("step", I64), _key("stage"), _f("started_at", TS), _f("finished_at", TS),

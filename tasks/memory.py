@@ -414,18 +414,26 @@ class RubricMemory:
         strongest (rotation_pool of them; ties: higher rho_r, then older). Undefined rho_r ranks last."""
         self._enter(step, _SELECT)
         rec = Records()
+        chosen = self._choose_active()
+        for rid, why in chosen:
+            self._emit(rec, self._event(step, "activated", self.P[rid], reason=why, **self._stat_cols(rid)))
+        return [self.P[rid] for rid, _ in chosen], rec
+
+    def peek_active(self) -> list[Rubric]:
+        """The rubrics ``select_active`` would choose now, without choosing them (no event, no state change):
+        streamed judging scores a group with them before the score stage runs (issue 19)."""
+        return [self.P[rid] for rid, _ in self._choose_active()]
+
+    def _choose_active(self) -> list[tuple[str, str]]:
         m = min(self.cfg.n_active, len(self.P))
         if m == 0:
-            return [], rec
+            return []
         ranked = sorted(self.P, key=self._strength)
         rest = ranked[1:]
         width = len(rest) if self.cfg.rotation_pool is None else max(self.cfg.rotation_pool, m - 1)
         lru = sorted(rest[:width], key=lambda r: (-1 if self.stats[r].last_used is None else self.stats[r].last_used,
                                                   self._strength(r)))[: m - 1]
-        chosen = [(ranked[0], "top rho_r")] + [(r, "lru") for r in lru]
-        for rid, why in chosen:
-            self._emit(rec, self._event(step, "activated", self.P[rid], reason=why, **self._stat_cols(rid)))
-        return [self.P[rid] for rid, _ in chosen], rec
+        return [(ranked[0], "top rho_r")] + [(r, "lru") for r in lru]
 
     # ---------------------------------------------------------------- 2. per-group statistics (§3.3 Retirement)
     def apply_activations(self, step: int, results: Iterable[Activation]) -> Records:

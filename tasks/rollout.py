@@ -175,7 +175,7 @@ def _repack(cache: Any, mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def run_agent_batch(model: Any, loop: AgentLoop, states: Sequence[AgentState], *, temperature: float, top_p: float,
-                    eos_ids: set[int], pad_id: int) -> None:
+                    eos_ids: set[int], pad_id: int, on_done: Callable[[AgentState], None] | None = None) -> None:
     """Run agent loops to the end as one continuous batch, keeping every row's KV cache across turns.
 
     Each decoding step feeds one token per row. When a row ends a turn (stop string, EOS, token budget), the loop
@@ -183,7 +183,8 @@ def run_agent_batch(model: Any, loop: AgentLoop, states: Sequence[AgentState], *
     sampled token + the ``<result>`` block) are prefilled into *its* cache rows only (a sub-batch forward whose keys
     and values are merged back; other rows get masked padding columns). Finished rows leave the batch. Nothing is
     ever re-tokenised or re-prefilled, so the cost over plain ``generate`` is the result tokens themselves.
-    Sampling per turn uses the seed of ``loop.next_request`` (identical draws to ``generate_turns``).
+    Sampling per turn uses the seed of ``loop.next_request`` (identical draws to ``generate_turns``). ``on_done`` is
+    called with each trajectory as it ends (streamed judging starts on a group once all of its rows have).
     """
     from transformers import DynamicCache
 
@@ -278,6 +279,8 @@ def run_agent_batch(model: Any, loop: AgentLoop, states: Sequence[AgentState], *
         for r in ended:
             s = rows[r]
             if s.done:
+                if on_done is not None:
+                    on_done(s)
                 continue
             reqs[r] = loop.next_request(s)
             gens[r] = torch.Generator().manual_seed(reqs[r].seed & 0xFFFF_FFFF_FFFF)
@@ -325,6 +328,38 @@ def to_trajectory(s: AgentState, *, run_id: str, step: int, group: int, sample: 
     )
     return score_trajectory(traj, truncated=s.truncated, reward_fn=reward_fn, format_gate=format_gate,
                             protocol=protocol)
+
+
+class GroupWatch:
+    """Calls ``on_group`` with a group's K trajectories as soon as its last row ends (streamed judging, issue 19);
+    ``flush`` reports the groups not reported yet (rows that never ran, a path without per-row reports)."""
+
+    def __init__(self, engine: _EngineBase, states: Sequence[AgentState], k: int, step: int, run_id: str,
+                 first_group: int, on_group: Callable[[list[Trajectory]], None] | None) -> None:
+        self.engine, self.states, self.k, self.step, self.run_id = engine, states, k, step, run_id
+        self.first_group, self.on_group = first_group, on_group
+        self.index = {id(s): j for j, s in enumerate(states)}
+        self.left = [k] * (len(states) // k)
+
+    def done(self, s: AgentState) -> None:
+        g = self.index[id(s)] // self.k
+        self.left[g] -= 1
+        if self.left[g] == 0:
+            self._report(g)
+
+    def _report(self, g: int) -> None:
+        self.left[g] = -1
+        if self.on_group is not None:
+            self.on_group(self.engine._finish(list(self.states[g * self.k:(g + 1) * self.k]), self.k, self.step,
+                                              self.run_id, self.first_group + g))
+
+    def flush(self) -> None:
+        for g, n in enumerate(self.left):
+            if n >= 0:
+                self._report(g)
+
+
+OnGroup = Callable[[list[Trajectory]], None]
 
 
 class _EngineBase:
@@ -382,7 +417,8 @@ class TransformersEngine(_EngineBase):
         """One turn for each request (the server in tests/completions_server.py calls this, too)."""
         return self.complete(requests, temperature=self.cfg.rollout.temperature, stop_strings=self.loop.stop_strings)
 
-    def run_states(self, states: list[AgentState], reuse_cache: bool = True) -> None:
+    def run_states(self, states: list[AgentState], reuse_cache: bool = True,
+                   on_done: Callable[[AgentState], None] | None = None) -> None:
         """Drive the agent loops to the end, ``max_batch_rows`` trajectories at a time.
 
         ``reuse_cache``: keep each row's KV cache across turns (``run_agent_batch``); False re-prefills the whole
@@ -393,17 +429,23 @@ class TransformersEngine(_EngineBase):
             chunk = states[i:i + r.max_batch_rows]
             if reuse_cache:
                 run_agent_batch(self.model, self.loop, chunk, temperature=r.temperature, top_p=r.top_p,
-                                eos_ids=self.eos_ids, pad_id=self.pad_id)
+                                eos_ids=self.eos_ids, pad_id=self.pad_id, on_done=on_done)
             else:
                 while active := [s for s in chunk if not s.done]:
                     self.loop.advance(active, self.generate([self.loop.next_request(s) for s in active]))
+                    for s in active:
+                        if s.done and on_done is not None:
+                            on_done(s)
 
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
-                        run_id: str = "", first_group: int = 0) -> list[Trajectory]:
+                        run_id: str = "", first_group: int = 0, on_group: OnGroup | None = None) -> list[Trajectory]:
+        """K trajectories per question; ``on_group`` gets each group's as soon as its last one ends."""
         if self.guide is not None:
-            return self._guided_groups(questions, k, seed, step, run_id, first_group)
+            return _report_all(self._guided_groups(questions, k, seed, step, run_id, first_group), k, on_group)
         states = self._start_states(questions, k, seed, step, first_group)
-        self.run_states(states)
+        watch = GroupWatch(self, states, k, step, run_id, first_group, on_group)
+        self.run_states(states, on_done=watch.done)
+        watch.flush()
         return self._finish(states, k, step, run_id, first_group)
 
     def complete(self, requests: Sequence[GenRequest], *, temperature: float,
@@ -516,30 +558,37 @@ class OpenAIEngine(_EngineBase):
             raise RolloutError(f"POST {self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
         return self.parse_choice(resp.json(), f"POST {self.url}")
 
-    async def _run_one(self, client: Any, sem: asyncio.Semaphore, s: AgentState) -> None:
+    async def _run_one(self, client: Any, sem: asyncio.Semaphore, s: AgentState,
+                       on_done: Callable[[AgentState], None] | None = None) -> None:
         while not s.done:
             gen = await self._complete(client, sem, self.loop.next_request(s))
             query = self.loop.observe(s, gen)
             if query is not None:
                 hits = await asyncio.to_thread(self.search.search, [query], self.loop.budgets.top_k)
                 self.loop.deliver(s, hits[0])
+        if on_done is not None:
+            on_done(s)
 
     async def agenerate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
-                               run_id: str = "", first_group: int = 0) -> list[Trajectory]:
+                               run_id: str = "", first_group: int = 0,
+                               on_group: OnGroup | None = None) -> list[Trajectory]:
         import httpx
 
         states = self._start_states(questions, k, seed, step, first_group)
+        watch = GroupWatch(self, states, k, step, run_id, first_group, on_group)
         sem = asyncio.Semaphore(self.cfg.rollout.concurrency)
         limits = httpx.Limits(max_connections=self.cfg.rollout.concurrency)
         async with httpx.AsyncClient(timeout=self.cfg.rollout.request_timeout_s, limits=limits) as client:
-            await asyncio.gather(*(self._run_one(client, sem, s) for s in states))
+            await asyncio.gather(*(self._run_one(client, sem, s, watch.done) for s in states))
+        watch.flush()
         return self._finish(states, k, step, run_id, first_group)
 
     def generate_groups(self, questions: Sequence[Any], k: int, seed: int, step: int,
-                        run_id: str = "", first_group: int = 0) -> list[Trajectory]:
+                        run_id: str = "", first_group: int = 0, on_group: OnGroup | None = None) -> list[Trajectory]:
+        """K trajectories per question; ``on_group`` gets each group's as soon as its last one ends."""
         if self.guide is not None:
-            return self._guided_groups(questions, k, seed, step, run_id, first_group)
-        return asyncio.run(self.agenerate_groups(questions, k, seed, step, run_id, first_group))
+            return _report_all(self._guided_groups(questions, k, seed, step, run_id, first_group), k, on_group)
+        return asyncio.run(self.agenerate_groups(questions, k, seed, step, run_id, first_group, on_group))
 
     def complete(self, requests: Sequence[GenRequest], *, temperature: float,
                  stop_strings: Sequence[str]) -> list[Generation]:
@@ -553,6 +602,14 @@ class OpenAIEngine(_EngineBase):
                                                              stop=list(stop_strings)) for r in requests))
 
         return asyncio.run(run())
+
+
+def _report_all(trajs: list[Trajectory], k: int, on_group: OnGroup | None) -> list[Trajectory]:
+    """Guided rollouts advance turn by turn for the whole batch: every group is reported at the end."""
+    if on_group is not None:
+        for i in range(0, len(trajs), k):
+            on_group(trajs[i:i + k])
+    return trajs
 
 
 # --------------------------------------------------------------------------------------------- factory

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from arbor.config import ArborConfig
 from arbor.llm.base import Judge
+from arbor.llm.stream import StreamedJudge, StreamStats
 from arbor.storage.parquet import read_stage
 from arbor.tasks.datasets import Question
 from arbor.tasks.group_stats import classify_group
@@ -67,6 +68,7 @@ class RunState:
     servers: list[Any] = field(default_factory=list)  # started processes with .stop() (tasks.serving.Supervised)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     last_train_metrics: dict[str, float] = field(default_factory=dict)
+    stream_stats: StreamStats | None = None  # the step's streamed judging (None: not streamed, or resumed after it)
     method: Method = field(init=False)  # the configured one (``run.method``)
 
     def __post_init__(self) -> None:
@@ -87,6 +89,8 @@ class RunState:
         """Stop the trainer service and servers this run started (idempotent)."""
         if hasattr(self.trainer, "close"):
             self.trainer.close()
+        if isinstance(self.judge, StreamedJudge):
+            self.judge.close()
         while self.servers:
             self.servers.pop().stop()
 
@@ -139,25 +143,57 @@ class RunState:
         if guide is not None:
             guide.set_context(CallContext(run_id=self.run_id, step=step, stage="rollout"), run_id=self.run_id,
                               step=step)
-        trajs = self.engine.generate_groups(batch, self.cfg.rollout.k, self.seed, step, run_id=self.run_id)
+        streamed: set[int] = set()
+        on_group = self._streamer(step, streamed)
+        more = {"on_group": on_group} if on_group is not None else {}  # a user's engine may not take it
+        trajs = self.engine.generate_groups(batch, self.cfg.rollout.k, self.seed, step, run_id=self.run_id, **more)
         trajs += self.method.extra_rollouts(self, step, batch, trajs)
+        if on_group is not None:  # groups the engine did not report (DAPO's resampled ones)
+            for g in self.groups(trajs):
+                if g[0].group not in streamed:
+                    on_group(g)
         rows = [t.to_row() for t in trajs]
         validate_trajectories(rows, k=self.cfg.rollout.k)
         if guide is not None:  # the guided turns and the rubric writer's and verifier's calls
             extra = {"guided_steps": guide.drain_records(), "judge_calls": self.judge_rows(), **extra}
         return {"rollouts": rows, **extra}
 
+    def _streamer(self, step: int, streamed: set[int]) -> Callable[[list[Trajectory]], None] | None:
+        """Streamed judging (issue 19): each finished group goes to the method's ``prefetch`` on the judge's loop."""
+        judge = self.judge
+        if not isinstance(judge, StreamedJudge):
+            return None
+        judge.take_stats()  # a fresh ledger of guesses for this step
+
+        def on_group(group: list[Trajectory]) -> None:
+            streamed.add(group[0].group)
+            judge.stream(lambda: self.method.prefetch(self, step, group))
+
+        return on_group
+
+    def settle_judge(self) -> None:
+        """Before a stage claims prefetched answers: every streamed prefetch has registered its calls."""
+        if isinstance(self.judge, StreamedJudge):
+            self.judge.settle()
+
+    def end_judging(self, step: int) -> None:
+        """After the step's last judging stage: the streaming figures of the step (unclaimed guesses dropped)."""
+        self.stream_stats = self.judge.take_stats() if isinstance(self.judge, StreamedJudge) else None
+
     def score(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        self.settle_judge()
         return self.method.score(self, step, trajs)
 
     def retire(self, step: int) -> dict[str, Rows]:
         return self.method.retire(self, step)
 
     def induce(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        self.settle_judge()
         return self.method.induce(self, step, trajs)
 
     def shape(self, step: int, trajs: list[Trajectory], activations: Rows, draft_scores: Rows) -> dict[str, Rows]:
         """R_total per trajectory, as the method shapes it (default: eq. 3/4, ``Method.shape``)."""
+        self.settle_judge()
         return self.method.shape(self, step, trajs, activations, draft_scores)
 
     def consolidate(self, step: int) -> dict[str, Rows]:
@@ -224,6 +260,7 @@ class RunState:
             "judge_calls": len(calls),
             "judge_cost_usd": float(sum(c.get("cost_usd") or 0.0 for c in calls)),
             "policy_version": self.trainer.policy_version,
+            **stream_columns(self.stream_stats),
             "dropped_groups": int(train_metrics.get("dapo_dropped_groups", 0)),  # DAPO dynamic sampling
             # groups with reward variance DAPO still lacked after its resampling rounds (null for other methods)
             "dapo_shortfall": (max(0, self.cfg.rollout.batch_size - int(train_metrics["dapo_kept_groups"]))
@@ -234,6 +271,14 @@ class RunState:
             row[key] = None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
         row.update(self.method.step_metrics(self, step))
         return row
+
+
+def stream_columns(stats: StreamStats | None) -> dict[str, Any]:
+    """The ``steps`` columns of streamed judging: calls made ahead, wrong guesses and their cost (null: serial)."""
+    if stats is None:
+        return {"prefetched_calls": None, "prefetch_wasted_calls": None, "prefetch_wasted_cost_usd": None}
+    return {"prefetched_calls": stats.prefetched, "prefetch_wasted_calls": stats.wasted,
+            "prefetch_wasted_cost_usd": stats.wasted_cost_usd}
 
 
 def read_stage_rows(state: RunState, step: int, table: str) -> Rows:

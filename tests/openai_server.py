@@ -189,6 +189,7 @@ class OpenAIServer:
         self.roles: Counter[str] = Counter()
         self.faults_served: list[str] = []
         self.bodies: list[dict[str, Any]] = []  # request bodies (never the Authorization header)
+        self.arrivals: list[tuple[float, str]] = []  # (wall-clock time, role) of each request (streamed judging)
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/_arbor/counts", self._counts, methods=["GET"]),
@@ -216,6 +217,7 @@ class OpenAIServer:
         if role is None:
             return JSONResponse({"error": {"message": "unknown prompt"}}, status_code=400)
         self.roles[role] += 1
+        self.arrivals.append((time.time(), role))
         mine = self.plan.by_role.get(role)
         fault = mine.pop(0) if mine else self.plan.queue.pop(0) if self.plan.queue else "ok"
         self.faults_served.append(fault)

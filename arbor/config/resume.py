@@ -19,6 +19,7 @@ _ROLE_ENDPOINT = tuple(f"judge.roles.{r}.{k}" for r in JudgeRoles.model_fields f
 
 SAFE_ON_RESUME: frozenset[str] = frozenset({
     "run.steps", "run.eval_every",                                        # run length, eval cadence
+    "run.stream_judging",                                                 # same rows either way (issue 19)
     "judge.base_url", "judge.api_key_env", *_ROLE_ENDPOINT,               # judge endpoint
     "judge.timeout_s", "judge.max_retries", "judge.backoff_base_s", "judge.backoff_max_s",
     "judge.concurrency", "rollout.concurrency",                           # concurrency

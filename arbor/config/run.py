@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from arbor.config.base import Section
@@ -22,6 +24,12 @@ class RunConfig(Section):
     eval_runs: int = Field(5, ge=1)
     sft_warm_start: bool = False
     start_checkpoint: str | None = Field(None, description="RL start point (an SFT checkpoint path)")
+    stream_judging: bool = Field(True, description="start a group's judge work (the method's prefetch: ARBOR's "
+                                 "scoring and induction) as soon as its K trajectories end, while other groups still "
+                                 "roll out; stored rows are those of the serial order (issue 19)")
+    overlap: Literal["off", "one-step"] = Field("off", description="one-step: roll out step N+1 with the policy of "
+                                                "step N-1 while step N trains (one step off-policy, corrected by "
+                                                "TIS); off: the paper's on-policy schedule")
 
 
 class EvalConfig(Section):

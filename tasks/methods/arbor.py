@@ -19,6 +19,7 @@ from typing import Any
 
 from arbor.llm.base import CallContext
 from arbor.tasks.induction import select_anchors
+from arbor.tasks.judge import GroupScoring
 from arbor.tasks.memory import Activation, DraftResult, Records, RubricMemory, load_pool_file
 from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
 from arbor.tasks.scoring import ScoringJob, score_jobs
@@ -30,29 +31,13 @@ def induce_drafts(run: StepResources, step: int, trajs: list[Trajectory]
                   ) -> tuple[list[ScoringJob], list[Any], Rows]:
     """Contrastive induction on every group with correctness divergence (eq. 1, A.1), each draft scored on its
     source group: (scoring jobs, their results, the ``draft_scores`` rows)."""
-    plans = []
-    for g in run.groups(trajs):
-        anchors = select_anchors([t.f1 for t in g], [t.response_tokens for t in g], [t.format_valid for t in g])
-        if anchors["mode"] != "skip":
-            plans.append((g, anchors))
     existing: list[Rubric] = list(run.memory.pool)  # E.1: the previously established (common) rubrics only
 
-    async def induce_all() -> list[Any]:
-        return await asyncio.gather(*[
-            run.judge.induce(g[0].question, g[0].golds, g, anchors, existing,
-                             ctx=CallContext(run.run_id, step, "induce", g[0].group))
-            for g, anchors in plans
-        ])
+    async def induce_all() -> list[list[tuple[ScoringJob, GroupScoring]]]:
+        return await asyncio.gather(*[induce_group(run, step, g, existing) for g in run.groups(trajs)])
 
-    outcomes = run.run_async(induce_all()) if plans else []
-    drafts: list[tuple[list[Trajectory], Rubric]] = []
-    for (g, _anchors), out in zip(plans, outcomes, strict=True):
-        for r in RubricMemory.make_drafts(step, g[0].group, out.value or []):
-            drafts.append((g, r))
-    jobs = [ScoringJob(g[0].group, r, g) for g, r in drafts]
-    results = run.run_async(score_jobs(
-        run.judge, jobs, run_id=run.run_id, seed=run.seed, step=step, stage="induce",
-    )) if jobs else []
+    done = [pair for per_group in run.run_async(induce_all()) for pair in per_group]
+    jobs, results = [j for j, _ in done], [r for _, r in done]
     fault_point(step, "induce", "mid")
     draft_scores = [
         {"step": step, "group": j.group, "rubric_id": j.rubric.rubric_id, "title": j.rubric.title,
@@ -64,8 +49,37 @@ def induce_drafts(run: StepResources, step: int, trajs: list[Trajectory]
     return jobs, results, draft_scores
 
 
+async def induce_group(run: StepResources, step: int, g: list[Trajectory], existing: list[Rubric]
+                       ) -> list[tuple[ScoringJob, GroupScoring]]:
+    """One group's induction (skipped without correctness divergence) and its drafts' scoring on the group."""
+    anchors = select_anchors([t.f1 for t in g], [t.response_tokens for t in g], [t.format_valid for t in g])
+    if anchors["mode"] == "skip":
+        return []
+    out = await run.judge.induce(g[0].question, g[0].golds, g, anchors, existing,
+                                 ctx=CallContext(run.run_id, step, "induce", g[0].group))
+    jobs = [ScoringJob(g[0].group, r, g) for r in RubricMemory.make_drafts(step, g[0].group, out.value or [])]
+    results = await score_jobs(run.judge, jobs, run_id=run.run_id, seed=run.seed, step=step,
+                               stage="induce") if jobs else []
+    return list(zip(jobs, results, strict=True))
+
+
 class Arbor(Method):
     name = "arbor"
+
+    async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
+        """Ahead of the stages (issue 19): the group's pairwise scoring by the rubrics ``score`` will activate, and
+        its induction with its drafts' scoring. Induction is a guess: its prompt lists the pool after ``retire``,
+        and the pool of the step's start is used here, so a step that retires a rubric (or loads a pool at step 1)
+        re-induces in its stage and the guess is counted as wasted (``steps.prefetch_wasted_calls``)."""
+        if run.judge_capped():
+            return
+        active = run.memory.peek_active()
+        scoring = score_jobs(run.judge, [ScoringJob(group[0].group, r, group) for r in active], run_id=run.run_id,
+                             seed=run.seed, step=step, stage="score")
+        if self.cfg.memory.frozen:
+            await scoring
+            return
+        await asyncio.gather(scoring, induce_group(run, step, group, list(run.memory.pool)))
 
     def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Active selection (§3.4), sparse pairwise judging of every group, n_r / rho_r updates."""

@@ -8,6 +8,7 @@ The stage machinery (storage, resume, timing, metrics) belongs to ``tasks.step.R
 in the decisions, each a hook with a do-nothing default, so plain GRPO (``tasks.methods.grpo``) overrides nothing:
 
     extra_rollouts   more groups after the batch's (DAPO's dynamic sampling)
+    prefetch         a group's judge calls, made while other groups still roll out (ARBOR: scoring, induction)
     score            judge work on the rollouts before shaping (ARBOR: the active common rubrics, eq. 2 stats)
     retire           end-of-scoring memory changes (ARBOR: n_r > kappa or rho_r < rho_min)
     induce           new rubric drafts from the rollouts (ARBOR, no-memory: contrastive induction, eq. 1)
@@ -118,6 +119,12 @@ class Method:
     def extra_rollouts(self, run: StepResources, step: int, batch: list[Question],
                        trajs: list[Trajectory]) -> list[Trajectory]:
         return []
+
+    async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
+        """Streamed judging (issue 19): make, ahead of the stages, the judge calls they will make for this group of
+        K finished trajectories (same arguments, same ``CallContext``); each stage then claims their answers in its
+        own order. Runs while other groups still roll out, so it must not change any state (the memory is read
+        only). Default: nothing ahead; every call is made by its stage."""
 
     def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         return {"rubric_events": [], "rubric_activations": [], "judge_calls": []}

@@ -6,13 +6,18 @@ group that diverges in correctness is shaped (eq. 3/4) by the drafts induced fro
 
 from __future__ import annotations
 
-from arbor.tasks.methods.arbor import induce_drafts
+from arbor.tasks.methods.arbor import induce_drafts, induce_group
 from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
 from arbor.tasks.types import Trajectory
 
 
 class NoMemory(Method):
     name = "no-memory"
+
+    async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
+        """The group's induction and its drafts' scoring, ahead of ``induce`` (issue 19; the pool stays empty)."""
+        if not (self.cfg.memory.frozen or run.judge_capped()):
+            await induce_group(run, step, group, list(run.memory.pool))
 
     def induce(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         if self.cfg.memory.frozen or run.judge_capped():

@@ -221,14 +221,40 @@ def _lazy_embedder(name: str) -> Any:
 
 
 def restore_policy(state: RunState) -> None:
-    """Load the latest complete checkpoint, then replay every later stored training stage (issue 6 item 3)."""
+    """Load the latest complete checkpoint, then replay every later stored training stage (issue 6 item 3).
+
+    Under ``run.overlap=one-step`` the rollout engine must hold the policy its next rollout was scheduled with,
+    two versions behind: it is synced when the replay passes that version, and no checkpoint is written past it
+    (so a later resume can still reach it)."""
     last = state.trainer.load_latest() or 0
+    engine_at = lagged_engine_version(state)
+    if engine_at is not None and engine_at < last:
+        raise RuntimeError(f"run {state.run_id}: checkpoint {last} is newer than policy {engine_at}, which the next "
+                           "overlapped rollout needs (run.overlap=one-step)")
     step = last + 1
+    synced = False
     while state.store.done(step, "train"):
+        if engine_at == step - 1 and not synced:
+            state.sync_weights()
+            synced = True
         state.trainer.train_step(state.train_batch(step), step)
-        state.trainer.maybe_save(step)
+        if engine_at is None or step <= engine_at:
+            state.trainer.maybe_save(step)
         step += 1
-    state.sync_weights()
+    if not synced:
+        state.sync_weights()
+
+
+def lagged_engine_version(state: RunState) -> int | None:
+    """The policy version the next rollout to run needs under ``run.overlap=one-step`` (None: the trainer's own,
+    the on-policy schedule, or every rollout of the run is stored): rollout R runs while step R-1 trains, with the
+    policy of step R-2."""
+    if state.cfg.run.overlap != "one-step":
+        return None
+    r = 1
+    while state.store.done(r, "rollout"):
+        r += 1
+    return max(r - 2, 0) if r <= state.cfg.run.steps else None
 
 
 # ------------------------------------------------------------------------------------------------ tasks
@@ -271,7 +297,7 @@ def _stage(run: RunState, step: int, stage: str, compute: Callable[[], dict[str,
     if run.progress is not None:
         run.progress.stage_started(step, stage)
     tables = stage_tables(run, stage)
-    run.store.run(step, stage, tables, timed_stage(run, stage, compute))
+    run.store.run(step, stage, tables, timed_stage(run, step, stage, compute))
     return StageRef(run.run_id, step, stage, tables)
 
 
@@ -313,13 +339,9 @@ def consolidate_task(run: RunState, step: int, induce: StageRef, shape: StageRef
 
 @task(name="train", cache_policy=STAGE_CACHE, persist_result=True)
 def train_task(run: RunState, step: int, shape: StageRef, consolidate: StageRef) -> StageRef:
-    """One policy update, then checkpoint and weight sync. A stored train stage was already replayed into the
-    trainer by ``restore_policy``: it is loaded, not trained again."""
-    resumed = run.store.done(step, "train")
-    ref = _stage(run, step, "train", lambda: run.train(step, run.trajectories(step, shape.stage, "trajectories")))
-    if not resumed:
-        run.after_train(step)
-    return ref
+    """One policy update (``run_step`` then checkpoints and syncs the weights). A stored train stage was already
+    replayed into the trainer by ``restore_policy``: it is loaded, not trained again."""
+    return _stage(run, step, "train", lambda: run.train(step, run.trajectories(step, shape.stage, "trajectories")))
 
 
 @task(name="eval", retries=1, retry_delay_seconds=2, cache_policy=STAGE_CACHE, persist_result=True)
@@ -336,9 +358,21 @@ def call_stage(t: Task[..., StageRef], run: RunState, step: int, *inputs: StageR
         quote(run), step, *inputs)
 
 
+def submit_stage(t: Task[..., StageRef], run: RunState, step: int, *inputs: StageRef) -> Any:
+    """``call_stage`` on the flow's task runner (a worker thread): returns its future."""
+    fresh = not run.store.done(step, t.name)
+    keys = STAGE_CACHE.configure(key_storage=str(run.home / "prefect" / "stage-cache"))
+    return t.with_options(task_run_name=f"{t.name}-step{step}", cache_policy=keys, refresh_cache=fresh).submit(
+        quote(run), step, *inputs)
+
+
 def run_step(run: RunState, step: int) -> dict[str, Any]:
-    """One RL step: the stages of ``tasks.step.STAGES`` in order; returns the step's metrics row."""
-    run.stage_seconds = {}
+    """One RL step: the stages of ``tasks.step.STAGES`` in order; returns the step's metrics row.
+
+    ``run.overlap=one-step`` (issue 19): step N+1's rollout is submitted to the task runner when step N's judging
+    is done and runs, with the engine's weights of step N-1, while step N trains; the weights are synced once both
+    have finished. A resumed run replays the same schedule (``restore_policy``)."""
+    run.stage_seconds.pop(step - 2, None)
     rollout = call_stage(rollout_task, run, step)
     score = call_stage(score_task, run, step, rollout)
     retire = call_stage(retire_task, run, step, score)
@@ -346,7 +380,20 @@ def run_step(run: RunState, step: int) -> dict[str, Any]:
     shape = call_stage(shape_task, run, step, rollout, score, induce)
     consolidate = call_stage(consolidate_task, run, step, induce, shape)
     run.end_judging(step)
-    train = call_stage(train_task, run, step, shape, consolidate)
+    trained = run.store.done(step, "train")  # then restore_policy replayed it
+    ahead = None
+    if run.cfg.run.overlap == "one-step" and step < run.cfg.run.steps:
+        ahead = submit_stage(rollout_task, run, step + 1)
+    try:
+        train = call_stage(train_task, run, step, shape, consolidate)
+    finally:
+        if ahead is not None:  # never leave a rollout running on weights about to change
+            ahead.result()
+    if not trained:
+        run.after_train(step)
+    elif ahead is not None and run.trainer.policy_version == step:  # replayed by restore_policy past the version
+        run.trainer.maybe_save(step)                                # the engine kept for this rollout
+        run.sync_weights()
     every = run.cfg.run.eval_every
     if every and step % every == 0:
         call_stage(eval_task, run, step)

@@ -66,7 +66,7 @@ class RunState:
     on_progress: Callable[[str, int, int], None] | None = None
     progress: Any = None  # flows.progress.RunProgress, when a flow shows one
     servers: list[Any] = field(default_factory=list)  # started processes with .stop() (tasks.serving.Supervised)
-    stage_seconds: dict[str, float] = field(default_factory=dict)
+    stage_seconds: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> stage -> seconds
     last_train_metrics: dict[str, float] = field(default_factory=dict)
     stream_stats: StreamStats | None = None  # the step's streamed judging (None: not streamed, or resumed after it)
     method: Method = field(init=False)  # the configured one (``run.method``)
@@ -248,7 +248,7 @@ class RunState:
         calls = read_stage_rows(self, step, "judge_calls")
         row: dict[str, Any] = {
             "completed_at": time.time(),
-            "wall_seconds": sum(self.stage_seconds.values()),
+            "wall_seconds": sum(self.stage_seconds.get(step, {}).values()),
             "mean_base_reward": sum(t.base_reward for t in trajs) / n,
             "mean_total_reward": sum(t.shaped_reward or 0.0 for t in trajs) / n,
             "format_valid_rate": sum(t.format_valid for t in trajs) / n,
@@ -296,7 +296,8 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
 
     from arbor.tasks.evaluate import split_metrics
 
-    out: dict[str, float | None] = {f"timing_s/{stage}": secs for stage, secs in state.stage_seconds.items()}
+    out: dict[str, float | None] = {f"timing_s/{stage}": secs
+                                    for stage, secs in state.stage_seconds.get(step, {}).items()}
     if step > 0:
         events = read_stage_rows(state, step, "rubric_events")
         for kind in ("induced", "admitted", "consolidated", "retired"):
@@ -355,11 +356,12 @@ def rebuild_memory(cfg: ArborConfig, store: StageStore, upto_step: int) -> Rubri
     return mem
 
 
-def timed_stage(state: RunState, stage: str, fn: Callable[[], dict[str, Rows]]) -> Callable[[], dict[str, Rows]]:
+def timed_stage(state: RunState, step: int, stage: str,
+                fn: Callable[[], dict[str, Rows]]) -> Callable[[], dict[str, Rows]]:
     def run() -> dict[str, Rows]:
         t0 = time.perf_counter()
         out = fn()
-        state.stage_seconds[stage] = time.perf_counter() - t0
+        state.stage_seconds.setdefault(step, {})[stage] = time.perf_counter() - t0
         return out
 
     return run

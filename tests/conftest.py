@@ -41,3 +41,22 @@ def sft_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from flow_support import sft_start
 
     return sft_start("tiny-cpu", lambda: tmp_path_factory.mktemp("sft_home"))
+
+
+@pytest.fixture(scope="session")
+def reference_run(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The uninterrupted two-step tiny-cpu run (openai judge over HTTP, streamed judging: the default) that the
+    resume tests and the serial-order comparison check against: (workspace, its judge server's request count
+    per prompt, each request's arrival time and role). Run id ``ref``."""
+    from flow_support import JUDGE_KEY, JUDGE_KEY_ENV, judge_server, openai_judge, tiny_overrides
+
+    from arbor.flows.train import arbor_train
+
+    home = tmp_path_factory.mktemp("ref_home")
+    os.environ[JUDGE_KEY_ENV] = JUDGE_KEY
+    os.environ["ARBOR_HOME"] = str(home)
+    with judge_server() as srv:
+        srv.plan.latency_s = 0.02  # judge work that takes time: streamed calls arrive while groups still roll out
+        arbor_train(profile="tiny-cpu", overrides={**tiny_overrides(sft_policy), **openai_judge(srv.base_url)},
+                    run_id="ref")
+        return home, dict(srv.counts), list(srv.arrivals)

@@ -203,7 +203,8 @@ class OpenAIServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     async def _counts(self, request: Request) -> JSONResponse:
-        return JSONResponse({"counts": dict(self.counts), "roles": dict(self.roles), "faults": self.faults_served})
+        return JSONResponse({"counts": dict(self.counts), "roles": dict(self.roles), "faults": self.faults_served,
+                             "arrivals": self.arrivals})
 
     async def _chat(self, request: Request) -> JSONResponse:
         if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":

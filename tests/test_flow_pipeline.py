@@ -8,11 +8,15 @@ Real Prefect, DeepSpeed on CPU, the tiny policy, the openai judge over HTTP agai
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from flow_support import JUDGE_KEY, JUDGE_KEY_ENV, judge_server, openai_judge, table, tiny_overrides
+
+from arbor.config import ArborConfig
 
 pytestmark = pytest.mark.slow
 RUN = "ref"  # one run id in two workspaces: trajectory ids name it
@@ -41,30 +45,28 @@ def _canon(v: Any) -> Any:
     return v
 
 
-def stored(run_id: str, home: Path) -> dict[str, list[tuple]]:
+def stored(run_id: str, home: Path, leave_out: frozenset[str] = frozenset()) -> dict[str, list[tuple]]:
     """Every table of the run as a sorted list of rows without the schedule's columns (rows stored in whatever
     order calls finished compare as multisets)."""
     out = {}
     for name in TABLES:
-        rows = [tuple(sorted((k, _canon(v)) for k, v in r.items() if k not in SCHEDULE))
+        rows = [tuple(sorted((k, _canon(v)) for k, v in r.items() if k not in SCHEDULE | leave_out))
                 for r in table(name, run_id, home)]
         out[name] = sorted(rows, key=repr)
     return out
 
 
 @pytest.fixture(scope="module")
-def serial_and_streamed(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The same two-step run twice, each with its own judge server and workspace: serial, then streamed."""
+def serial_and_streamed(reference_run, sft_policy: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The reference run (streamed judging, conftest) and the same run with ``run.stream_judging=false``."""
+    home = tmp_path_factory.mktemp("serial_home")
     os.environ[JUDGE_KEY_ENV] = JUDGE_KEY
-    out = {}
-    for mode, stream in (("serial", False), ("streamed", True)):
-        home = tmp_path_factory.mktemp(f"{mode}_home")
-        with judge_server() as srv:
-            srv.plan.latency_s = 0.02
-            _train(home, RUN, {**tiny_overrides(sft_policy), **openai_judge(srv.base_url),
-                                "run.stream_judging": stream})
-            out[mode] = (home, list(srv.arrivals), dict(srv.counts))
-    return out
+    with judge_server() as srv:
+        srv.plan.latency_s = 0.02
+        _train(home, RUN, {**tiny_overrides(sft_policy), **openai_judge(srv.base_url), "run.stream_judging": False})
+        serial = (home, list(srv.arrivals), dict(srv.counts))
+    ref_home, counts, arrivals = reference_run
+    return {"serial": serial, "streamed": (ref_home, arrivals, counts)}
 
 
 def test_streamed_judging_stores_the_serial_rows(serial_and_streamed) -> None:
@@ -75,8 +77,7 @@ def test_streamed_judging_stores_the_serial_rows(serial_and_streamed) -> None:
         assert a[name] == b[name], f"{name}: streamed rows differ from the serial order's"
     assert max(t_counts.values()) == 1  # no prompt paid twice, a prefetched call included
     steps = sorted(table("steps", RUN, t_home), key=lambda r: r["step"])
-    serial_steps = table("steps", RUN, s_home)
-    assert all(r["prefetched_calls"] is None for r in serial_steps)
+    assert all(r["prefetched_calls"] is None for r in table("steps", RUN, s_home))
     events = table("rubric_events", RUN, t_home)
     for r in steps:  # the stored calls were made ahead of their stage; a wrong guess is counted, not stored
         calls = [c for c in table("judge_calls", RUN, t_home) if c["step"] == r["step"]
@@ -97,6 +98,62 @@ def test_streamed_judging_starts_before_the_rollout_ends(serial_and_streamed) ->
         for step in (1, 2):
             ro = runs[(step, "rollout")]
             start, end = ro["started_at"].timestamp(), ro["finished_at"].timestamp()
-            during = [t for t, role in arrivals if start <= t < end and role == "pairwise" or
-                      start <= t < end and role == "induction"]
+            during = [t for t, role in arrivals if start <= t < end and role in ("pairwise", "induction")]
             assert bool(during) == streamed, (mode, step, len(during))
+
+
+# ------------------------------------------------------------------------------------------ one-step overlap
+def _overlapped(sft_policy: Path, base_url: str) -> dict[str, Any]:
+    return {**tiny_overrides(sft_policy), **openai_judge(base_url), "run.overlap": "one-step"}
+
+
+@pytest.fixture(scope="module")
+def overlapped(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.TempPathFactory):
+    """An uninterrupted two-step run under ``run.overlap=one-step``."""
+    home = tmp_path_factory.mktemp("overlap_home")
+    os.environ[JUDGE_KEY_ENV] = JUDGE_KEY
+    with judge_server() as srv:
+        _train(home, RUN, _overlapped(sft_policy, srv.base_url))
+    return home
+
+
+def test_next_rollout_overlaps_training(overlapped: Path) -> None:
+    runs = {(r["step"], r["stage"]): r for r in table("stage_runs", RUN, overlapped) if r["status"] == "completed"}
+    train1, rollout2 = runs[(1, "train")], runs[(2, "rollout")]
+    assert rollout2["started_at"] < train1["finished_at"] and train1["started_at"] < rollout2["finished_at"]
+    assert runs[(1, "consolidate")]["finished_at"] <= rollout2["started_at"]  # after step 1's judging
+    # step 2 was sampled by policy 0 while step 1 trained; the trainer (version 1) weighs it by TIS
+    versions = {(t["step"], t["policy_version"]) for t in table("trajectories", RUN, overlapped)}
+    assert versions == {(1, 0), (2, 0)}
+    steps = sorted(table("steps", RUN, overlapped), key=lambda r: r["step"])
+    assert [r["policy_version"] for r in steps] == [1, 2]
+    assert abs(steps[0]["tis_mean"] - 1.0) < 1e-3  # on-policy step 1
+    assert steps[1]["tis_mean"] is not None and abs(steps[1]["tis_mean"] - 1.0) > 1e-6  # one version behind
+    cfg = ArborConfig.model_validate_json(table("runs", RUN, overlapped)[0]["config_json"])
+    assert cfg.run.overlap == "one-step"  # recorded with the run
+
+
+def test_sigkill_mid_overlapped_step_resumes_exactly(overlapped: Path, sft_policy: Path, tmp_path: Path,
+                                                     prefect_harness) -> None:
+    """SIGKILL while step 1 trains and step 2 rolls out; the resumed run stores the uninterrupted run's rows."""
+    home = tmp_path / "home"
+    with judge_server() as srv:
+        o = _overlapped(sft_policy, srv.base_url)
+        from prefect.settings import PREFECT_API_URL
+
+        env = {**os.environ, "ARBOR_HOME": str(home), "ARBOR_FAULT": "1:train:kill", JUDGE_KEY_ENV: JUDGE_KEY,
+               "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        log = tmp_path / "killed.log"
+        with open(log, "w") as out:
+            proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "--run-id", RUN,
+                                   *[f"--set={k}={v}" for k, v in o.items()]], env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=600)
+        assert proc.returncode == -9, log.read_text()[-2000:]
+        assert not any(s["stage"] == "train" for s in table("stage_runs", RUN, home) if s["status"] == "completed")
+        _train(home, RUN, o, resume=True)
+        assert max(srv.counts.values()) == 1  # the judge was not paid twice
+    # a call the killed attempt paid for is answered from the judge cache on resume, and its ledger row says so
+    ledger = frozenset({"cache_hit", "cost_usd", "attempts", "judge_cost_usd"})
+    a, b = stored(RUN, overlapped, ledger), stored(RUN, home, ledger)
+    for name in TABLES:
+        assert a[name] == b[name], f"{name}: the resumed overlapped run differs from the uninterrupted one"

@@ -44,13 +44,9 @@ def _train(home: Path, run_id: str, overrides: dict, resume: bool = False) -> st
 
 
 @pytest.fixture(scope="module")
-def reference(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.TempPathFactory):
-    """The uninterrupted run every resume test compares against; its judge server's request counts."""
-    home = tmp_path_factory.mktemp("ref_home")
-    os.environ[JUDGE_KEY_ENV] = JUDGE_KEY
-    with judge_server() as srv:
-        _train(home, RUN, {**tiny_overrides(sft_policy), **openai_judge(srv.base_url)})
-        counts = dict(srv.counts)
+def reference(reference_run):
+    """The uninterrupted run every resume test compares against (conftest); its judge server's request counts."""
+    home, counts, _ = reference_run
     return home, counts
 
 

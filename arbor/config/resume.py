@@ -65,4 +65,8 @@ def amend_config(stored: ArborConfig, overrides: dict[str, Any] | list[str] | No
         raise ConfigError(f"cannot change run.steps when resuming run '{stored.run.run_id}': "
                           f"train.lr_schedule={tc.lr_schedule} / train.warmup_ratio={tc.warmup_ratio} lay the "
                           "learning-rate schedule over run.steps")
+    if "run.steps" in changes and stored.run.overlap == "one-step":
+        raise ConfigError(f"cannot change run.steps when resuming run '{stored.run.run_id}': under run.overlap="
+                          "one-step the rollout after the last step would need the policy of two steps back, which "
+                          "the run's last checkpoint has moved past")
     return cfg, changes

@@ -67,15 +67,18 @@ def schedules(args: argparse.Namespace, home: Path) -> None:
     from openai_server import start_server_process
 
     base: dict[str, object] = {"run.steps": args.steps, "run.eval_every": None, "judge.backend": "openai",
-                               "judge.model": "bench-judge", "judge.concurrency": 32, "judge.api_key_env": None,
+                               "judge.model": "bench-judge", "judge.concurrency": 32, "judge.api_key_env": "ARBOR_BENCH_JUDGE_KEY",
                                "checkpoint.every": args.steps}
     if args.start_checkpoint:
         base |= {"run.start_checkpoint": args.start_checkpoint, "run.sft_warm_start": False}
+    os.environ.setdefault("ARBOR_BENCH_JUDGE_KEY", "bench-key")  # the local server takes any key
     rows = []
     for name, sets in SCHEDULES.items():
-        proc, url = start_server_process(latency_s=LATENCY_S)  # a fresh judge (and cache-free run) per schedule
+        proc, url = start_server_process(latency_s=LATENCY_S)
+        sched_home = home / f"{name}-{int(time.time())}"  # its own judge cache: every call reaches the judge
+        os.environ["ARBOR_HOME"] = str(sched_home)
         try:
-            rid = f"sched-{name}-{int(time.time())}"
+            rid = f"sched-{name}"
             t0 = time.time()
             arbor_train(profile="tiny-world", overrides={**base, **sets, "judge.base_url": url}, run_id=rid)
             t1 = time.time()
@@ -84,7 +87,7 @@ def schedules(args: argparse.Namespace, home: Path) -> None:
         finally:
             proc.terminate()
             proc.wait()
-        runs = {(r["step"], r["stage"]): r for r in read_table("stage_runs", run_id=rid, home=home).to_pylist()
+        runs = {(r["step"], r["stage"]): r for r in read_table("stage_runs", run_id=rid, home=sched_home).to_pylist()
                 if r["status"] == "completed"}
         roll_total = train_total = 0.0
         last_end = runs[(1, "rollout")]["started_at"].timestamp()

@@ -20,6 +20,7 @@ failure there fails the flow run, and the next attempt rebuilds that state from 
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import time
@@ -187,6 +188,11 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     except BaseException:
         state.close()
         raise
+    # The run's long-lived objects (corpus, search index, tokenizer, models, Prefect: ~0.9M) leave the collector's
+    # generations: a full collection walked them all, a 1.5-2 s stall after each rollout (bench/pipeline.py, issue
+    # 19). RunState.close gives them back.
+    gc.collect()
+    gc.freeze()
     return state
 
 

@@ -22,6 +22,7 @@ user's own class); this module owns what every method shares: batches, storage, 
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -91,6 +92,7 @@ class RunState:
             self.trainer.close()
         if isinstance(self.judge, StreamedJudge):
             self.judge.close()
+        gc.unfreeze()  # open_run froze the run's long-lived objects
         while self.servers:
             self.servers.pop().stop()
 

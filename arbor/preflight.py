@@ -14,6 +14,7 @@ from pathlib import Path
 
 from arbor.config import ArborConfig
 from arbor.config.inputs import is_named_set
+from arbor.config.rollout import SHIPPED_GGUF
 from arbor.paths import PROJECT_ROOT, resolve_home_path
 
 
@@ -24,6 +25,13 @@ class PreflightError(RuntimeError):
 def _model_available(model: str) -> bool:
     if model == "tiny" or Path(model).expanduser().exists():
         return True
+    if model in SHIPPED_GGUF:  # a wheel's model: installed (tasks.policy converts it on first use)
+        import importlib.metadata
+
+        try:
+            return importlib.metadata.distribution(SHIPPED_GGUF[model][0]) is not None
+        except importlib.metadata.PackageNotFoundError:
+            return False
     try:
         from huggingface_hub import try_to_load_from_cache
 

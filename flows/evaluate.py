@@ -62,7 +62,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     search = make_search(cfg.search, home=home, world=cfg.world)
     if cfg.rollout.engine == "transformers":
         src = checkpoint or cfg.run.start_checkpoint or policy_source(cfg.policy, home)  # tiny: its shape
-        policy, tok = load_policy(src, cfg.policy.dtype, home=home)
+        policy, tok = load_policy(src, cfg.policy.dtype, home=home, policy_cfg=cfg.policy)
         engine = make_engine(cfg, policy, tok, search=search, home=home)
     else:
         engine = make_engine(cfg, search=search, home=home)

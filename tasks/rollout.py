@@ -631,15 +631,14 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
 
             src = policy_source(cfg.policy, home)
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            policy, tokenizer = load_policy(src, cfg.policy.dtype, device=device, home=home)
+            policy, tokenizer = load_policy(src, cfg.policy.dtype, device=device, home=home,
+                                            policy_cfg=cfg.policy)
         return TransformersEngine(cfg, policy, tokenizer, search)
     if cfg.rollout.engine == "openai":
         if tokenizer is None:
-            from transformers import AutoTokenizer
+            from arbor.tasks.policy import load_tokenizer, policy_source
 
-            from arbor.tasks.policy import policy_source
-            src = policy_source(cfg.policy, home)
-            tokenizer = AutoTokenizer.from_pretrained(str(src))
+            tokenizer = load_tokenizer(policy_source(cfg.policy, home), cfg.policy)
         return OpenAIEngine(cfg, tokenizer, search)
     raise RolloutError(f"rollout.engine: unknown engine {cfg.rollout.engine!r}")
 

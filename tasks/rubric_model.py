@@ -18,7 +18,6 @@ checkpoint folder ``mu/``; resume loads the latest and replays the stored update
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +28,9 @@ from torch import Tensor, nn
 
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
-from arbor.tasks import arco
+from arbor.tasks import arco, lora
 from arbor.tasks import checkpoint as ckpt
+from arbor.tasks.lora import LoRALinear
 
 LORA_TARGETS = ("q_proj", "v_proj")
 MU_SYSTEM = "You write the criteria that decide whether one step of a search agent helps answer the question."
@@ -65,38 +65,23 @@ def encode_prompt(tokenizer: Any, question: str, history: str, searches_left: in
 
 
 # ---------------------------------------------------------------------------------------------- the network
-class LoRALinear(nn.Module):
-    """y = W x + (alpha / r) B A dropout(x), W frozen; ``use_ref`` swaps (A, B) for the frozen reference copy."""
+class RefLoRALinear(LoRALinear):
+    """``tasks.lora.LoRALinear`` plus mu_ref's frozen copy of (A, B) in buffers; ``use_ref`` computes with it."""
 
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float) -> None:
-        super().__init__()
-        self.base = base
-        self.scaling = alpha / r
-        self.lora_A = nn.Parameter(torch.empty(r, base.in_features, dtype=base.weight.dtype))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, dtype=base.weight.dtype))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float,
+                 generator: torch.Generator | None = None) -> None:
+        super().__init__(base, r, alpha, dropout, generator=generator)
         self.register_buffer("ref_A", self.lora_A.detach().clone())
         self.register_buffer("ref_B", self.lora_B.detach().clone())
-        self.dropout = nn.Dropout(dropout)
         self.use_ref = False
 
-    def forward(self, x: Tensor) -> Tensor:
-        a, b = (self.ref_A, self.ref_B) if self.use_ref else (self.lora_A, self.lora_B)
-        return self.base(x) + (self.dropout(x) @ a.T @ b.T) * self.scaling
+    def factors(self) -> tuple[Tensor, Tensor]:
+        return (self.ref_A, self.ref_B) if self.use_ref else (self.lora_A, self.lora_B)
 
 
 def add_lora(lm: nn.Module, r: int, alpha: float, dropout: float, targets: Sequence[str] = LORA_TARGETS) -> int:
-    """Freeze ``lm`` and wrap every ``nn.Linear`` whose name ends in one of ``targets``; the number wrapped."""
-    for p in lm.parameters():
-        p.requires_grad_(False)
-    found = [(name, m) for name, m in lm.named_modules()
-             if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets]
-    for name, m in found:
-        parent_name, _, attr = name.rpartition(".")
-        setattr(lm.get_submodule(parent_name) if parent_name else lm, attr, LoRALinear(m, r, alpha, dropout))
-    if not found:
-        raise ValueError(f"no linear layer named {'/'.join(targets)} to put LoRA on")
-    return len(found)
+    """mu's adapters (``tasks.lora.add_lora`` with reference buffers) on ``targets``; the number wrapped."""
+    return lora.add_lora(lm, r, alpha, dropout, targets, layer=RefLoRALinear)
 
 
 class ScoreHead(nn.Module):
@@ -123,7 +108,7 @@ class RubricModel(nn.Module):
 
     def set_reference(self, on: bool) -> None:
         for m in self.modules():
-            if isinstance(m, LoRALinear):
+            if isinstance(m, RefLoRALinear):
                 m.use_ref = on
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, rows: Tensor, cols: Tensor,
@@ -218,9 +203,9 @@ class RubricModelTrainer:
         self.k_out = 1 if self.ac.criteria == "none" else self.ac.k
         torch.manual_seed(derive_seed(cfg.run.seed, "mu-init") % (2**63))
         model = RubricModel(lm, self.k_out, self.ac.lora_rank, self.ac.lora_alpha, self.ac.lora_dropout)
-        lora = [p for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
+        adapters = [p for n, p in model.named_parameters() if p.requires_grad and "lora_" in n]
         head = list(model.head.parameters())
-        opt = torch.optim.AdamW([{"params": lora, "lr": self.ac.lr}, {"params": head, "lr": self.ac.head_lr}],
+        opt = torch.optim.AdamW([{"params": adapters, "lr": self.ac.lr}, {"params": head, "lr": self.ac.head_lr}],
                                 weight_decay=self.ac.weight_decay)
         ds = deepspeed_config(zero_stage=0, bf16=False, grad_clip=self.ac.grad_clip)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
@@ -353,7 +338,7 @@ class RubricModelTrainer:
         """mu_ref := mu now (the end of the warm-up): the LoRA weights are copied into the reference buffers."""
         with torch.no_grad():
             for m in self.model.modules():
-                if isinstance(m, LoRALinear):
+                if isinstance(m, RefLoRALinear):
                     m.ref_A.copy_(m.lora_A)
                     m.ref_B.copy_(m.lora_B)
         self.reference_taken = True

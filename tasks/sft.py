@@ -120,7 +120,8 @@ def run_sft(
     total = sc.epochs * steps_per_epoch
     ds_config = deepspeed_config(zero_stage=sc.zero_stage, bf16=sc.bf16, grad_clip=sc.grad_clip,
                                  extra=merge(read_deepspeed_json(tc.deepspeed_config), tc.deepspeed))
-    model = load_model(model_path, bf16=sc.bf16, ds_config=ds_config, gradient_checkpointing=tc.gradient_checkpointing)
+    model = load_model(model_path, bf16=sc.bf16, ds_config=ds_config, gradient_checkpointing=tc.gradient_checkpointing,
+                       lora=cfg.policy.lora, seed=cfg.run.seed)  # policy.lora: adapters; save_hf merges them
     engine = build_engine(model, ds_config=ds_config, lr=sc.lr, weight_decay=sc.weight_decay, betas=tc.betas,
                           schedule=sc.lr_schedule, warmup_steps=int(sc.warmup_ratio * total), total_steps=total)
     engine.train()

@@ -27,9 +27,11 @@ from typing import Any
 import torch
 
 from arbor.config import ArborConfig
+from arbor.config.rollout import LoRAConfig
 from arbor.paths import PROJECT_ROOT, arbor_home
 from arbor.seeding import derive_seed
 from arbor.tasks import checkpoint as ckpt
+from arbor.tasks.lora import add_lora
 from arbor.tasks.losses import (
     LossOut,
     overlong_penalty,
@@ -161,12 +163,18 @@ def lr_factor(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[i
     return f
 
 
-def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any], gradient_checkpointing: bool):
+def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any], gradient_checkpointing: bool,
+               lora: LoRAConfig | None = None, seed: int = 0):
     """HF causal LM from a local directory.
 
     Under ZeRO-3, when ``accelerate`` is installed, transformers partitions the weights while loading (zero.Init via
     ``HfDeepSpeedConfig``); otherwise each rank loads the full model into CPU memory and ``deepspeed.initialize``
-    partitions it (14B in bf16: 28 GB of host memory per rank)."""
+    partitions it (14B in bf16: 28 GB of host memory per rank).
+
+    ``lora`` enabled (``policy.lora``): the weights are frozen and ``lora.targets`` get adapters (Hu et al. 2021;
+    ``tasks.lora.add_lora``), their A drawn from ``seed`` so every run (and a resume without a checkpoint) starts
+    from the same adapters; only they train. Apply before ``deepspeed.initialize``: a checkpoint holds this module
+    structure."""
     import importlib.util
 
     from transformers import AutoModelForCausalLM
@@ -184,6 +192,9 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     model.config.use_cache = False
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None and lora.enabled:
+        g = torch.Generator().manual_seed(derive_seed(seed, "policy-lora-init") % (2**63))
+        add_lora(model, lora.r, lora.alpha, lora.dropout, lora.targets, generator=g)
     return model
 
 
@@ -201,12 +212,16 @@ def build_engine(
 ):
     """``deepspeed.initialize`` over ``PolicyHead(model, temperature)`` with AdamW and a LambdaLR schedule (the
     engine steps it at each update). ``engine.module.lm`` is the HF model. RL passes the rollout temperature; SFT
-    (maximum likelihood) keeps 1."""
+    (maximum likelihood) keeps 1. The optimizer gets the trainable parameters only (with LoRA: the adapters; the
+    frozen weights get no Adam state and no weight decay)."""
     import deepspeed
 
     init_single_process_env()
     head = PolicyHead(model, temperature)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError("build_engine: the model has no trainable parameter")
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(schedule, warmup_steps, total_steps))
     engine, _, _, _ = deepspeed.initialize(model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     return engine
@@ -391,7 +406,7 @@ class Trainer:
         )
         model = load_model(
             self.model_path, bf16=self.tc.bf16, ds_config=self.ds_config,
-            gradient_checkpointing=self.tc.gradient_checkpointing,
+            gradient_checkpointing=self.tc.gradient_checkpointing, lora=cfg.policy.lora, seed=cfg.run.seed,
         )
         total_updates = max(1, cfg.run.steps) * self.tc.updates_per_batch
         self.engine = build_engine(
@@ -411,8 +426,8 @@ class Trainer:
 
     def _reference_engine(self) -> Any:
         """The frozen reference policy pi_ref of a KL term (RubricEM eq. 1): the start checkpoint, loaded once
-        more, never stepped. A DeepSpeed inference engine (no optimizer): ZeRO-3 partitions it like the policy,
-        other stages keep a full copy per rank."""
+        more (with ``policy.lora``: without adapters), never stepped. A DeepSpeed inference engine (no optimizer):
+        ZeRO-3 partitions it like the policy, other stages keep a full copy per rank."""
         import deepspeed
 
         stage = 3 if self.tc.zero_stage == 3 else 0
@@ -624,25 +639,28 @@ class Trainer:
 
     # ------------------------------------------------------------------ weights
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """Full weights for the rollout engine (ZeRO-3: gathered, collective; complete on rank 0)."""
+        """Full weights for the rollout engine under the plain HF names (with LoRA: the adapters merged in,
+        ``ckpt.full_state_dict``; ZeRO-3: gathered, collective; complete on rank 0)."""
         return ckpt.full_state_dict(self.engine, self.tc.zero_stage)
 
     def export_hf(self, path: str | Path) -> Path:
-        """HF safetensors checkpoint of the current weights (collective under ZeRO-3)."""
+        """HF safetensors checkpoint of the current weights, LoRA merged in (collective under ZeRO-3)."""
         out = ckpt.save_hf(self.engine, Path(path), self.tc.zero_stage, self.model_path, self.rank)
         self._barrier()
         return out
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int | None = None, metrics: dict[str, float] | None = None) -> Path:
-        """Atomic checkpoint of ``step`` (default: the last trained step) then retention (every rank calls)."""
+        """Atomic checkpoint of ``step`` (default: the last trained step) then retention (every rank calls):
+        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.checkpoint``."""
         step = self.step if step is None else step
         tmp = self.ckpt_root / f"step_{step:06d}.tmp"
         if self.rank == 0:
             ckpt.begin(self.ckpt_root, step)
         self._barrier()
         self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        ckpt.save_hf(self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank)
+        ckpt.save_hf(self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
+                     adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
         torch.save(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")
         self._barrier()
         final = ckpt.step_dir(self.ckpt_root, step)

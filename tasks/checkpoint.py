@@ -43,6 +43,12 @@ def run_checkpoint_root(cfg: Any, home: Path) -> Path:
     return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(home) / "checkpoints" / (cfg.run.run_id or "default")
 
 
+def checkpoint_due(step: int, every: int, last_step: int) -> bool:
+    """Whether ``step`` is checkpointed: every ``checkpoint.every`` steps and always the run's last step, so the
+    trained policy of a finished run is a checkpoint, not only replayable data."""
+    return step % every == 0 or step == last_step
+
+
 def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step_{step:06d}"
 

@@ -186,8 +186,9 @@ class RubricModelTrainer:
 
     def __init__(self, cfg: ArborConfig, start: Path, ckpt_root: Path) -> None:
         import deepspeed
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
+        from arbor.tasks.policy import load_tokenizer
         from arbor.tasks.train import deepspeed_config, init_single_process_env
 
         init_single_process_env()
@@ -195,7 +196,7 @@ class RubricModelTrainer:
         self.ac = cfg.arco
         self.start = Path(start)
         self.ckpt_root = Path(ckpt_root)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.start)
+        self.tokenizer = load_tokenizer(self.start, cfg.policy)  # the policy's chat template settings (issue 30)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = {t for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if t is not None}
         lm = AutoModelForCausalLM.from_pretrained(self.start, dtype=torch.float32)

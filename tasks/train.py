@@ -674,8 +674,9 @@ class Trainer:
         return final
 
     def maybe_save(self, step: int, metrics: dict[str, float] | None = None) -> Path | None:
-        """Save when ``step`` is a multiple of ``checkpoint.every``."""
-        return self.save_checkpoint(step, metrics) if step % self.cfg.checkpoint.every == 0 else None
+        """Save when ``step`` is a multiple of ``checkpoint.every`` or the run's last step."""
+        due = ckpt.checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps)
+        return self.save_checkpoint(step, metrics) if due else None
 
     def load_latest(self) -> int | None:
         """Load the latest complete checkpoint (weights, optimizer, scheduler, RNG, version); its step or None.

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from arbor.config import ArborConfig
+from arbor.tasks.checkpoint import checkpoint_due
 
 POLL_S = 0.02
 
@@ -312,7 +313,7 @@ class RemoteTrainer:
         return dict(answer["metrics"])
 
     def maybe_save(self, step: int, metrics: dict[str, float] | None = None) -> None:
-        if step % self.cfg.checkpoint.every == 0:
+        if checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
             self._call("save", step=step, metrics=metrics or {})
 
     def load_latest(self) -> int | None:

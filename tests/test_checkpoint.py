@@ -58,3 +58,11 @@ def test_rng_state_roundtrip() -> None:
     ckpt.set_rng_state(state)
     b = (random.random(), torch.rand(3))
     assert a[0] == b[0] and torch.equal(a[1], b[1])
+
+
+def test_the_last_step_is_always_checkpointed() -> None:
+    from arbor.tasks.checkpoint import checkpoint_due
+
+    assert [s for s in range(1, 8) if checkpoint_due(s, 5, 7)] == [5, 7]
+    assert [s for s in range(1, 11) if checkpoint_due(s, 5, 10)] == [5, 10]
+    assert [s for s in range(1, 4) if checkpoint_due(s, 1, 3)] == [1, 2, 3]

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 
 from arbor.config import load_config
-from arbor.tasks.agent import AgentLoop, Budgets, Generation, build_prompt_ids, encode_text, tokenize_trajectory
+from arbor.tasks.agent import (
+    AgentLoop,
+    Budgets,
+    Generation,
+    build_prompt_ids,
+    encode_text,
+    tokenize_trajectory,
+)
 from arbor.tasks.format import result_block
 from arbor.tasks.policy import (
     PolicyLoadError,

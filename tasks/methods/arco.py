@@ -30,7 +30,7 @@ from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.tasks import arco
-from arbor.tasks.checkpoint import run_checkpoint_root
+from arbor.tasks.checkpoint import checkpoint_due, run_checkpoint_root
 from arbor.tasks.methods.base import Method, Rows, StepResources
 from arbor.tasks.stages import fault_point
 from arbor.tasks.types import StepLabel, Trajectory
@@ -89,7 +89,7 @@ class ARCO(Method):
             step += 1
 
     def after_train(self, run: StepResources, step: int, metrics: dict[str, float]) -> None:
-        if step % self.cfg.checkpoint.every == 0:
+        if checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
             self.mu.save(step, self.cfg.checkpoint.keep_last, metrics)
 
     # ------------------------------------------------------------------------------------------ score

@@ -17,9 +17,9 @@ import torch
 from arbor.tasks.policy import PolicyLoadError, load_policy, resolve_model, shipped_gguf
 from arbor.tasks.search import file_sha256
 
-# small enough for two cores: 8 SFT rows (2 updates), 2 prompts x K 2, a handful of held-out questions
+# small enough for two cores: 8 SFT rows (2 updates), 2 prompts x K 2, no held-out evaluation
 SMOL_RUN = {"run.steps": 1, "sft.questions": 8, "sft.batch_size": 4, "rollout.batch_size": 2, "rollout.k": 2,
-            "run.eval_size": 4, "run.eval_every": 1}  # checkpoint.every stays 5: the last step is saved anyway
+            "run.eval_every": None}  # checkpoint.every stays 5: the last step is saved anyway
 
 
 @pytest.fixture(scope="session")

@@ -6,11 +6,23 @@ MFU against the bf16 matmul peak measured in the same run.
 
     python bench/train.py            # CPU, tiny model (~5M parameters)
     python bench/train.py --gpu      # one GPU, ~0.6B parameters
+    python bench/train.py --model smollm2 [--lora both|off|on] [--steps 2]   # the real model (issue 30 item 6)
+
+``--model`` (``smollm2``, a GGUF file or an HF directory; loaded through ``tasks.policy.resolve_model``, converted
+once into ``bench/out/models-home``): ``Trainer.train_step`` with the smol-world profile (ZeRO-2, float32, its LoRA
+settings, scoring temperature, entropy diagnostic) on a smol-world-sized batch -- 4 prompts x K 4 = 16
+trajectories, ~250 prompt tokens, 100-150 response tokens each of which a ~50-token search-result block has loss
+mask 0 -- against the bare-PyTorch step on the same batch: pi_old pass (no grad), forward, backward, clip,
+``torch.optim.AdamW`` over the trainable parameters, with the same loss-position head at the same temperature. Full
+fine-tuning, and LoRA when ``tasks/lora.py`` exists (reference: the same LoRA-wrapped model, AdamW over the adapters).
+Tokens/s counts the real (unpadded) tokens of the batch over the wall time of the whole ``train_step`` call (and
+over the sum of its timed phases); one warm-up step per side, then interleaved steps, fastest kept.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -18,7 +30,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
@@ -84,6 +97,280 @@ class TorchLoop:
         return time.perf_counter() - t0
 
 
+def make_world_batch(vocab: int, groups: int, k: int, version: int, prompt: int = 250,
+                     response: tuple[int, int] = (100, 150), result: int = 50) -> list[Trajectory]:
+    """A smol-world-sized batch: per group a prompt of ``prompt`` +- 10 tokens, per trajectory a response of
+    ``response`` tokens (uniform) holding one ``result``-token search-result block (loss mask 0) after the first
+    turn, as in a one-search rollout of the profile (top_k 1, 200 characters of passage). The lengths are the same
+    for every ``version``; the token ids are drawn per version."""
+    shape = torch.Generator().manual_seed(1000)  # the same lengths every step (and for both sides)
+    g = torch.Generator().manual_seed(1000 + version)
+    out = []
+    for grp in range(groups):
+        n_p = prompt + int(torch.randint(-10, 11, (1,), generator=shape))
+        p = torch.randint(10, vocab, (n_p,), generator=g).tolist()
+        for s in range(k):
+            n_r = int(torch.randint(response[0], response[1] + 1, (1,), generator=shape))
+            first = int(torch.randint(20, 40, (1,), generator=shape))  # the first turn, ending in </search>
+            mask = [1] * n_r
+            mask[first:first + result] = [0] * result
+            out.append(Trajectory(
+                run_id="bench", step=version + 1, group=grp, sample=s, question_id=str(grp), question="?", golds=[],
+                prompt_ids=p, response_ids=torch.randint(10, vocab, (n_r,), generator=g).tolist(),
+                loss_mask=mask, rollout_logprobs=[-2.0 if m else 0.0 for m in mask], base_reward=float(s % 2),
+                policy_version=version))
+    return out
+
+
+class BareLoop:
+    """The bare-PyTorch reference of one arbor step on the real model: the same HF model (LoRA-wrapped like the
+    trainer's when ``lora`` is enabled), the same loss-position head at the same temperature, the same token-packed
+    micro-batches (``pack_by_tokens``); pi_old pass (no grad), forward + policy loss, backward (accumulated over
+    the micro-batches), clip + AdamW (the optimizer and settings the trainer hands DeepSpeed) over the trainable
+    parameters. Times each phase like ``Trainer.last_timing``."""
+
+    def __init__(self, model_dir: Path, cfg) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from arbor.tasks.train import scoring_temperature
+
+        lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        lm.config.use_cache = False
+        if cfg.policy.lora.enabled:
+            from arbor.tasks.lora import add_lora
+
+            lo = cfg.policy.lora
+            add_lora(lm, lo.r, lo.alpha, lo.dropout, lo.targets, generator=torch.Generator().manual_seed(0))
+        self.model = PolicyHead(lm, scoring_temperature(cfg.rollout.temperature)).train()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        tc = cfg.train
+        self.opt = torch.optim.AdamW(self.params, lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
+        self.clip = tc.grad_clip
+        self.micro_batch_tokens = tc.micro_batch_tokens
+        self.last_timing: dict[str, float] = {}
+
+    def step(self, batch: list[Trajectory]) -> float:
+        """One step on ``batch``; its wall time in seconds (phases in ``last_timing``, ``tokens`` the real ones)."""
+        from arbor.tasks.train import pack_by_tokens
+
+        t0 = time.perf_counter()
+        adv = group_advantages([t.base_reward for t in batch], [t.group for t in batch])
+        micros = []
+        for mb in pack_by_tokens([len(t.prompt_ids) + len(t.response_ids) for t in batch], self.micro_batch_tokens):
+            trajs = [batch[i] for i in mb]
+            m = make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                           [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs])
+            micros.append((m, torch.cat([adv[i].expand(b - a) for i, (a, b) in zip(mb, m.spans, strict=True)])))
+        n_loss = float(sum(float(m.mask.sum()) for m, _ in micros))
+        with torch.no_grad():
+            olds = [self.model(m.ids, m.att, m.rows, m.cols, m.targets)[0] for m, _ in micros]
+        t1 = time.perf_counter()
+        t_fwd = t_bwd = 0.0
+        for (m, a), old in zip(micros, olds, strict=True):
+            ta = time.perf_counter()
+            logp, _ = self.model(m.ids, m.att, m.rows, m.cols, m.targets)
+            out = policy_loss(logp, old, m.rollout_lp, a, m.mask, n_tokens=n_loss)
+            tb = time.perf_counter()
+            out.loss.backward()
+            tc = time.perf_counter()
+            t_fwd, t_bwd = t_fwd + tb - ta, t_bwd + tc - tb
+        t3 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        t4 = time.perf_counter()
+        self.last_timing = dict(old_logprobs=t1 - t0, forward=t_fwd, backward=t_bwd, optimizer=t4 - t3,
+                                tokens=float(sum(m.tokens for m, _ in micros)), micro_batches=float(len(micros)))
+        return t4 - t0
+
+
+PHASES = ("old_logprobs", "forward", "backward", "optimizer")
+
+
+class PeakRSS:
+    """The process's peak resident memory while a block runs (sampled every 20 ms by a thread), in GiB."""
+
+    def __enter__(self) -> PeakRSS:
+        import threading
+
+        self.peak, self._stop = rss_gib(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, rss_gib())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_gib())
+
+
+def rss_gib() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def release_memory() -> None:
+    """Collect garbage and hand the allocator's free memory back to the OS (glibc ``malloc_trim``), so that each
+    side starts its step from the same heap state and the two sides' peaks do not stack."""
+    import ctypes
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def timed_cpu(fn, *args) -> tuple[float, float, float, float]:
+    """(wall seconds, process CPU seconds, of which system, peak RSS GiB) of ``fn(*args)``, after
+    ``release_memory``. CPU time is what the step cost our threads (less sensitive than wall time to other
+    processes on a shared machine); system time is mostly page faults of fresh activation memory."""
+    release_memory()
+    r0, t0 = os.times(), time.perf_counter()
+    with PeakRSS() as mem:
+        fn(*args)
+    r1 = os.times()
+    sys_s = r1.system - r0.system
+    return time.perf_counter() - t0, r1.user - r0.user + sys_s, sys_s, mem.peak
+
+
+def bench_model_mode(model_dir: Path, lora: bool, steps: int, home: Path, micro_batch_tokens: int | None,
+                     profile_dir: Path | None) -> dict:
+    """Arbor / bare steps on the real model (a warm-up step of one group each, then ``steps`` on the full batch,
+    the side that goes first alternating); the fastest of each side by wall time."""
+    from arbor.tasks.policy import n_parameters
+
+    mode = "LoRA" if lora else "full"
+    overrides = {"run.run_id": f"bench-{mode}", "policy.lora.enabled": lora,
+                 "checkpoint.dir": str(home / "checkpoints")}
+    if micro_batch_tokens:
+        overrides["train.micro_batch_tokens"] = micro_batch_tokens
+    cfg = load_config("smol-world", overrides)
+    t0 = time.perf_counter()
+    tr = Trainer(cfg, model_dir, home)
+    t_init = time.perf_counter() - t0
+    vocab = tr.engine.module.lm.config.vocab_size
+    ref = BareLoop(model_dir, cfg)
+    n_total = n_parameters(ref.model)
+    n_train = sum(p.numel() for p in ref.params)
+    best: dict[str, tuple] = {}
+    batch: list[Trajectory] = []
+    for step in range(1, steps + 2):
+        batch = make_world_batch(vocab, 1 if step == 1 else cfg.rollout.batch_size, cfg.rollout.k, tr.policy_version)
+        sides = [("arbor", tr.train_step, (batch, step), tr), ("bare", ref.step, (batch,), ref)]
+        res = {}
+        for name, fn, fn_args, obj in (sides if step % 2 == 0 else sides[::-1]):
+            wall, cpu, sys_s, peak = timed_cpu(fn, *fn_args)
+            res[name] = (wall, cpu, sys_s, peak, dict(obj.last_timing))
+        assert res["arbor"][4]["tokens"] == res["bare"][4]["tokens"], "the two sides trained different tokens"
+        print(f"  {mode} step {step}{' (warm-up, 1 group)' if step == 1 else ''}, "
+              f"{'arbor' if step % 2 == 0 else 'bare'} first: "
+              + " | ".join(f"{n} {w:5.1f} s wall {c:5.1f} s cpu ({sy:4.1f} sys), peak {pk:4.1f} GiB: "
+                           + ", ".join(f"{k} {t[k]:.2f}" for k in PHASES)
+                           for n, (w, c, sy, pk, t) in res.items())
+              + f"; load {os.getloadavg()[0]:.1f}", flush=True)
+        if step == 1:
+            continue
+        for name, r in res.items():
+            if name not in best or r[0] < best[name][0]:
+                best[name] = r
+    if profile_dir is not None:
+        profile_step(tr, ref, cfg, vocab, steps + 2, profile_dir / f"train-{mode.lower()}")
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in batch]
+    out = dict(lora=lora, best=best, tokens=best["arbor"][4]["tokens"], init=t_init, params=n_total,
+               trainable=n_train, seqs=len(batch), max_len=max(lengths), micro=int(best["bare"][4]["micro_batches"]),
+               micro_batch_tokens=cfg.train.micro_batch_tokens, loss_tokens=sum(sum(t.loss_mask) for t in batch),
+               masked=sum(len(t.loss_mask) - sum(t.loss_mask) for t in batch))
+    del tr, ref
+    release_memory()
+    return out
+
+
+def profile_step(tr: Trainer, ref: BareLoop, cfg, vocab: int, step: int, out: Path) -> None:
+    """One more step of each side under ``torch.profiler`` (CPU): the top operators by self time, to ``out``-*.txt."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    batch = make_world_batch(vocab, cfg.rollout.batch_size, cfg.rollout.k, tr.policy_version)
+    for name, fn in (("arbor", lambda: tr.train_step(batch, step)), ("bare", lambda: ref.step(batch))):
+        release_memory()
+        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+            fn()
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+        stacks = prof.key_averages(group_by_stack_n=6).table(sort_by="self_cpu_time_total", row_limit=25)
+        Path(f"{out}-{name}.txt").write_text(table + "\n\n" + stacks)
+        print(f"  profile of one {name} step ({'LoRA' if cfg.policy.lora.enabled else 'full'}): {out}-{name}.txt")
+
+
+def model_main(args: argparse.Namespace) -> int:
+    """``--model``: arbor's Trainer.train_step vs the bare-PyTorch step on the real model (module docstring)."""
+    from arbor.tasks.policy import resolve_model
+
+    t_all = time.perf_counter()
+    home = Path(args.home).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(resolve_model(args.model, home))
+    have_lora = (ROOT / "tasks" / "lora.py").exists()
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.lora]
+    if not have_lora:
+        modes = [m for m in modes if not m]
+    cfg = load_config("smol-world", {})
+    print(f"model {args.model} -> {model_dir}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, CPU; profile smol-world: "
+          f"ZeRO-{cfg.train.zero_stage}, AdamW lr {cfg.train.lr:g}, clip {cfg.train.grad_clip:g}, scoring "
+          f"temperature {cfg.rollout.temperature:g}, entropy diagnostic {cfg.train.entropy_diagnostic} (arbor "
+          f"only), micro_batch_tokens {args.micro_batch_tokens or cfg.train.micro_batch_tokens}"
+          f"{' (--micro-batch-tokens; the profile has ' + str(cfg.train.micro_batch_tokens) + ')' if args.micro_batch_tokens else ''}"
+          f"; load average {os.getloadavg()[0]:.1f}")
+    print(f"{args.steps} timed steps per side after a warm-up step, arbor and bare in turn (the first side "
+          "alternating), each after gc + malloc_trim; fastest wall kept")
+    results = []
+    work = Path(tempfile.mkdtemp(prefix="arbor-bench-train-"))
+    for lora in modes:
+        results.append(bench_model_mode(model_dir, lora, args.steps, work / ("lora" if lora else "full"),
+                                        args.micro_batch_tokens, Path(args.profile_dir) if args.profile else None))
+    r0 = results[0]
+    print(f"\nbatch: {r0['seqs']} trajectories (4 prompts x K 4), {int(r0['tokens'])} real tokens "
+          f"(longest {r0['max_len']}), {r0['micro']} micro-batch(es) of <= {r0['micro_batch_tokens']} padded "
+          f"tokens, {r0['loss_tokens']} loss tokens, {r0['masked']} search-result tokens with loss mask 0")
+    widths = (7, 8, 9, 7)
+    head = (f"{'mode':<5} {'path':<25} {'trained':>12} {'pi_old':>7} {'forward':>8} {'backward':>9} {'optim':>7} "
+            f"{'phases':>7} {'wall':>7} {'cpu':>6} {'sys':>5} {'peak GiB':>8} {'tok/s':>6} {'ratio':>6} "
+            f"{'cpu ratio':>9}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        mode = "LoRA" if r["lora"] else "full"
+        (a_wall, a_cpu, a_sys, a_pk, a_t), (b_wall, b_cpu, b_sys, b_pk, b_t) = r["best"]["arbor"], r["best"]["bare"]
+        a_tps, b_tps = r["tokens"] / a_wall, r["tokens"] / b_wall
+        trained = f"{r['trainable'] / 1e6:.1f}M/{r['params'] / 1e6:.0f}M"
+        for name, wall, cpu, sys_s, pk, t, tps, ratio, cratio in (
+                ("arbor Trainer.train_step", a_wall, a_cpu, a_sys, a_pk, a_t, a_tps, f"{a_tps / b_tps:.2f}",
+                 f"{b_cpu / a_cpu:.2f}"),
+                ("bare torch fwd+bwd+AdamW", b_wall, b_cpu, b_sys, b_pk, b_t, b_tps, "", "")):
+            print(f"{mode:<5} {name:<25} {trained:>12} "
+                  + " ".join(f"{t[k]:>{w}.2f}" for k, w in zip(PHASES, widths, strict=True))
+                  + f" {sum(t[k] for k in PHASES):>7.2f} {wall:>7.2f} {cpu:>6.1f} {sys_s:>5.1f} {pk:>8.1f} "
+                  f"{tps:>6.0f} {ratio:>6} {cratio:>9}")
+        print(f"{'':<5} {'arbor / bare time':<25} {'':>12} "
+              + " ".join(f"{a_t[k] / max(b_t[k], 1e-9):>{w - 1}.2f}x" for k, w in zip(PHASES, widths, strict=True))
+              + f" {sum(a_t[k] for k in PHASES) / sum(b_t[k] for k in PHASES):>6.2f}x {a_wall / b_wall:>6.2f}x"
+              + f" {a_cpu / b_cpu:>5.2f}x")
+        print(f"{'':<5} (Trainer construction incl. deepspeed.initialize: {r['init']:.1f} s, not in the step)")
+    if not have_lora:
+        print("LoRA: not available (tasks/lora.py does not exist yet): full fine-tuning only")
+    print("seconds per step (fastest by wall); phases = pi_old + forward + backward + optim; wall = the whole call "
+          "(arbor: Trainer.train_step incl. checks, advantages, micro-batch building, metrics; bare: incl. "
+          "building the micro-batches); cpu = process CPU seconds of the step (sys: of which kernel, mostly page "
+          "faults); peak = the process's peak RSS during the step (both models resident); tok/s = real tokens / "
+          "wall; ratio = arbor tok/s / bare tok/s; cpu ratio = the same by CPU seconds")
+    print(f"load average {os.getloadavg()[0]:.1f}; bench wall time {time.perf_counter() - t_all:.0f} s")
+    return 0
+
+
 def matmul_peak_tflops() -> float:
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -102,8 +389,20 @@ def matmul_peak_tflops() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", action="store_true")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per side (default 3; 2 with --model)")
+    ap.add_argument("--model", default=None, help="the real model: 'smollm2', a GGUF file or an HF directory")
+    ap.add_argument("--lora", choices=("both", "off", "on"), default="both", help="--model: which modes to bench")
+    ap.add_argument("--home", default=str(ROOT / "bench" / "out" / "models-home"),
+                    help="--model: where the converted model is kept")
+    ap.add_argument("--micro-batch-tokens", type=int, default=None,
+                    help="--model: train.micro_batch_tokens for both sides (default: the profile's)")
+    ap.add_argument("--profile", action="store_true", help="--model: one more step of each side under torch.profiler")
+    ap.add_argument("--profile-dir", default=str(ROOT / "bench" / "out" / "profile"))
     args = ap.parse_args()
+    if args.model:
+        args.steps = args.steps or 2
+        return model_main(args)
+    args.steps = args.steps or 3
     gpu = args.gpu and torch.cuda.is_available()
     shape = QWEN3_06B if gpu else TINY
     groups, k, prompt, response = (4, 8, 256, 1792) if gpu else (2, 8, 64, 192)

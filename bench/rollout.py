@@ -25,7 +25,7 @@ held-out questions rendered with its own chat template (``build_prompt_ids`` wit
 smol-world profile's rollout settings (temperature 0.7, 48 new tokens per turn, 4 turns / 3 searches, 256 response
 and 640 context tokens, the world's BM25 corpus, top-1 passage of 200 characters), at batch sizes 8 and 16:
 
-    python bench/rollout.py --model smollm2 [--batch 8 16] [--repeats 3]
+    python bench/rollout.py --model smollm2 [--batch 8 16] [--repeats 3] [--threads 1]
 
 The zero-shot model answers in prose and never writes ``</search>``, so a search is induced the other way round: a
 turn that reaches the per-turn cap (48 tokens) is a search for the question, whose real ``<result>`` block (the
@@ -36,7 +36,9 @@ dtype and threads, in the same process, as one uninterrupted turn of as many ste
 generated (min = max new tokens), and is credited with the agent loop's own token counts (as above); its raw
 throughput (every row x every step) is printed too. The time of each side is split (forward hooks and wrappers):
 model forward for single-token decoding steps and for prefills (prompts, result blocks), sampling, search,
-detokenising (stop-string checks), and the rest (Python: cache merging, masks, bookkeeping).
+detokenising (stop-string checks), and the rest (Python: cache merging, masks, bookkeeping). On a shared two-core
+machine pass ``--threads 1`` (two processes with two OpenMP threads each on two cores slow each other down by an
+order of magnitude).
 """
 
 from __future__ import annotations

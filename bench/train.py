@@ -6,17 +6,26 @@ MFU against the bf16 matmul peak measured in the same run.
 
     python bench/train.py            # CPU, tiny model (~5M parameters)
     python bench/train.py --gpu      # one GPU, ~0.6B parameters
-    python bench/train.py --model smollm2 [--lora both|off|on] [--steps 2]   # the real model (issue 30 item 6)
+    python bench/train.py --model smollm2 [--lora both|off|on] [--steps 2] [--threads N]
+                          [--micro-batch-tokens N] [--sequential full|lora|both] [--profile]   # issue 30 item 6
 
 ``--model`` (``smollm2``, a GGUF file or an HF directory; loaded through ``tasks.policy.resolve_model``, converted
 once into ``bench/out/models-home``): ``Trainer.train_step`` with the smol-world profile (ZeRO-2, float32, its LoRA
 settings, scoring temperature, entropy diagnostic) on a smol-world-sized batch -- 4 prompts x K 4 = 16
 trajectories, ~250 prompt tokens, 100-150 response tokens each of which a ~50-token search-result block has loss
 mask 0 -- against the bare-PyTorch step on the same batch: pi_old pass (no grad), forward, backward, clip,
-``torch.optim.AdamW`` over the trainable parameters, with the same loss-position head at the same temperature. Full
-fine-tuning, and LoRA when ``tasks/lora.py`` exists (reference: the same LoRA-wrapped model, AdamW over the adapters).
-Tokens/s counts the real (unpadded) tokens of the batch over the wall time of the whole ``train_step`` call (and
-over the sum of its timed phases); one warm-up step per side, then interleaved steps, fastest kept.
+``torch.optim.AdamW`` over the trainable parameters, with the same loss-position head at the same temperature and
+the same token-packed micro-batches. Full fine-tuning, and LoRA when ``tasks/lora.py`` exists (reference: the same
+LoRA-wrapped model, AdamW over the adapters). Tokens/s counts the real (unpadded) tokens of the batch over the wall
+time of the whole ``train_step`` call; one warm-up step (one group) per side, then steps in turn (the first side
+alternating), each after gc + ``malloc_trim`` so both start from the same heap, fastest kept; CPU and system time
+and the peak RSS of each step are printed too.
+
+Memory: the profile packs the 16 trajectories into one micro-batch (``train.micro_batch_tokens`` 16384), whose
+activations take ~14 GiB on CPU (peak RSS ~16 GiB); ``--micro-batch-tokens 800`` (two sequences a micro-batch) runs
+both sides in ~6 GiB, and ``--sequential full`` keeps only one full-fine-tuning model (and its AdamW state) resident.
+On a shared two-core machine pass ``--threads 1``: two processes with two OpenMP threads each on two cores slow each
+other down by an order of magnitude.
 """
 
 from __future__ import annotations
@@ -238,9 +247,12 @@ def timed_cpu(fn, *args) -> tuple[float, float, float, float]:
 
 
 def bench_model_mode(model_dir: Path, lora: bool, steps: int, home: Path, micro_batch_tokens: int | None,
-                     profile_dir: Path | None) -> dict:
-    """Arbor / bare steps on the real model (a warm-up step of one group each, then ``steps`` on the full batch,
-    the side that goes first alternating); the fastest of each side by wall time."""
+                     profile_dir: Path | None, sequential: bool = False) -> dict:
+    """Arbor / bare steps on the real model (a warm-up step of one group each, then ``steps`` on the full batch);
+    the fastest of each side by wall time. Interleaved, the side that goes first alternating; ``sequential``: all
+    of arbor's steps, then (its trainer freed) all of the bare loop's, so only one model is resident (memory)."""
+    import json
+
     from arbor.tasks.policy import n_parameters
 
     mode = "LoRA" if lora else "full"
@@ -249,60 +261,88 @@ def bench_model_mode(model_dir: Path, lora: bool, steps: int, home: Path, micro_
     if micro_batch_tokens:
         overrides["train.micro_batch_tokens"] = micro_batch_tokens
     cfg = load_config("smol-world", overrides)
-    t0 = time.perf_counter()
-    tr = Trainer(cfg, model_dir, home)
-    t_init = time.perf_counter() - t0
-    vocab = tr.engine.module.lm.config.vocab_size
-    ref = BareLoop(model_dir, cfg)
-    n_total = n_parameters(ref.model)
-    n_train = sum(p.numel() for p in ref.params)
-    best: dict[str, tuple] = {}
-    batch: list[Trajectory] = []
-    for step in range(1, steps + 2):
-        batch = make_world_batch(vocab, 1 if step == 1 else cfg.rollout.batch_size, cfg.rollout.k, tr.policy_version)
-        sides = [("arbor", tr.train_step, (batch, step), tr), ("bare", ref.step, (batch,), ref)]
-        res = {}
-        for name, fn, fn_args, obj in (sides if step % 2 == 0 else sides[::-1]):
-            wall, cpu, sys_s, peak = timed_cpu(fn, *fn_args)
-            res[name] = (wall, cpu, sys_s, peak, dict(obj.last_timing))
-        assert res["arbor"][4]["tokens"] == res["bare"][4]["tokens"], "the two sides trained different tokens"
-        print(f"  {mode} step {step}{' (warm-up, 1 group)' if step == 1 else ''}, "
-              f"{'arbor' if step % 2 == 0 else 'bare'} first: "
+    vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    info: dict = {}
+
+    def build(name: str):
+        t0 = time.perf_counter()
+        if name == "arbor":
+            obj = Trainer(cfg, model_dir, home)
+            info["init"] = time.perf_counter() - t0
+            return obj, lambda batch, step: obj.train_step(batch, step)
+        obj = BareLoop(model_dir, cfg)
+        info["params"], info["trainable"] = n_parameters(obj.model), sum(p.numel() for p in obj.params)
+        return obj, lambda batch, step: obj.step(batch)
+
+    def batch_of(step: int) -> list[Trajectory]:  # the trainer is at policy version step - 1
+        return make_world_batch(vocab, 1 if step == 1 else cfg.rollout.batch_size, cfg.rollout.k, step - 1)
+
+    def report(step: int, res: dict, first: str) -> None:
+        print(f"  {mode} step {step}{' (warm-up, 1 group)' if step == 1 else ''}"
+              f"{', ' + first + ' first' if first else ''}: "
               + " | ".join(f"{n} {w:5.1f} s wall {c:5.1f} s cpu ({sy:4.1f} sys), peak {pk:4.1f} GiB: "
                            + ", ".join(f"{k} {t[k]:.2f}" for k in PHASES)
                            for n, (w, c, sy, pk, t) in res.items())
-              + f"; load {os.getloadavg()[0]:.1f}", flush=True)
-        if step == 1:
-            continue
-        for name, r in res.items():
-            if name not in best or r[0] < best[name][0]:
-                best[name] = r
-    if profile_dir is not None:
-        profile_step(tr, ref, cfg, vocab, steps + 2, profile_dir / f"train-{mode.lower()}")
+              + f"; load {os.getloadavg()[0]:.1f}, {torch.get_num_threads()} threads", flush=True)
+
+    best: dict[str, tuple] = {}
+
+    def keep(step: int, name: str, r: tuple) -> None:
+        if step > 1 and (name not in best or r[0] < best[name][0]):
+            best[name] = r
+
+    names = ("arbor", "bare")
+    if sequential:
+        for name in names:
+            obj, fn = build(name)
+            for step in range(1, steps + 2):
+                wall, cpu, sys_s, peak = timed_cpu(fn, batch_of(step), step)
+                res = {name: (wall, cpu, sys_s, peak, dict(obj.last_timing))}
+                report(step, res, "")
+                keep(step, name, res[name])
+            if profile_dir is not None:
+                profile_side(name, fn, batch_of(steps + 2), steps + 2, profile_dir / f"train-{mode.lower()}-{name}")
+            del obj, fn
+            release_memory()
+    else:
+        sides = {name: build(name) for name in names}
+        for step in range(1, steps + 2):
+            batch = batch_of(step)
+            res = {}
+            for name in (names if step % 2 == 0 else names[::-1]):
+                obj, fn = sides[name]
+                wall, cpu, sys_s, peak = timed_cpu(fn, batch, step)
+                res[name] = (wall, cpu, sys_s, peak, dict(obj.last_timing))
+            report(step, res, "arbor" if step % 2 == 0 else "bare")
+            for name, r in res.items():
+                keep(step, name, r)
+        if profile_dir is not None:
+            for name in names:
+                profile_side(name, sides[name][1], batch_of(steps + 2), steps + 2,
+                             profile_dir / f"train-{mode.lower()}-{name}")
+        del sides
+        release_memory()
+    assert best["arbor"][4]["tokens"] == best["bare"][4]["tokens"], "the two sides trained different tokens"
+    batch = batch_of(2)
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in batch]
-    out = dict(lora=lora, best=best, tokens=best["arbor"][4]["tokens"], init=t_init, params=n_total,
-               trainable=n_train, seqs=len(batch), max_len=max(lengths), micro=int(best["bare"][4]["micro_batches"]),
-               micro_batch_tokens=cfg.train.micro_batch_tokens, loss_tokens=sum(sum(t.loss_mask) for t in batch),
-               masked=sum(len(t.loss_mask) - sum(t.loss_mask) for t in batch))
-    del tr, ref
-    release_memory()
-    return out
+    return dict(lora=lora, best=best, tokens=best["arbor"][4]["tokens"], init=info["init"], params=info["params"],
+                trainable=info["trainable"], seqs=len(batch), max_len=max(lengths),
+                micro=int(best["bare"][4]["micro_batches"]), micro_batch_tokens=cfg.train.micro_batch_tokens,
+                loss_tokens=sum(sum(t.loss_mask) for t in batch),
+                masked=sum(len(t.loss_mask) - sum(t.loss_mask) for t in batch), sequential=sequential)
 
 
-def profile_step(tr: Trainer, ref: BareLoop, cfg, vocab: int, step: int, out: Path) -> None:
-    """One more step of each side under ``torch.profiler`` (CPU): the top operators by self time, to ``out``-*.txt."""
+def profile_side(name: str, fn, batch: list[Trajectory], step: int, out: Path) -> None:
+    """One more step of one side under ``torch.profiler`` (CPU): the top operators by self time, to ``out``.txt.
+    (For Python-level attribution, e.g. DeepSpeed's gradient hooks, run the bench under ``py-spy record``.)"""
     from torch.profiler import ProfilerActivity, profile
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    batch = make_world_batch(vocab, cfg.rollout.batch_size, cfg.rollout.k, tr.policy_version)
-    for name, fn in (("arbor", lambda: tr.train_step(batch, step)), ("bare", lambda: ref.step(batch))):
-        release_memory()
-        with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-            fn()
-        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
-        stacks = prof.key_averages(group_by_stack_n=6).table(sort_by="self_cpu_time_total", row_limit=25)
-        Path(f"{out}-{name}.txt").write_text(table + "\n\n" + stacks)
-        print(f"  profile of one {name} step ({'LoRA' if cfg.policy.lora.enabled else 'full'}): {out}-{name}.txt")
+    release_memory()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(batch, step)
+    Path(f"{out}.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    print(f"  profile of one {name} step: {out}.txt")
 
 
 def model_main(args: argparse.Namespace) -> int:
@@ -325,13 +365,16 @@ def model_main(args: argparse.Namespace) -> int:
           f"only), micro_batch_tokens {args.micro_batch_tokens or cfg.train.micro_batch_tokens}"
           f"{' (--micro-batch-tokens; the profile has ' + str(cfg.train.micro_batch_tokens) + ')' if args.micro_batch_tokens else ''}"
           f"; load average {os.getloadavg()[0]:.1f}")
-    print(f"{args.steps} timed steps per side after a warm-up step, arbor and bare in turn (the first side "
-          "alternating), each after gc + malloc_trim; fastest wall kept")
+    print(f"{args.steps} timed steps per side after a warm-up step, each after gc + malloc_trim, fastest wall kept; "
+          "arbor and bare in turn, the first side alternating"
+          + (f" (except {', '.join('LoRA' if m else 'full' for m in args.sequential)}: all arbor steps, then all "
+             "bare steps, one model resident at a time)" if args.sequential else ""))
     results = []
     work = Path(tempfile.mkdtemp(prefix="arbor-bench-train-"))
     for lora in modes:
         results.append(bench_model_mode(model_dir, lora, args.steps, work / ("lora" if lora else "full"),
-                                        args.micro_batch_tokens, Path(args.profile_dir) if args.profile else None))
+                                        args.micro_batch_tokens, Path(args.profile_dir) if args.profile else None,
+                                        sequential=lora in args.sequential))
     r0 = results[0]
     print(f"\nbatch: {r0['seqs']} trajectories (4 prompts x K 4), {int(r0['tokens'])} real tokens "
           f"(longest {r0['max_len']}), {r0['micro']} micro-batch(es) of <= {r0['micro_batch_tokens']} padded "
@@ -359,7 +402,8 @@ def model_main(args: argparse.Namespace) -> int:
               + " ".join(f"{a_t[k] / max(b_t[k], 1e-9):>{w - 1}.2f}x" for k, w in zip(PHASES, widths, strict=True))
               + f" {sum(a_t[k] for k in PHASES) / sum(b_t[k] for k in PHASES):>6.2f}x {a_wall / b_wall:>6.2f}x"
               + f" {a_cpu / b_cpu:>5.2f}x")
-        print(f"{'':<5} (Trainer construction incl. deepspeed.initialize: {r['init']:.1f} s, not in the step)")
+        print(f"{'':<5} (Trainer construction incl. deepspeed.initialize: {r['init']:.1f} s, not in the step"
+              f"{'; sides run one after the other' if r['sequential'] else ''})")
     if not have_lora:
         print("LoRA: not available (tasks/lora.py does not exist yet): full fine-tuning only")
     print("seconds per step (fastest by wall); phases = pi_old + forward + backward + optim; wall = the whole call "
@@ -394,13 +438,19 @@ def main() -> int:
     ap.add_argument("--lora", choices=("both", "off", "on"), default="both", help="--model: which modes to bench")
     ap.add_argument("--home", default=str(ROOT / "bench" / "out" / "models-home"),
                     help="--model: where the converted model is kept")
+    ap.add_argument("--threads", type=int, default=0, help="--model: torch CPU threads (0: leave as is)")
+    ap.add_argument("--sequential", choices=("full", "lora", "both"), default=None,
+                    help="--model: run that mode's two sides one after the other (one model in memory at a time)")
     ap.add_argument("--micro-batch-tokens", type=int, default=None,
                     help="--model: train.micro_batch_tokens for both sides (default: the profile's)")
     ap.add_argument("--profile", action="store_true", help="--model: one more step of each side under torch.profiler")
     ap.add_argument("--profile-dir", default=str(ROOT / "bench" / "out" / "profile"))
     args = ap.parse_args()
     if args.model:
+        if args.threads:
+            torch.set_num_threads(args.threads)
         args.steps = args.steps or 2
+        args.sequential = {None: [], "full": [False], "lora": [True], "both": [False, True]}[args.sequential]
         return model_main(args)
     args.steps = args.steps or 3
     gpu = args.gpu and torch.cuda.is_available()

@@ -92,8 +92,10 @@ def test_arco_scores_turns_teaches_mu_and_trains_on_turn_credit(reference: Path)
         group = [trajs[x["traj_id"]]["base_reward"] for x in advs if x["step"] == 2 and x["group"] == r["group"]
                  and x["turn"] == 0]
         assert r["advantage"] == pytest.approx(r["outcome"] - sum(group) / len(group))
-    # the rubric model's checkpoint is not due (every 5): none written, the policy's neither
-    assert not (home / "checkpoints" / RUN / "mu").exists() or not any((home / "checkpoints" / RUN / "mu").iterdir())
+    # checkpoints every 5 steps and at the run's last: step 3 only, mu's beside the policy's
+    root = home / "checkpoints" / RUN
+    assert sorted(p.name for p in (root / "mu").iterdir()) == ["step_000003"]
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_000003"]
 
 
 def test_report_draws_mu_calibration_and_turn_advantages(reference: Path, tmp_path: Path) -> None:

@@ -132,17 +132,7 @@ def gguf_to_hf(gguf: Path, home: Path | None = None) -> Path:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantised.state_dict())
     plain.generation_config = quantised.generation_config
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    plain.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "arbor_gguf.json").write_text(json.dumps({"source": str(gguf), "sha256": digest}, indent=1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process converted it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return publish_model(plain, tokenizer, out, "arbor_gguf.json", {"source": str(gguf), "sha256": digest})
 
 
 def resolve_model(model: str | Path, home: Path | None = None) -> str | Path:
@@ -276,6 +266,22 @@ def tiny_policy_path(cfg: TinyPolicyConfig = TinyPolicyConfig(), home: Path | No
     return (home or arbor_home()) / "models" / f"tiny-qwen3-{cfg.key()}"
 
 
+def publish_model(model: Any, tokenizer: Any, out: Path, record: str, meta: dict[str, Any]) -> Path:
+    """Save ``model`` and ``tokenizer`` with a ``record`` file under a temporary name, then rename it to ``out``:
+    a crash never leaves a half-written directory; a concurrent writer that finished first wins."""
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / record).write_text(json.dumps(meta, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process wrote it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def build_tiny_policy(cfg: TinyPolicyConfig = TinyPolicyConfig(), home: Path | None = None,
                       path: Path | None = None) -> Path:
     """Build the tiny policy once into the workspace (``save_pretrained``); return its directory.
@@ -285,19 +291,9 @@ def build_tiny_policy(cfg: TinyPolicyConfig = TinyPolicyConfig(), home: Path | N
     out = Path(path) if path is not None else tiny_policy_path(cfg, home)
     if (out / "config.json").exists() and (out / "tokenizer.json").exists():
         return out
-    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = train_tokenizer(cfg.vocab_size)
     model = build_tiny_model(cfg, tokenizer)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "arbor_tiny.json").write_text(json.dumps(asdict(cfg), indent=1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process built it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return publish_model(model, tokenizer, out, "arbor_tiny.json", asdict(cfg))
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

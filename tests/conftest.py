@@ -60,3 +60,18 @@ def reference_run(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.Te
         arbor_train(profile="tiny-cpu", overrides={**tiny_overrides(sft_policy), **openai_judge(srv.base_url)},
                     run_id="ref")
         return home, dict(srv.counts), list(srv.arrivals)
+
+
+@pytest.fixture
+def deterministic():
+    """Deterministic torch algorithms for one test (bitwise resume comparisons)."""
+    import torch
+
+    prev = torch.are_deterministic_algorithms_enabled()
+    prev_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)
+    # filling every torch.empty with NaN costs ~30 s on DeepSpeed's large CPU buckets; determinism is unaffected
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    yield
+    torch.use_deterministic_algorithms(prev)
+    torch.utils.deterministic.fill_uninitialized_memory = prev_fill

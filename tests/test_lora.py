@@ -191,17 +191,6 @@ def test_lora_under_zero3_exports_the_merged_policy(model_dir: Path, tmp_path: P
     assert len(load_file(str(path / "adapter" / "adapter_model.safetensors"))) == 2 * 14
 
 
-@pytest.fixture
-def deterministic():
-    prev = torch.are_deterministic_algorithms_enabled()
-    prev_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    torch.utils.deterministic.fill_uninitialized_memory = False
-    yield
-    torch.use_deterministic_algorithms(prev)
-    torch.utils.deterministic.fill_uninitialized_memory = prev_fill
-
-
 def test_lora_resume_replay_is_bitwise_equal(model_dir: Path, tmp_path: Path, deterministic: None) -> None:
     """Steps 1..3 uninterrupted vs. steps 1..2 (checkpoint at 2), a fresh trainer that loads it and replays 3:
     adapters, merged weights and the optimizer state (one more identical step) are bitwise equal."""

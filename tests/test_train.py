@@ -149,18 +149,6 @@ def test_zero3_saves_hf_weights_transformers_reloads_identically(tmp_path: Path)
     assert torch.allclose(tr.logprobs([t])[0], ref, atol=1e-5)
 
 
-@pytest.fixture
-def deterministic():
-    prev = torch.are_deterministic_algorithms_enabled()
-    prev_fill = torch.utils.deterministic.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
-    # filling every torch.empty with NaN costs ~30 s on DeepSpeed's large CPU buckets; determinism is unaffected
-    torch.utils.deterministic.fill_uninitialized_memory = False
-    yield
-    torch.use_deterministic_algorithms(prev)
-    torch.utils.deterministic.fill_uninitialized_memory = prev_fill
-
-
 def test_checkpoint_resume_replay_is_bitwise_equal(model_dir: Path, tmp_path: Path, deterministic: None) -> None:
     overrides = {"checkpoint.every": 2, "checkpoint.keep_last": 1, "train.updates_per_batch": 2}
     batches = {s: make_batch(s, s - 1) for s in range(1, 5)}

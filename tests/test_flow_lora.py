@@ -30,11 +30,25 @@ OVERRIDES = {
 }
 
 
-def _train(home: Path, resume: bool = False) -> None:
-    from arbor.flows.train import arbor_train
+def _log(home: Path, resume: bool = False, fault: str | None = None) -> Path:
+    return home.parent / f"{home.name}-{'resumed' if resume else 'killed' if fault else 'run'}.log"
 
-    os.environ["ARBOR_HOME"] = str(home)
-    arbor_train(profile="tiny-cpu", overrides=OVERRIDES, run_id=RUN, resume=resume)
+
+def _train(home: Path, *, resume: bool = False, fault: str | None = None) -> subprocess.CompletedProcess:
+    """``arbor train`` in a fresh process, as a user runs it. All three runs of this file (reference, killed,
+    resumed) start the same way, so they share torch's thread count and every other process-wide setting: the
+    test session's own process has been shaped by the tests before it (CI saw 1e-5 log-prob drift in-process)."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "ARBOR_HOME": str(home), "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    env.pop("ARBOR_FAULT", None)
+    if fault:
+        env["ARBOR_FAULT"] = fault
+    args = ["--resume", RUN] if resume else ["-p", "tiny-cpu", "--run-id", RUN,
+                                             *[f"--set={k}={v}" for k, v in OVERRIDES.items()]]
+    with open(_log(home, resume, fault), "w") as out:
+        return subprocess.run([sys.executable, "-m", "arbor.cli", "train", *args], env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=600)
 
 
 def _stored(home: Path) -> tuple[list[tuple], list[tuple]]:
@@ -54,7 +68,8 @@ def _checkpoint(home: Path, step: int) -> dict[str, dict[str, torch.Tensor]]:
 @pytest.fixture(scope="module")
 def reference(prefect_harness, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("lora_ref")
-    _train(home)
+    proc = _train(home)
+    assert proc.returncode == 0, _log(home).read_text()[-2000:]
     return home
 
 
@@ -77,20 +92,13 @@ def test_lora_run_checkpoints_adapters_and_a_merged_export(reference: Path) -> N
 
 
 def test_lora_resume_after_sigkill_is_exact(reference: Path, tmp_path: Path, prefect_harness) -> None:
-    from prefect.settings import PREFECT_API_URL
-
     home = tmp_path / "home"
-    env = {**os.environ, "ARBOR_HOME": str(home), "ARBOR_FAULT": "2:train:kill",
-           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "-p", "tiny-cpu", "--run-id", RUN,
-                               *[f"--set={k}={v}" for k, v in OVERRIDES.items()]], env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=600)
-    assert proc.returncode == -9, log.read_text()[-2000:]  # SIGKILLed as step 2's training committed
+    proc = _train(home, fault="2:train:kill")
+    assert proc.returncode == -9, _log(home, fault="kill").read_text()[-2000:]  # as step 2's training commits
     assert not any(s["stage"] == "train" and s["step"] == 2 for s in table("stage_runs", RUN, home))
     assert sorted(p.name for p in (home / "checkpoints" / RUN).iterdir()) == ["step_000001"]
-    _train(home, resume=True)  # loads step 1's LoRA checkpoint, trains step 2 again, rolls out and trains step 3
+    proc = _train(home, resume=True)  # loads step 1's LoRA checkpoint, trains step 2 again, rolls out and trains 3
+    assert proc.returncode == 0, _log(home, resume=True).read_text()[-2000:]
     assert _stored(home) == _stored(reference)
     for step in (2, 3):
         got, want = _checkpoint(home, step), _checkpoint(reference, step)

@@ -7,7 +7,8 @@ Per group, per active rubric r:  keep r only if Var_i(s_i^r) >= delta_v   (varia
     term_i   = 0 for format-invalid trajectories                          (keep the format penalty)
     R_total  = R_base + lambda_ * term_i                                   (eq. 4)
 A trajectory without a score under a rubric (None: all its judge edges failed) takes that rubric's mean over the
-scored trajectories, so it contributes a zero centred term; the filter's variance uses scored trajectories only.
+scored trajectories, so it contributes a zero centred term; the filter's variance uses scored trajectories only. A
+rubric with no score at all (every call failed) is never kept, whatever delta_v (RaR's is 0): it has no mean.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def shape_group(
         if sc is not None and len(sc) != k:
             raise ValueError(f"shape_rewards: rubric {r} has {len(sc)} scores for a group of {k}")
     variances = [rubric_variance(sc) for sc in rubric_scores]
-    kept = [sc is not None and passes_variance(v, delta_v) for sc, v in zip(rubric_scores, variances, strict=True)]
+    kept = [sc is not None and any(s is not None for s in sc) and passes_variance(v, delta_v)
+            for sc, v in zip(rubric_scores, variances, strict=True)]  # a rubric no trajectory got a score under: out
     filled: list[list[float]] = []
     for sc, keep in zip(rubric_scores, kept, strict=True):
         if not keep or sc is None:

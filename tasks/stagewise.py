@@ -22,7 +22,7 @@ N_STAGES = 4
 
 
 # ---------------------------------------------------------------------------------------------- eq. 1 and C.3
-def stage_score(grades: Sequence[int], weights: Sequence[float], polarities: Sequence[int],
+def stage_score(grades: Sequence[float], weights: Sequence[float], polarities: Sequence[int],
                 extra: tuple[float, float] | None = None) -> float:
     """R_{i,k} in [0, 1] (C.3): the weighted mean of a stage's 0/1/2 grades, a negative rubric's grade inverted
     (2 - s: no flaw scores full), mapped to [0, 1]. ``extra`` = (value in [0, 1], weight) adds a rubric scored

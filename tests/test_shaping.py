@@ -47,6 +47,15 @@ def test_variance_threshold_is_inclusive_and_discarded_rubrics_count_as_dropped(
     assert shape_group([0.0, 0.0], [None], [T, T]).kept == [False]  # judge error: scores discarded
 
 
+def test_a_rubric_every_call_failed_for_is_dropped_even_at_delta_v_zero():
+    # RaR (delta_v 0) when a group's items could not be written: every rating None. Issue 31: this crashed the
+    # shape stage ("mean of an empty sequence") and with it the run; it must cost the group its signal only.
+    got = shape_group([0.2, 0.0, 1.0], [[None, None, None], [0.1, 0.1, 0.4]], [T, T, T], delta_v=0.0)
+    assert got.kept == [False, True]
+    # the other rubric alone: mean .2, centred [-.1, -.1, .2], attenuated [-.025, -.025, .2], lambda .1
+    assert got.total == pytest.approx([0.1975, -0.0025, 1.02])
+
+
 def test_no_active_rubric_gives_the_base_reward():
     assert shape_rewards([0.2, -1.0, 1.0], [], [T, F, T]) == [0.2, -1.0, 1.0]
 

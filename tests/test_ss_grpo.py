@@ -11,7 +11,7 @@ from arbor.config.rubricem import DEFAULT_LAMBDA
 from arbor.tasks.format import RUBRICEM, check_format, stage_spans, token_starts
 from arbor.tasks.losses import group_advantages, policy_loss
 from arbor.tasks.methods.base import Method
-from arbor.tasks.methods.ss_grpo import SSGRPO, trajectory_stage_scores
+from arbor.tasks.methods.ss_grpo import SSGRPO, neutral_grades, trajectory_stage_scores
 from arbor.tasks.stagewise import (
     StageBuffer,
     grade_variance,
@@ -65,12 +65,37 @@ def test_all_wrong_group_with_different_stage_scores_gets_stage_credit_grpo_does
 
 def test_trajectory_stage_scores_gate_and_fallback() -> None:
     rubrics = [StageRubric("a", 1, "t", "d", 2, 1), StageRubric("b", 4, "t", "d", 1, -1)]
-    grades = [RubricGrade(1), RubricGrade(0)]
+    grades = [1, 0]
     # plan: 2 * .5 / 2 = .5; answer: negative graded 0 -> 1 * 1, plus F1 .5 at weight 3 -> (1 + 1.5) / 4
     assert trajectory_stage_scores(rubrics, grades, 0.5, True, 3.0) == pytest.approx([0.5, 0.0, 0.0, 0.625])
     assert trajectory_stage_scores(rubrics, grades, 0.5, False, 3.0) == [0.0] * 4  # the format gate
-    assert trajectory_stage_scores(rubrics, None, 0.5, True, 3.0) == [0.0, 0.0, 0.0, 0.5]  # failed call: F1 only
+    # a group mean as the grades: plan 2 * (1.5 / 2) / 2 = .75; answer (1 * (2 - .5) / 2 + 1.5) / 4 = .5625
+    assert trajectory_stage_scores(rubrics, [1.5, 0.5], 0.5, True, 3.0) == pytest.approx([0.75, 0.0, 0.0, 0.5625])
+    assert trajectory_stage_scores(rubrics, None, 0.5, True, 3.0) == [0.0, 0.0, 0.0, 0.5]  # nothing graded: F1 only
     assert trajectory_stage_scores(rubrics, None, 0.5, True, 0.0) == [0.0] * 4
+
+
+def test_neutral_grades_are_the_groups_mean_per_rubric() -> None:
+    g = [RubricGrade(2), RubricGrade(0)], None, [RubricGrade(1), RubricGrade(1)], [RubricGrade(0)]  # last: wrong count
+    assert neutral_grades(g, 2) == [1.5, 0.5]
+    assert neutral_grades([None, None], 2) is None and neutral_grades([[], []], 0) is None
+
+
+def test_a_failed_grading_leaves_the_groups_stage_credit_neutral() -> None:
+    """Issue 31 item 4: the trajectory whose grading call failed gets advantage 0 in every stage (its process is
+    the group's average, its answer as good as theirs), where the literal (0, 0, 0, F1) fallback read as a bad
+    plan; the graded ones keep their credit, one up and one down."""
+    rubrics = [StageRubric("a", 1, "names the entity", "d", 1, 1)]
+    per_traj = [[RubricGrade(2)], [RubricGrade(0)], None]  # trajectory 2: the call failed after its retries
+    neutral = neutral_grades(per_traj, 1)
+    scores = [trajectory_stage_scores(rubrics, [x.score for x in g] if g is not None else neutral, 0.5, True, 1.0)
+              for g in per_traj]
+    assert [s[0] for s in scores] == [1.0, 0.0, 0.5]  # plan: 2 / 2, 0 / 2, the mean 1 / 2
+    adv = stage_advantages([stage_returns(s, DEFAULT_LAMBDA) for s in scores])
+    assert adv[2] == pytest.approx([0.0] * 4, abs=1e-9)
+    assert adv[0][0] == pytest.approx(-adv[1][0]) and adv[0][0] > 0.5
+    literal = [scores[0], scores[1], [0.0, 0.0, 0.0, 0.5]]  # the old fallback: as bad a plan as the worst one
+    assert stage_advantages([stage_returns(s, DEFAULT_LAMBDA) for s in literal])[2][0] < -0.5
 
 
 # ---------------------------------------------------------------------------------------------- App. C.4

@@ -12,7 +12,11 @@ Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Revi
 Choices where the paper leaves arbor's setting open (docs/decisions.md "Issue 15"):
 - the persistent Answer rubric is the outcome: token F1 against the gold answers, weight ``rubricem.outcome_weight``;
 - the format gate of eq. 4 carries over: a format-invalid trajectory scores 0 in every stage and is not graded;
-- a failed grading call falls back to the terminal answer score only (C.4): R = (0, 0, 0, F1-only Answer score).
+- a failed grading call falls back to the terminal answer score only (App. E's "fall back to terminal answer score
+  only"), read as: only its answer's F1 tells it apart from its group. It takes the group's mean grade under each
+  rubric (``neutral_grades``), so its process counts as the group's average and its stage advantages carry no
+  judge signal (issue 31; with (0, 0, 0, F1) a failed call read as a bad process). A group without one graded
+  trajectory has no mean: there every failed one scores (0, 0, 0, F1), which is equal across them.
 
 The stage buffer changes only through its events (``stage_rubrics`` rows), so a resumed run replays them.
 """
@@ -44,18 +48,28 @@ from arbor.tasks.stagewise import (
 from arbor.tasks.types import RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 
-def trajectory_stage_scores(rubrics: Sequence[StageRubric], grades: Sequence[RubricGrade] | None, f1: float,
+def neutral_grades(per_traj: Sequence[Sequence[RubricGrade] | None], n_rubrics: int) -> list[float] | None:
+    """Per rubric, the mean grade over the group's graded trajectories: what a trajectory whose grading failed is
+    given, so that its process reads as the group's average (module docstring). None when nothing was graded."""
+    graded = [g for g in per_traj if g is not None and len(g) == n_rubrics]
+    if not graded or n_rubrics == 0:
+        return None
+    return [sum(g[j].score for g in graded) / len(graded) for j in range(n_rubrics)]
+
+
+def trajectory_stage_scores(rubrics: Sequence[StageRubric], grades: Sequence[float] | None, f1: float,
                             format_valid: bool, outcome_weight: float) -> list[float]:
-    """R_{i,1..4} of one trajectory (C.3) under this method's gate and fallback (module docstring)."""
+    """R_{i,1..4} of one trajectory (C.3) from its grade per rubric (0/1/2, or the group's mean for a failed call)
+    under this method's gate and fallback (module docstring)."""
     if not format_valid:
         return [0.0] * len(STAGE_NAMES)
     outcome = (f1, outcome_weight) if outcome_weight > 0 else None
-    if grades is None:  # the grading call failed: the terminal answer score only (C.4)
+    if grades is None:  # no grade and no group mean: the terminal answer score only
         return [0.0, 0.0, 0.0, stage_score([], [], [], outcome)]
     out = []
     for stage in range(1, len(STAGE_NAMES) + 1):
         idx = [j for j, r in enumerate(rubrics) if r.stage == stage]
-        out.append(stage_score([grades[j].score for j in idx], [rubrics[j].weight for j in idx],
+        out.append(stage_score([grades[j] for j in idx], [rubrics[j].weight for j in idx],
                                [rubrics[j].polarity for j in idx], outcome if stage == len(STAGE_NAMES) else None))
     return out
 
@@ -118,7 +132,6 @@ class SSGRPO(Method):
         for gi, g in enumerate(groups):
             rubrics = buffers[gi]
             per_traj: list[list[RubricGrade] | None] = []  # None: not graded (invalid, or the call failed)
-            scores: list[list[float]] = []
             errors: list[str | None] = []
             for t in g:
                 grades: list[RubricGrade] | None = [] if t.format_valid and not rubrics else None
@@ -135,8 +148,11 @@ class SSGRPO(Method):
                                        "rubric_id": r.rubric_id, "stage": r.stage, "title": r.title,
                                        "weight": r.weight, "polarity": r.polarity, "feature": r.feature,
                                        "grade": gr.score, "justification": gr.justification})
-                scores.append(trajectory_stage_scores(rubrics, grades, t.f1, t.format_valid, rc.outcome_weight))
                 errors.append(err)
+            neutral = neutral_grades(per_traj, len(rubrics))
+            scores = [trajectory_stage_scores(rubrics, [x.score for x in gr] if gr is not None else neutral,
+                                              t.f1, t.format_valid, rc.outcome_weight)
+                      for t, gr in zip(g, per_traj, strict=True)]
             returns = [stage_returns(r, rc.lambda_matrix) for r in scores]
             advs = stage_advantages(returns, eps=self.cfg.train.adv_eps, norm=self.cfg.train.adv_norm)
             variances = {r.rubric_id: grade_variance([gr[j].score if gr else None for gr in per_traj])

@@ -67,9 +67,13 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return dict(s.split("=", 1) for s in items)
 
 
-def settings_tag(sets: dict[str, Any]) -> str:
-    """Six hex digits naming the overrides, so a run is only reused under the same settings."""
-    return hashlib.sha256(json.dumps(sets, sort_keys=True, default=str).encode()).hexdigest()[:6]
+def settings_tag(sets: dict[str, Any], profile: str = "tiny-world", start: Path | None = None) -> str:
+    """Six hex digits naming what a run is made of: the overrides, the profile file's text and the SFT start (its
+    directory name is content-addressed), so a run is only reused under the same settings (an edited profile or a
+    new SFT start gives new runs instead of a refused resume)."""
+    text = (ROOT / "configs" / f"{profile}.yaml").read_text()
+    what = {"sets": sets, "profile": hashlib.sha256(text.encode()).hexdigest(), "start": start.name if start else None}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 
 def completed(run_id: str, home: Path) -> bool:
@@ -86,7 +90,7 @@ def run_one(method: str, seed: int, start: Path, sets: dict[str, Any], home: Pat
     from arbor.storage.runs import run_row
 
     prefix = "learn" if profile == "tiny-world" else f"learn-{profile}"
-    rid = f"{prefix}-{method}-s{seed}-{settings_tag(sets)}"
+    rid = f"{prefix}-{method}-s{seed}-{settings_tag(sets, profile, start)}"
     row = run_row(rid, home)
     if row is not None and completed(rid, home):
         return rid, 0.0
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     # the final exam: the start and every run's last checkpoint answer with the same dice (common random numbers)
     from arbor.tasks.checkpoint import latest_complete
 
-    tag = settings_tag(sets)
+    tag = settings_tag(sets, args.profile)
     start_ids = {m: final_exam(starts[m], f"exam-{starts[m].name}-{tag}", sets, home, m, args.profile)
                  for m in methods}
     finals = {}

@@ -174,16 +174,18 @@ class OpenAIJudge(Judge):
         p_tok = c_tok = 0
         error: str | None = None
         attempts = 0
+        sent = messages  # after an unusable reply: the reply and what was wrong with it (prompts.retry_messages)
         for attempt in range(self.cfg.max_retries + 1):
             attempts += 1
             delay: float | None = None
+            content, truncated = "", False
             try:
                 async with self._sem:
                     # client.post(...) is what chat.completions.create does after transforming its typed params;
                     # our messages are already plain JSON, so we skip that transform (~1 ms CPU a call, bench/judge.py)
                     resp = await client.post(
                         "/chat/completions", cast_to=ChatCompletion,
-                        body={"model": model, "messages": messages, "temperature": rc["temperature"],
+                        body={"model": model, "messages": sent, "temperature": rc["temperature"],
                               "max_tokens": rc["max_tokens"]},
                         options={"headers": {CACHE_HEADER: key}},
                     )
@@ -191,9 +193,11 @@ class OpenAIJudge(Judge):
                     p_tok += resp.usage.prompt_tokens
                     c_tok += resp.usage.completion_tokens or 0
                 content = (resp.choices[0].message.content or "") if resp.choices else ""
+                truncated = bool(resp.choices) and resp.choices[0].finish_reason == "length"
                 value = parse(content)
-            except InvalidOutput:
-                error = "InvalidOutput"
+            except InvalidOutput as e:  # a cut-off reply that still parses is used; one that does not is "Truncated"
+                error = "Truncated" if truncated else "InvalidOutput"
+                sent = prompts.retry_messages(messages, content, str(e), truncated)
             except _RETRYABLE as e:
                 error = type(e).__name__
                 delay = _retry_after(e)

@@ -275,7 +275,9 @@ def parse_json(text: str, schema: type[BaseModel]) -> BaseModel:
     try:
         return schema.model_validate(extract_json(text))
     except ValidationError as e:
-        raise InvalidOutput(f"{schema.__name__}: {e.error_count()} validation errors") from None
+        where = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or 'the object'}: {err['msg']}"
+                          for err in e.errors()[:3])
+        raise InvalidOutput(f"{schema.__name__}: {e.error_count()} validation errors ({where})") from None
 
 
 # Leading markup a model may wrap its verdict in: whitespace, markdown emphasis / code / heading / quote marks,

@@ -280,3 +280,21 @@ def rank_actions_messages(question: str, golds: Sequence[str] | None, history: s
     return version, render(version, question=escape_block(question), ground_truth=_golds(golds),
                            history=_history(history, max_tokens), candidates="\n".join(blocks),
                            labels=", ".join(labels))
+
+
+RETRY_REPLY_CHARS = 1500  # how much of an unusable reply a retry shows back to the judge
+
+
+def retry_messages(messages: Messages, reply: str, problem: str, truncated: bool) -> Messages:
+    """A retry that is not a copy of the failed call (issue 31 item 2): the original conversation, the judge's
+    unusable reply (cut to ``RETRY_REPLY_CHARS``) and what was wrong with it. Always built from the original
+    messages, so a third attempt shows the second reply only. The cache key stays the original call's."""
+    shown = reply if len(reply) <= RETRY_REPLY_CHARS else reply[:RETRY_REPLY_CHARS] + " [...]"
+    if truncated:
+        note = ("Your reply reached the length limit before it was complete, so it cannot be used. Answer again, "
+                "shorter: only what the instructions ask for, in their format, with one short sentence wherever "
+                "they ask for text.")
+    else:
+        note = (f"Your reply cannot be used: {problem}. Answer again with only what the instructions ask for, in "
+                "exactly their format, and nothing else.")
+    return [*messages, {"role": "assistant", "content": shown or "(empty)"}, {"role": "user", "content": note}]

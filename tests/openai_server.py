@@ -15,7 +15,8 @@ As a process (benchmarks): ``python tests/openai_server.py --latency 0.2`` print
 Fault kinds (``FaultPlan.queue`` is consumed one entry per request, in arrival order; then normal answers):
 ``429`` (with ``Retry-After: plan.retry_after``), ``500``, ``hang`` (sleeps ``hang_s`` before answering, past the
 client's timeout), ``malformed`` (not JSON), ``fenced`` (valid JSON inside a ```json fence after prose),
-``invalid`` (JSON of the wrong shape), ``ok``. ``always="A"`` makes every pairwise answer ``{"winner": "A"}``.
+``invalid`` (JSON of the wrong shape), ``length`` (the first half of the answer, ``finish_reason: "length"``,
+as when ``max_tokens`` runs out), ``ok``. ``always="A"`` makes every pairwise answer ``{"winner": "A"}``.
 ``accuracy_by_model={"judge-b": "inverse"}`` scripts the accuracy verdict by the requested model (a second judge).
 """
 
@@ -41,7 +42,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 CACHE_HEADER = "x-arbor-cache-key"
-FAULTS = ("429", "500", "hang", "malformed", "fenced", "invalid", "ok")
+FAULTS = ("429", "500", "hang", "malformed", "fenced", "invalid", "length", "ok")
 ACCURACY_RULES = ("match", "inverse", "correct", "incorrect")
 _ROLE_MARKERS = [
     ("You are an expert judge", "pairwise"),
@@ -239,11 +240,14 @@ class OpenAIServer:
             content = f"Here is my judgement.\n```json\n{content}\n```\nThat is all."
         elif fault == "invalid":
             content = _INVALID[role]
+        elif fault == "length":
+            content = content[: len(content) // 2]
         prompt_chars = sum(len(m.get("content", "")) for m in messages)
         return JSONResponse({
             "id": f"chatcmpl-{sum(self.counts.values())}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "test"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                         "finish_reason": "length" if fault == "length" else "stop"}],
             "usage": {"prompt_tokens": prompt_chars // 4, "completion_tokens": max(1, len(content) // 4),
                       "total_tokens": prompt_chars // 4 + max(1, len(content) // 4)},
         })

@@ -65,6 +65,33 @@ async def _with(judge: OpenAIJudge, coro):  # noqa: ANN001, ANN201
         await judge.aclose()
 
 
+def test_a_retry_tells_the_judge_what_was_wrong(server: OpenAIServer, tmp_path: Path) -> None:
+    """Issue 31 item 2: the second attempt is not a copy of the first; it shows the unusable reply and the
+    validation problem, under the same cache key (so the good answer is found again on a resume)."""
+    server.plan = FaultPlan(queue=["invalid"])
+    judge = make_judge(config(server), home=tmp_path)
+    out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
+    assert out.ok and out.value == "A" and out.attempts == 2
+    first, second = (b["messages"] for b in server.bodies)
+    assert [m["role"] for m in first] == ["system", "user"] and second[:2] == first
+    assert second[2] == {"role": "assistant", "content": openai_server._INVALID["pairwise"]}
+    assert second[3]["role"] == "user" and "cannot be used: PairwiseOut" in second[3]["content"]
+    assert "winner: Input should be 'A', 'B' or 'TIE'" in second[3]["content"]  # the field and its rule, named
+    assert len(set(server.counts)) == 1  # one cache key for both attempts
+
+
+def test_a_truncated_reply_is_recognised_and_retried_shorter(server: OpenAIServer, tmp_path: Path) -> None:
+    server.plan = FaultPlan(queue=["length"] * 3)  # max_retries 2: every attempt runs out of tokens
+    judge = make_judge(config(server), home=tmp_path)
+    out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
+    assert not out.ok and out.error == "Truncated" and out.attempts == 3
+    [row] = judge.drain_calls()
+    assert row["error"] == "Truncated" and row["attempts"] == 3
+    bodies = [b["messages"] for b in server.bodies]
+    assert all(len(m) == 4 and "length limit" in m[3]["content"] for m in bodies[1:])
+    assert bodies[2][2]["content"] != "" and bodies[2][:2] == bodies[0]  # the second reply shown, not a pile-up
+
+
 @pytest.mark.parametrize("fault,attempts,error_first", [
     ("429", 2, "RateLimitError"), ("500", 2, "InternalServerError"), ("hang", 2, "APITimeoutError"),
     ("malformed", 2, "InvalidOutput"), ("invalid", 2, "InvalidOutput"), ("fenced", 1, None),

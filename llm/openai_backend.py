@@ -25,6 +25,7 @@ from arbor.llm import prompts
 from arbor.llm.base import RANK_LABELS, ROLES, CallContext, Judge, JudgeOutcome, Winner
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
 from arbor.llm.parse import (
+    ROLE_SCHEMAS,
     ConsolidationOut,
     InductionOut,
     InvalidOutput,
@@ -58,6 +59,29 @@ from arbor.tasks.types import (
 log = logging.getLogger("arbor.judge")
 CACHE_HEADER = "X-Arbor-Cache-Key"
 _RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError)
+DIALECTS = ("json_schema", "json_object", "off")  # judge.structured_outputs=auto tries them in this order
+_FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
+
+
+def response_format(role: str, dialect: str) -> dict[str, Any] | None:
+    """The ``response_format`` of a role's request in one dialect: OpenAI's and vLLM's ``json_schema``, or
+    llama-cpp-python's ``json_object`` with a ``schema`` (its server refuses the former with a 422); None for
+    ``off`` and for a role without a schema (accuracy)."""
+    model = ROLE_SCHEMAS.get(role)
+    if model is None or dialect == "off":
+        return None
+    schema = model.model_json_schema()
+    if dialect == "json_schema":
+        return {"type": "json_schema", "json_schema": {"name": role, "schema": schema}}
+    return {"type": "json_object", "schema": schema}
+
+
+def refuses_format(err: openai.APIStatusError) -> bool:
+    """Whether a 4xx says the server does not take this ``response_format`` (422: a schema validation error of the
+    request, as llama-cpp-python answers; 400 naming the field), rather than anything else about the request."""
+    if err.status_code == 422:
+        return True
+    return err.status_code == 400 and any(w in str(err).lower() for w in _FORMAT_WORDS)
 
 
 class JudgeSetupError(ValueError):
@@ -96,6 +120,8 @@ class OpenAIJudge(Judge):
         self._sem: asyncio.Semaphore | None = None
         self._clients: dict[tuple[str | None, str], openai.AsyncOpenAI] = {}
         self._inflight: dict[str, asyncio.Future[tuple[Any, str | None]]] = {}
+        # judge.structured_outputs=auto: the dialect each endpoint takes, learnt from its first refusal
+        self.dialects: dict[str | None, str] = {}
 
     # ---- transport ---------------------------------------------------------------------------------------
     def _bind_loop(self) -> None:
@@ -113,6 +139,22 @@ class OpenAIJudge(Judge):
             )
             self._clients[(base_url, key_env)] = client
         return client
+
+    def _dialect(self, base_url: str | None) -> str:
+        mode = self.cfg.structured_outputs
+        return self.dialects.get(base_url, DIALECTS[0]) if mode == "auto" else mode
+
+    def _refused(self, base_url: str | None, sent: str, err: openai.APIStatusError) -> bool:
+        """auto: step down from the dialect the endpoint refused (once, whichever concurrent call saw it first);
+        True when there is another dialect to send."""
+        if self.cfg.structured_outputs != "auto" or sent == "off" or not refuses_format(err):
+            return False
+        if self._dialect(base_url) == sent:
+            nxt = DIALECTS[DIALECTS.index(sent) + 1]
+            self.dialects[base_url] = nxt
+            log.warning("judge endpoint %s refused response_format %s (%s); sending %s from now on",
+                        base_url or "(default)", sent, err.status_code, nxt)
+        return True
 
     def _backoff(self, key: str, attempt: int) -> float:
         """Exponential backoff with "equal jitter": b = min(max, base * 2^attempt), sleep in [b/2, b]."""
@@ -180,15 +222,7 @@ class OpenAIJudge(Judge):
             delay: float | None = None
             content, truncated = "", False
             try:
-                async with self._sem:
-                    # client.post(...) is what chat.completions.create does after transforming its typed params;
-                    # our messages are already plain JSON, so we skip that transform (~1 ms CPU a call, bench/judge.py)
-                    resp = await client.post(
-                        "/chat/completions", cast_to=ChatCompletion,
-                        body={"model": model, "messages": sent, "temperature": rc["temperature"],
-                              "max_tokens": rc["max_tokens"]},
-                        options={"headers": {CACHE_HEADER: key}},
-                    )
+                resp = await self._post(client, role, rc, model, sent, key)
                 if resp.usage is not None:
                     p_tok += resp.usage.prompt_tokens
                     c_tok += resp.usage.completion_tokens or 0
@@ -228,6 +262,27 @@ class OpenAIJudge(Judge):
         self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok, completion_tokens=c_tok,
                      cost_usd=cost, cache_hit=False, attempts=attempts, error=error)
         return JudgeOutcome(None, error, attempts, False)
+
+    async def _post(self, client: openai.AsyncOpenAI, role: str, rc: Mapping[str, object], model: str,
+                    messages: list[dict[str, str]], key: str) -> ChatCompletion:
+        """One request, with the role's schema in the endpoint's dialect; a refused dialect is not an attempt:
+        the request goes again at once in the next one (``_refused``)."""
+        base_url = rc["base_url"]  # type: ignore[assignment]
+        while True:
+            dialect = self._dialect(base_url)  # type: ignore[arg-type]
+            body: dict[str, Any] = {"model": model, "messages": messages, "temperature": rc["temperature"],
+                                    "max_tokens": rc["max_tokens"]}
+            if (fmt := response_format(role, dialect)) is not None:
+                body["response_format"] = fmt
+            try:
+                async with self._sem:
+                    # client.post(...) is what chat.completions.create does after transforming its typed params;
+                    # our messages are already plain JSON, so we skip that transform (~1 ms CPU a call, bench/judge.py)
+                    return await client.post("/chat/completions", cast_to=ChatCompletion, body=body,
+                                             options={"headers": {CACHE_HEADER: key}})
+            except openai.APIStatusError as e:
+                if fmt is None or not self._refused(base_url, dialect, e):  # type: ignore[arg-type]
+                    raise
 
     async def aclose(self) -> None:
         for client in self._clients.values():

@@ -74,6 +74,9 @@ class FaultPlan:
     accuracy_by_model: dict[str, str] = field(default_factory=dict)
     # faults for one judge role only, served to that role's requests in arrival order before ``queue`` is read
     by_role: dict[str, list[str]] = field(default_factory=dict)
+    # the response_format types the server takes (None: any); another is refused with a 422, as llama-cpp-python's
+    # server refuses {"type": "json_schema"} (it takes "text" and "json_object" with a "schema")
+    formats: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         bad = [f for f in [*self.queue, *(f for q in self.by_role.values() for f in q)] if f not in FAULTS]
@@ -218,6 +221,11 @@ class OpenAIServer:
         role = recognise_role(messages)
         if role is None:
             return JSONResponse({"error": {"message": "unknown prompt"}}, status_code=400)
+        fmt = (body.get("response_format") or {}).get("type")
+        if fmt is not None and self.plan.formats is not None and fmt not in self.plan.formats:
+            allowed = " or ".join(repr(f) for f in self.plan.formats)
+            return JSONResponse({"detail": [{"type": "literal_error", "loc": ["body", "response_format", "type"],
+                                             "msg": f"Input should be {allowed}", "input": fmt}]}, status_code=422)
         self.roles[role] += 1
         self.arrivals.append((time.time(), role))
         mine = self.plan.by_role.get(role)

@@ -92,6 +92,65 @@ def test_a_truncated_reply_is_recognised_and_retried_shorter(server: OpenAIServe
     assert bodies[2][2]["content"] != "" and bodies[2][:2] == bodies[0]  # the second reply shown, not a pile-up
 
 
+def _formats(server: OpenAIServer) -> list[str | None]:
+    return [(b.get("response_format") or {}).get("type") for b in server.bodies]
+
+
+def test_structured_outputs_send_each_roles_schema(server: OpenAIServer, tmp_path: Path) -> None:
+    judge = make_judge(config(server), home=tmp_path)  # judge.structured_outputs: auto, the default
+
+    async def both():  # noqa: ANN202
+        return (await judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC),
+                await judge.accuracy(Q, ["Paris"], "Paris"))
+
+    pair, acc = run(_with(judge, both()))
+    assert pair.value == "A" and acc.value is True
+    fmt = server.bodies[0]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "pairwise"
+    assert fmt["json_schema"]["schema"]["properties"]["winner"]["enum"] == ["A", "B", "TIE"]
+    assert "response_format" not in server.bodies[1]  # accuracy answers with a verdict word (E.4): no schema
+
+
+def test_auto_steps_down_to_the_dialect_the_endpoint_takes(server: OpenAIServer, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """llama-cpp-python's server refuses json_schema (422) and takes json_object with a schema: the first call
+    learns that without spending an attempt, later calls send json_object at once, and it is logged once."""
+    server.plan = FaultPlan(formats=("text", "json_object"))
+    judge = make_judge(config(server), home=tmp_path)
+    caplog.set_level(logging.WARNING, logger="arbor.judge")
+
+    async def two():  # noqa: ANN202
+        return [await judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC),
+                await judge.pairwise(Q, traj(2, 1), traj(3, 3), RUBRIC)]
+
+    outs = run(_with(judge, two()))
+    assert [o.value for o in outs] == ["A", "B"] and [o.attempts for o in outs] == [1, 1]
+    assert _formats(server) == ["json_schema", "json_object", "json_object"]
+    assert server.bodies[1]["response_format"]["schema"]["required"] == ["winner"]
+    assert sum("refused response_format json_schema" in r.getMessage() for r in caplog.records) == 1
+    server.plan = FaultPlan(formats=("text",))  # an endpoint that takes no schema at all: down to none
+    judge = make_judge(config(server), home=tmp_path / "b")
+    server.bodies.clear()
+    assert run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC))).value == "A"
+    assert _formats(server) == ["json_schema", "json_object", None]
+
+
+@pytest.mark.parametrize("mode,sent", [("json_object", "json_object"), ("off", None)])
+def test_a_fixed_dialect_is_sent_as_configured(server: OpenAIServer, tmp_path: Path, mode: str,
+                                               sent: str | None) -> None:
+    judge = make_judge(config(server, structured_outputs=mode), home=tmp_path)
+    assert run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC))).value == "A"
+    assert _formats(server) == [sent]
+
+
+def test_a_fixed_dialect_the_endpoint_refuses_is_a_recorded_failure(server: OpenAIServer, tmp_path: Path) -> None:
+    server.plan = FaultPlan(formats=("text", "json_object"))
+    judge = make_judge(config(server, structured_outputs="json_schema"), home=tmp_path)
+    out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
+    assert not out.ok and out.error == "UnprocessableEntityError:422" and out.attempts == 1  # a 4xx: not retried
+    assert _formats(server) == ["json_schema"]
+
+
 @pytest.mark.parametrize("fault,attempts,error_first", [
     ("429", 2, "RateLimitError"), ("500", 2, "InternalServerError"), ("hang", 2, "APITimeoutError"),
     ("malformed", 2, "InvalidOutput"), ("invalid", 2, "InvalidOutput"), ("fenced", 1, None),

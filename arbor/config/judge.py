@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from arbor.config.base import Section, builtin_or_plugin
@@ -54,6 +56,10 @@ class JudgeConfig(Section):
     concurrency: int = Field(32, ge=1)
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(4, ge=0, description="retries after the first attempt (transport errors and invalid output)")
+    structured_outputs: Literal["auto", "json_schema", "json_object", "off"] = Field(
+        "auto", description="send each role's JSON schema as response_format: json_schema (OpenAI, vLLM), "
+        "json_object with a schema (llama-cpp-python's server), off, or auto: json_schema first, and on an "
+        "endpoint that refuses it json_object, then none (logged once per endpoint)")
     backoff_base_s: float = Field(0.5, ge=0)
     backoff_max_s: float = Field(30.0, ge=0)
     max_judge_tokens: int = Field(3000, ge=256, description="trajectory compaction budget before judging")

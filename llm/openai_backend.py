@@ -163,8 +163,12 @@ class OpenAIJudge(Judge):
         return b * (0.5 + 0.5 * u)
 
     async def _call(self, role: str, version: str, messages: list[dict[str, str]], parse: Callable[[str], Any],
-                    ctx: CallContext | None) -> JudgeOutcome[Any]:
+                    ctx: CallContext | None, items: int | None = None) -> JudgeOutcome[Any]:
+        """One role call; ``items``: how many entries the reply must hold, which sets its token budget
+        (``prompts.reply_budget``) unless ``judge.roles.<role>.max_tokens`` fixes it."""
         rc = self.cfg.for_role(role)
+        if items is not None and getattr(self.cfg.roles, role).max_tokens is None:
+            rc["max_tokens"] = max(int(rc["max_tokens"]), prompts.reply_budget(role, items))  # type: ignore[call-overload]
         model = str(rc["model"])
         params = {"temperature": rc["temperature"], "max_tokens": rc["max_tokens"]}
         key = cache_key(role, model, version, messages, params)
@@ -278,8 +282,9 @@ class OpenAIJudge(Judge):
                 async with self._sem:
                     # client.post(...) is what chat.completions.create does after transforming its typed params;
                     # our messages are already plain JSON, so we skip that transform (~1 ms CPU a call, bench/judge.py)
+                    timeout = prompts.request_timeout(self.cfg.timeout_s, messages, int(rc["max_tokens"]))  # type: ignore[call-overload]
                     return await client.post("/chat/completions", cast_to=ChatCompletion, body=body,
-                                             options={"headers": {CACHE_HEADER: key}})
+                                             options={"headers": {CACHE_HEADER: key}, "timeout": timeout})
             except openai.APIStatusError as e:
                 if fmt is None or not self._refused(base_url, dialect, e):  # type: ignore[arg-type]
                     raise
@@ -359,7 +364,7 @@ class OpenAIJudge(Judge):
         version, messages = prompts.stage_grades_messages(question, golds, trajectory, rubrics,
                                                           self.cfg.max_judge_tokens)
         n = len(rubrics)
-        return await self._call("stage_grades", version, messages, lambda t: parse_stage_grades(t, n), ctx)
+        return await self._call("stage_grades", version, messages, lambda t: parse_stage_grades(t, n), ctx, n)
 
     async def reflection_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
                                 graded: Sequence[tuple[StageRubric, RubricGrade]], candidates: Sequence[str], *,
@@ -373,7 +378,7 @@ class OpenAIJudge(Judge):
                                                                self.cfg.max_judge_tokens)
         n = len(candidates)
         return await self._call("reflection_grades", version, messages, lambda t: parse_reflection_grades(t, n),
-                                ctx)
+                                ctx, n)
 
     # ---- ARCO's warm-up teacher ---------------------------------------------------------------------------------
     async def step_labels(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
@@ -386,7 +391,8 @@ class OpenAIJudge(Judge):
         version, messages = prompts.step_labels_messages(question, golds, trajectory, steps, k,
                                                          self.cfg.max_judge_tokens)
         n = len(steps)
-        return await self._call("step_labels", version, messages, lambda t: parse_step_labels(t, n, k), ctx)
+        return await self._call("step_labels", version, messages, lambda t: parse_step_labels(t, n, k), ctx,
+                                n * k)
 
     # ---- Co-ReAct roles (its §3.1-3.3, App. A) ----------------------------------------------------------------
     async def step_rubric(self, question: str, history: str, *, tool_calls: int, max_tool_calls: int,
@@ -406,7 +412,7 @@ class OpenAIJudge(Judge):
         version, messages = prompts.step_verify_messages(question, history, action, rubric,
                                                          self.cfg.max_judge_tokens)
         n = len(rubric.items)
-        return await self._call("step_verify", version, messages, lambda t: parse_step_verdict(t, n), ctx)
+        return await self._call("step_verify", version, messages, lambda t: parse_step_verdict(t, n), ctx, n)
 
     async def _rank_shown(self, question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str],
                           *, ctx: CallContext | None) -> JudgeOutcome[list[str]]:

@@ -15,7 +15,7 @@ import pytest
 from openai_server import FaultPlan, OpenAIServer
 
 from arbor.config.judge import JudgeConfig
-from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
+from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge, prompts
 from arbor.llm.cache import cache_key
 from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge
 from arbor.tasks.evaluate import Prediction, judge_predictions, pass_at_1
@@ -149,6 +149,35 @@ def test_a_fixed_dialect_the_endpoint_refuses_is_a_recorded_failure(server: Open
     out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
     assert not out.ok and out.error == "UnprocessableEntityError:422" and out.attempts == 1  # a 4xx: not retried
     assert _formats(server) == ["json_schema"]
+
+
+def test_reply_budget_and_request_timeout_by_hand() -> None:
+    assert prompts.reply_budget("stage_grades", 27) == 32 + 64 * 27  # RubricEM's worst case: 1,760 tokens
+    assert prompts.reply_budget("step_labels", 4 * 3) == 32 + 40 * 12
+    short = [{"role": "user", "content": "x" * 4000}]  # ~1,000 tokens in, 1,000 out: within one timeout
+    assert prompts.request_timeout(60.0, short, 1000) == 60.0
+    long = [{"role": "system", "content": "x" * 8192}, {"role": "user", "content": "y" * 24576}]  # 8,192 in
+    assert prompts.request_timeout(60.0, long, 2048) == pytest.approx(60.0 * (8192 + 2048) / 2048)
+
+
+def test_a_replys_budget_follows_the_number_of_items(server: OpenAIServer, tmp_path: Path) -> None:
+    """Issue 31 item 3: 27 stage rubrics to grade need more than judge.max_tokens (1,024); 3 do not; a per-role
+    setting wins."""
+    from arbor.tasks.types import StageRubric
+
+    rubrics = [StageRubric(f"r{i}", 1 + i % 4, f"rubric {i}", "d") for i in range(27)]
+
+    def sent(cfg: JudgeConfig, n: int, home: Path) -> int:
+        judge = make_judge(cfg, home=home)
+        server.bodies.clear()
+        out = run(_with(judge, judge.stage_grades(Q, ["Paris"], traj(0, 1), rubrics[:n])))
+        assert out.ok and len(out.value) == n
+        return server.bodies[0]["max_tokens"]
+
+    assert sent(config(server), 27, tmp_path / "a") == 32 + 64 * 27
+    assert sent(config(server), 3, tmp_path / "b") == 1024
+    fixed = config(server, roles={"stage_grades": {"max_tokens": 700}})
+    assert sent(fixed, 27, tmp_path / "c") == 700
 
 
 @pytest.mark.parametrize("fault,attempts,error_first", [

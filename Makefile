@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_UI_ENABLED := false
 
-.PHONY: setup demo test lint bench lock vllm-env clean
+.PHONY: setup demo test lint bench lock vllm-env judge-env clean
 
 # pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -46,6 +46,13 @@ vllm-env:
 	$(PY) -m venv .venv-vllm
 	.venv-vllm/bin/pip install -q "vllm==0.33.0"
 	@echo "set cluster.vllm_executable=$(CURDIR)/.venv-vllm/bin/vllm"
+
+# llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (~12 min on
+# two cores), in an environment of its own (it pins fastapi apart from prefect)
+judge-env:
+	$(PY) -m venv .venv-judge
+	CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q "llama-cpp-python[server]==0.3.36"
+	@echo "then: .venv/bin/arbor judge serve"
 
 clean:
 	rm -rf $(VENV) .arbor

@@ -303,6 +303,69 @@ def config_show_cmd(
         _fail(e)
 
 
+judge_app = typer.Typer(help="A local judge: llama.cpp's OpenAI-compatible server on a shipped or local GGUF.",
+                        no_args_is_help=True)
+app.add_typer(judge_app, name="judge")
+JUDGE_PYTHON = ".venv-judge/bin/python"  # made by `make judge-env`, under the project root
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+@judge_app.command("serve")
+def judge_serve_cmd(
+    model: Annotated[str, typer.Option(help="'smollm2' (the shipped SmolLM2-135M-Instruct) or a .gguf path")] = "smollm2",
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 8090,
+    python: Annotated[Path | None, typer.Option(help="a Python with llama-cpp-python[server] (default: the "
+                                                "project's .venv-judge, made by make judge-env)")] = None,
+    threads: Annotated[int, typer.Option(help="llama.cpp threads (leave cores to the policy)")] = 1,
+    n_ctx: Annotated[int, typer.Option("--n-ctx", help="the judge's context in tokens")] = 8192,
+    startup_timeout: Annotated[float, typer.Option(help="seconds to wait for /v1/models")] = 120.0,
+) -> None:
+    """Serve a real judge on this machine, offline, until Ctrl-C: prints the `--set judge.*` to point a run at it."""
+    import signal
+    import subprocess
+
+    from arbor.paths import PROJECT_ROOT
+    from arbor.tasks.policy import PolicyLoadError, shipped_gguf
+    from arbor.tasks.serving import ServerDied, Supervised, llama_judge_spec
+
+    exe = python.expanduser().absolute() if python is not None else PROJECT_ROOT / JUDGE_PYTHON
+    if not exe.is_file():
+        _fail(f"--python {exe}: not found; `make judge-env` builds llama.cpp's server into .venv-judge")
+    probe = subprocess.run([str(exe), "-c", "import llama_cpp.server"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        _fail(f"--python {exe}: cannot import llama_cpp.server ({last}); `make judge-env` installs it")
+    from arbor.config.rollout import SHIPPED_GGUF
+
+    if not model.endswith(".gguf") and model not in SHIPPED_GGUF:
+        _fail(f"--model {model}: neither a shipped model ({', '.join(SHIPPED_GGUF)}) nor a .gguf file")
+    try:
+        gguf = shipped_gguf(model) if not model.endswith(".gguf") else Path(model).expanduser().resolve()
+    except PolicyLoadError as e:
+        _fail(f"--model {model}: {e}")
+    if not gguf.is_file():
+        _fail(f"--model {model}: no such file")
+    alias = model if not model.endswith(".gguf") else gguf.stem
+    spec = llama_judge_spec(str(exe), gguf, port=port, alias=alias, n_ctx=n_ctx, threads=threads)
+    server = Supervised(spec, startup_timeout_s=startup_timeout, max_restarts=0)
+    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop is a clean stop too
+    try:
+        server.start()
+        typer.echo(f"judge ready: --set judge.backend=openai --set judge.base_url={spec.base_url} "
+                   f"--set judge.model={alias} (judge.api_key_env: any variable set to any value)", err=True)
+        code = server.proc.wait() if server.proc is not None else None
+        _fail(f"the judge server exited with {code}")
+    except (ServerDied, TimeoutError) as e:
+        _fail(f"judge server: {e}")
+    except KeyboardInterrupt:
+        typer.echo("stopping the judge server", err=True)
+    finally:
+        server.stop()
+
+
 rubrics_app = typer.Typer(help="The rubric pool as an artifact: export it, warm-start another run from it.",
                           no_args_is_help=True)
 app.add_typer(rubrics_app, name="rubrics")

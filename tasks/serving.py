@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -52,6 +53,16 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in c.rollout_gpus)} if c.rollout_gpus else {}
     base = f"http://127.0.0.1:{c.vllm_port}"
     return LaunchSpec(argv=argv, env=env, health_url=f"{base}/health", base_url=f"{base}/v1")
+
+
+def llama_judge_spec(python: str, gguf: Path, *, port: int, alias: str, n_ctx: int = 8192,
+                     threads: int = 1) -> LaunchSpec:
+    """llama.cpp's OpenAI-compatible server (llama-cpp-python, in an environment of its own: ``make judge-env``)
+    on a GGUF file, for a local, offline, real judge (issue 31 item 5); ready when ``/v1/models`` answers."""
+    argv = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", str(n_ctx), "--model_alias", alias, "--n_threads", str(threads)]
+    base = f"http://127.0.0.1:{port}/v1"
+    return LaunchSpec(argv=argv, health_url=f"{base}/models", base_url=base)
 
 
 class ServerDied(RuntimeError):

@@ -2,7 +2,7 @@
 # ruff: noqa
 
 # typer: the CLI's commands and an enum member
-_main, sql_cmd, runs_cmd, disk_cmd, train_cmd, demo_cmd, rubrics_export_cmd, eval_cmd, report_cmd, compare_cmd
+_main, sql_cmd, runs_cmd, disk_cmd, train_cmd, demo_cmd, rubrics_export_cmd, judge_serve_cmd, eval_cmd, report_cmd, compare_cmd
 config_show_cmd, guidance_train_cmd
 parquet
 # Prefect flow entry points named in prefect.yaml

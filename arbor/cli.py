@@ -7,7 +7,6 @@ flow machinery (Prefect, torch) or starts anything, and refuses bad input with e
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import time
@@ -17,11 +16,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-# Offline and quiet by default (STACK_NOTES): no usage telemetry, so an offline node logs no telemetry errors.
-# Set before Prefect or huggingface_hub is imported; a value the user exported wins.
-for _key, _value in (("DO_NOT_TRACK", "1"), ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
-                     ("HF_HUB_DISABLE_TELEMETRY", "1")):
-    os.environ.setdefault(_key, _value)
+# no telemetry: arbor/__init__.py sets the offline defaults before Prefect is imported
 
 app = typer.Typer(
     name="arbor",

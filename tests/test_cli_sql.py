@@ -89,7 +89,8 @@ def test_version() -> None:
 
 
 def test_cli_turns_telemetry_off_itself(tmp_path) -> None:
-    """A user's shell without DO_NOT_TRACK: the CLI sets it (and Prefect's server analytics off) before Prefect."""
+    """A user's shell without DO_NOT_TRACK: arbor sets it (and Prefect's server analytics off) before Prefect, for
+    the CLI and for a script that imports a flow (a benchmark, a notebook)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("DO_NOT_TRACK", "PREFECT_SERVER_ANALYTICS_ENABLED", "HF_HUB_DISABLE_TELEMETRY")}
     code = ("import arbor.cli, os; from prefect.settings import get_current_settings; "
@@ -98,6 +99,10 @@ def test_cli_turns_telemetry_off_itself(tmp_path) -> None:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "False"]
+    code = code.replace("import arbor.cli", "import arbor.flows.train")
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "PREFECT_HOME": str(tmp_path)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["1", "False"], out.stderr
     env.update(PREFECT_SERVER_ANALYTICS_ENABLED="true", DO_NOT_TRACK="0")  # values the user exported win
     code = "import arbor.cli, os; print(os.environ['DO_NOT_TRACK'], os.environ['PREFECT_SERVER_ANALYTICS_ENABLED'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

@@ -350,7 +350,8 @@ def judge_serve_cmd(
     try:
         server.start()
         typer.echo(f"judge ready: --set judge.backend=openai --set judge.base_url={spec.base_url} "
-                   f"--set judge.model={alias} (judge.api_key_env: any variable set to any value)", err=True)
+                   f"--set judge.model={alias} --set judge.context_tokens={n_ctx} "
+                   "(judge.api_key_env: any variable set to any value)", err=True)
         code = server.proc.wait() if server.proc is not None else None
         _fail(f"the judge server exited with {code}")
     except (ServerDied, TimeoutError) as e:

@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roles", nargs="+", default=list(ROLES), choices=ROLES)
     p.add_argument("--max-retries", type=int, default=2)
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--context-tokens", type=int, default=None, help="the judge's context (a llama.cpp n_ctx)")
     args = p.parse_args(argv)
     os.environ.setdefault(args.api_key_env, "local")
 
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             jc = JudgeConfig(backend="openai", base_url=args.base_url, model=args.model,
                              api_key_env=args.api_key_env, structured_outputs=mode, cache=False,
-                             max_retries=args.max_retries, timeout_s=args.timeout, concurrency=1)
+                             max_retries=args.max_retries, timeout_s=args.timeout, concurrency=1,
+                             context_tokens=args.context_tokens)
             m = measure(make_judge(jc, home=Path(tempfile.mkdtemp())), calls[role])
             print(f"| {role} | {mode} | {m['calls']} | {m['valid_rate']:.0%} | {m['attempts']:.2f} | "
                   f"{m['latency_s']:.1f} | {m['prompt_tokens']:.0f} | {m['completion_tokens']:.0f} | "

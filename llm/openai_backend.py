@@ -140,6 +140,28 @@ class OpenAIJudge(Judge):
             self._clients[(base_url, key_env)] = client
         return client
 
+    def _reply_tokens(self, role: str, items: int | None = None) -> int:
+        """max_tokens of a role's reply: ``judge.roles.<role>.max_tokens`` when set, else ``judge.max_tokens``
+        raised to what ``items`` entries need (``prompts.reply_budget``)."""
+        rc = self.cfg.for_role(role)
+        if items is None or getattr(self.cfg.roles, role).max_tokens is not None:
+            return int(rc["max_tokens"])  # type: ignore[call-overload]
+        return max(int(rc["max_tokens"]), prompts.reply_budget(role, items))  # type: ignore[call-overload]
+
+    def _fit(self, role: str, texts: int, items: int | None,
+             render: Callable[[int], tuple[str, list[dict[str, str]]]]) -> tuple[str, list[dict[str, str]]]:
+        """A role's prompt with each of its ``texts`` compacted texts (trajectories, histories, candidates) at
+        ``judge.max_judge_tokens``; when ``judge.context_tokens`` is set and that prompt and the reply would not
+        fit, at the budget that makes them fit (issue 31 item 3). The prompt's own words are measured by rendering
+        it with every text at ``prompts.MIN_TEXT_TOKENS``."""
+        version, messages = render(self.cfg.max_judge_tokens)
+        window = self.cfg.context_tokens
+        reply = self._reply_tokens(role, items)
+        if window is None or prompts.message_tokens(messages) + reply <= window:
+            return version, messages
+        own = prompts.message_tokens(render(prompts.MIN_TEXT_TOKENS)[1]) - texts * prompts.MIN_TEXT_TOKENS
+        return render(max(prompts.MIN_TEXT_TOKENS, (window - reply - max(own, 0)) // max(1, texts)))
+
     def _dialect(self, base_url: str | None) -> str:
         mode = self.cfg.structured_outputs
         return self.dialects.get(base_url, DIALECTS[0]) if mode == "auto" else mode
@@ -167,8 +189,7 @@ class OpenAIJudge(Judge):
         """One role call; ``items``: how many entries the reply must hold, which sets its token budget
         (``prompts.reply_budget``) unless ``judge.roles.<role>.max_tokens`` fixes it."""
         rc = self.cfg.for_role(role)
-        if items is not None and getattr(self.cfg.roles, role).max_tokens is None:
-            rc["max_tokens"] = max(int(rc["max_tokens"]), prompts.reply_budget(role, items))  # type: ignore[call-overload]
+        rc["max_tokens"] = self._reply_tokens(role, items)
         model = str(rc["model"])
         params = {"temperature": rc["temperature"], "max_tokens": rc["max_tokens"]}
         key = cache_key(role, model, version, messages, params)
@@ -300,8 +321,8 @@ class OpenAIJudge(Judge):
                      ctx: CallContext | None = None) -> JudgeOutcome[list[RubricDraft]]:
         if anchors.get("mode") in (None, "skip"):
             return JudgeOutcome([], None, 0, False)
-        version, messages = prompts.induction_messages(question, golds, trajectories, anchors, existing,
-                                                       self.cfg.max_judge_tokens)
+        version, messages = self._fit("induction", len(trajectories) if anchors.get("mode") == "unlabeled" else 4, None,
+                                       lambda b: prompts.induction_messages(question, golds, trajectories, anchors, existing, b))
 
         def parse(text: str) -> list[RubricDraft]:
             return [d.to_draft() for d in parse_json(text, InductionOut).rubrics]  # type: ignore[attr-defined]
@@ -320,7 +341,8 @@ class OpenAIJudge(Judge):
 
     async def _pairwise_shown(self, question: str, shown_a: Trajectory, shown_b: Trajectory,
                               rubric: Rubric | RubricDraft, *, ctx: CallContext | None) -> JudgeOutcome[Winner]:
-        version, messages = prompts.pairwise_messages(question, shown_a, shown_b, rubric, self.cfg.max_judge_tokens)
+        version, messages = self._fit("pairwise", 2, None,
+                                       lambda b: prompts.pairwise_messages(question, shown_a, shown_b, rubric, b))
         return await self._call("pairwise", version, messages,
                                 lambda t: parse_json(t, PairwiseOut).winner, ctx)  # type: ignore[attr-defined]
 
@@ -337,7 +359,8 @@ class OpenAIJudge(Judge):
 
     async def rar_rate(self, question: str, trajectory: Trajectory, items: Sequence[str], *,
                        ctx: CallContext | None = None) -> JudgeOutcome[int]:
-        version, messages = prompts.rar_rate_messages(question, trajectory, items, self.cfg.max_judge_tokens)
+        version, messages = self._fit("rar_rate", 1, None,
+                                       lambda b: prompts.rar_rate_messages(question, trajectory, items, b))
         return await self._call("rar_rate", version, messages,
                                 lambda t: parse_json(t, RarRateOut).rating, ctx)  # type: ignore[attr-defined]
 
@@ -350,8 +373,8 @@ class OpenAIJudge(Judge):
         (nothing to contrast)."""
         if len(trajectories) < 2:
             return JudgeOutcome([], None, 0, False)
-        version, messages = prompts.stage_rubrics_messages(question, golds, trajectories, existing,
-                                                           self.cfg.max_judge_tokens)
+        version, messages = self._fit("stage_rubrics", len(trajectories), None,
+                                       lambda b: prompts.stage_rubrics_messages(question, golds, trajectories, existing, b))
         return await self._call("stage_rubrics", version, messages, parse_stage_rubrics, ctx)
 
     async def stage_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
@@ -361,8 +384,8 @@ class OpenAIJudge(Judge):
         output, retried); grades come back in ``rubrics`` order. No rubrics: ``[]`` without a call."""
         if not rubrics:
             return JudgeOutcome([], None, 0, False)
-        version, messages = prompts.stage_grades_messages(question, golds, trajectory, rubrics,
-                                                          self.cfg.max_judge_tokens)
+        version, messages = self._fit("stage_grades", 1, len(rubrics),
+                                       lambda b: prompts.stage_grades_messages(question, golds, trajectory, rubrics, b))
         n = len(rubrics)
         return await self._call("stage_grades", version, messages, lambda t: parse_stage_grades(t, n), ctx, n)
 
@@ -374,8 +397,8 @@ class OpenAIJudge(Judge):
         0.3). No candidates: ``[]`` without a call."""
         if not candidates:
             return JudgeOutcome([], None, 0, False)
-        version, messages = prompts.reflection_grades_messages(question, golds, trajectory, graded, candidates,
-                                                               self.cfg.max_judge_tokens)
+        version, messages = self._fit("reflection_grades", 1 + len(candidates), len(candidates),
+                                       lambda b: prompts.reflection_grades_messages(question, golds, trajectory, graded, candidates, b))
         n = len(candidates)
         return await self._call("reflection_grades", version, messages, lambda t: parse_reflection_grades(t, n),
                                 ctx, n)
@@ -388,8 +411,8 @@ class OpenAIJudge(Judge):
         is invalid output, retried). No steps: ``[]`` without a call."""
         if not steps:
             return JudgeOutcome([], None, 0, False)
-        version, messages = prompts.step_labels_messages(question, golds, trajectory, steps, k,
-                                                         self.cfg.max_judge_tokens)
+        version, messages = self._fit("step_labels", len(steps), len(steps) * k,
+                                       lambda b: prompts.step_labels_messages(question, golds, trajectory, steps, k, b))
         n = len(steps)
         return await self._call("step_labels", version, messages, lambda t: parse_step_labels(t, n, k), ctx,
                                 n * k)
@@ -399,8 +422,8 @@ class OpenAIJudge(Judge):
                           ctx: CallContext | None = None) -> JudgeOutcome[StepRubric]:
         """``step_rubric.v1``: 1-8 weighted items (weights clamped to [-1, 1]) and a recommended action; a reply
         without items, or with a non-numeric weight or an empty condition, is invalid output (retried)."""
-        version, messages = prompts.step_rubric_messages(question, history, tool_calls, max_tool_calls,
-                                                         self.cfg.max_judge_tokens)
+        version, messages = self._fit("step_rubric", 1, None,
+                                       lambda b: prompts.step_rubric_messages(question, history, tool_calls, max_tool_calls, b))
         return await self._call("step_rubric", version, messages, parse_step_rubric, ctx)
 
     async def step_verify(self, question: str, history: str, action: str, rubric: StepRubric, *,
@@ -409,8 +432,8 @@ class OpenAIJudge(Judge):
         A rubric without items: an empty verdict without a call."""
         if not rubric.items:
             return JudgeOutcome(StepVerdict((), ""), None, 0, False)
-        version, messages = prompts.step_verify_messages(question, history, action, rubric,
-                                                         self.cfg.max_judge_tokens)
+        version, messages = self._fit("step_verify", 2, len(rubric.items),
+                                       lambda b: prompts.step_verify_messages(question, history, action, rubric, b))
         n = len(rubric.items)
         return await self._call("step_verify", version, messages, lambda t: parse_step_verdict(t, n), ctx, n)
 
@@ -418,6 +441,6 @@ class OpenAIJudge(Judge):
                           *, ctx: CallContext | None) -> JudgeOutcome[list[str]]:
         """``rank_actions.v1``: every shown label exactly once, best first (else invalid output, retried)."""
         labels = RANK_LABELS[: len(shown)]
-        version, messages = prompts.rank_actions_messages(question, golds, history, shown,
-                                                          self.cfg.max_judge_tokens)
+        version, messages = self._fit("rank_actions", 1 + len(shown), None,
+                                       lambda b: prompts.rank_actions_messages(question, golds, history, shown, b))
         return await self._call("rank_actions", version, messages, lambda t: parse_ranking(t, labels), ctx)

@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from arbor.llm.base import RANK_LABELS
-from arbor.llm.text import compact_trajectory, escape_block
+from arbor.llm.text import compact_trajectory, escape_block, estimate_tokens
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
 from arbor.tasks.types import Rubric, RubricDraft, RubricGrade, StageRubric, StepRubric, Trajectory
 
@@ -309,6 +309,12 @@ REPLY_TOKENS: dict[str, tuple[int, int]] = {
     "step_verify": (160, 8),  # one boolean per item, then a sentence or two of feedback
 }
 REQUEST_TOKENS_PER_TIMEOUT = 2048  # judge.timeout_s covers a request of this many tokens in and out
+MIN_TEXT_TOKENS = 128  # below this a compacted trajectory is its skeleton only
+
+
+def message_tokens(messages: Messages) -> int:
+    """A request's prompt size as compaction counts it (``llm.text.estimate_tokens``: chars / 4)."""
+    return sum(estimate_tokens(m["content"]) for m in messages)
 
 
 def reply_budget(role: str, items: int) -> int:

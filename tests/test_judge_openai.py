@@ -180,6 +180,28 @@ def test_a_replys_budget_follows_the_number_of_items(server: OpenAIServer, tmp_p
     assert sent(fixed, 27, tmp_path / "c") == 700
 
 
+def test_a_prompt_is_compacted_to_fit_the_judges_context(server: OpenAIServer, tmp_path: Path) -> None:
+    """Issue 31 item 3: eight long trajectories for stage_rubrics (2,048 reply tokens) to a judge of 8,192 tokens:
+    each is cut to (8,192 - 2,048 - 1,024) / 8 = 640 tokens, so the request fits; unset, they go whole."""
+    from arbor.llm.text import estimate_tokens
+
+    body = "".join(f"<search>Eiffel Tower {k}</search>\n<result>{'France and Paris. ' * 90}</result>\n"
+                   for k in range(4))
+    long = [Trajectory("t", 1, 0, i, "q0", Q, ["Paris"], text=f"{body}<answer>\\boxed{{Paris}}</answer>",
+                       format_valid=True) for i in range(8)]
+    assert all(estimate_tokens(t.text) > 1200 for t in long)  # ~1,650 tokens each (chars / 4)
+
+    def prompt_tokens(cfg: JudgeConfig, home: Path) -> int:
+        judge = make_judge(cfg, home=home)
+        server.bodies.clear()
+        run(_with(judge, judge.stage_rubrics(Q, ["Paris"], long, [])))
+        return sum(estimate_tokens(m["content"]) for m in server.bodies[0]["messages"])
+
+    fitted = prompt_tokens(config(server, context_tokens=8192), tmp_path / "a")
+    assert fitted + 2048 <= 8192 and fitted > 8 * 500
+    assert prompt_tokens(config(server), tmp_path / "b") > 8 * 1200  # no context given: max_judge_tokens (3,000)
+
+
 @pytest.mark.parametrize("fault,attempts,error_first", [
     ("429", 2, "RateLimitError"), ("500", 2, "InternalServerError"), ("hang", 2, "APITimeoutError"),
     ("malformed", 2, "InvalidOutput"), ("invalid", 2, "InvalidOutput"), ("fenced", 1, None),

@@ -63,6 +63,9 @@ class JudgeConfig(Section):
     backoff_base_s: float = Field(0.5, ge=0)
     backoff_max_s: float = Field(30.0, ge=0)
     max_judge_tokens: int = Field(3000, ge=256, description="trajectory compaction budget before judging")
+    context_tokens: int | None = Field(None, ge=2048, description="the judge's context window; set, every prompt's "
+                                       "trajectories are compacted further so that they, the prompt and the reply "
+                                       "fit it (a local 135M judge: its server's n_ctx)")
     cost_cap_usd: float | None = Field(None, ge=0, description="per-run judge cost cap; past it: base reward only")
     price_in_per_mtok: float = Field(0.4, ge=0.0, description="USD per million prompt tokens")
     price_out_per_mtok: float = Field(1.2, ge=0.0, description="USD per million completion tokens")

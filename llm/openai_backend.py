@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -63,14 +64,20 @@ DIALECTS = ("json_schema", "json_object", "off")  # judge.structured_outputs=aut
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
 
 
+@cache
+def _role_schema(role: str) -> dict[str, Any] | None:
+    """A role's reply schema, built once per process (pydantic regenerates it on every ``model_json_schema``)."""
+    model = ROLE_SCHEMAS.get(role)
+    return None if model is None else model.model_json_schema()
+
+
 def response_format(role: str, dialect: str) -> dict[str, Any] | None:
     """The ``response_format`` of a role's request in one dialect: OpenAI's and vLLM's ``json_schema``, or
     llama-cpp-python's ``json_object`` with a ``schema`` (its server refuses the former with a 422); None for
     ``off`` and for a role without a schema (accuracy)."""
-    model = ROLE_SCHEMAS.get(role)
-    if model is None or dialect == "off":
+    schema = _role_schema(role)
+    if schema is None or dialect == "off":
         return None
-    schema = model.model_json_schema()
     if dialect == "json_schema":
         return {"type": "json_schema", "json_schema": {"name": role, "schema": schema}}
     return {"type": "json_object", "schema": schema}
@@ -293,6 +300,7 @@ class OpenAIJudge(Judge):
         """One request, with the role's schema in the endpoint's dialect; a refused dialect is not an attempt:
         the request goes again at once in the next one (``_refused``)."""
         base_url = rc["base_url"]  # type: ignore[assignment]
+        timeout = prompts.request_timeout(self.cfg.timeout_s, messages, int(rc["max_tokens"]))  # type: ignore[call-overload]
         while True:
             dialect = self._dialect(base_url)  # type: ignore[arg-type]
             body: dict[str, Any] = {"model": model, "messages": messages, "temperature": rc["temperature"],
@@ -303,7 +311,6 @@ class OpenAIJudge(Judge):
                 async with self._sem:
                     # client.post(...) is what chat.completions.create does after transforming its typed params;
                     # our messages are already plain JSON, so we skip that transform (~1 ms CPU a call, bench/judge.py)
-                    timeout = prompts.request_timeout(self.cfg.timeout_s, messages, int(rc["max_tokens"]))  # type: ignore[call-overload]
                     return await client.post("/chat/completions", cast_to=ChatCompletion, body=body,
                                              options={"headers": {CACHE_HEADER: key}, "timeout": timeout})
             except openai.APIStatusError as e:

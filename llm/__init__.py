@@ -9,11 +9,27 @@ import inspect
 from pathlib import Path
 
 from arbor.config.judge import JudgeConfig
-from arbor.llm.base import JUDGE_CALL_COLUMNS, ROLES, CallContext, Judge, JudgeOutcome, Winner, unswap
+from arbor.llm import roles as _roles  # registers the built-in roles (llm/roles/)
+from arbor.llm.base import (
+    JUDGE_CALL_COLUMNS,
+    REGISTRY,
+    ROLES,
+    CallContext,
+    Judge,
+    JudgeOutcome,
+    Refusal,
+    Role,
+    Winner,
+    register,
+    role_of,
+    unswap,
+)
 from arbor.paths import arbor_home
 from arbor.plugins import PluginError, load_plugin
 
-__all__ = ["make_judge", "Judge", "JudgeOutcome", "CallContext", "Winner", "unswap", "ROLES", "JUDGE_CALL_COLUMNS"]
+__all__ = ["make_judge", "Judge", "JudgeOutcome", "CallContext", "Winner", "unswap", "ROLES", "JUDGE_CALL_COLUMNS",
+           "REGISTRY", "Refusal", "Role", "register", "role_of"]
+assert set(ROLES) <= set(_roles.REGISTERED), "a built-in role has no declaration in llm/roles/"
 
 
 def make_judge(cfg: JudgeConfig, *, home: Path | str | None = None) -> Judge:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -23,39 +23,10 @@ from openai.types.chat import ChatCompletion
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm import prompts
-from arbor.llm.base import RANK_LABELS, ROLES, CallContext, Judge, JudgeOutcome, Winner
+from arbor.llm.base import ROLES, CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
-from arbor.llm.parse import (
-    ROLE_SCHEMAS,
-    ConsolidationOut,
-    InductionOut,
-    InvalidOutput,
-    PairwiseOut,
-    RarRateOut,
-    RarRubricsOut,
-    parse_accuracy,
-    parse_json,
-    parse_ranking,
-    parse_reflection_grades,
-    parse_stage_grades,
-    parse_stage_rubrics,
-    parse_step_labels,
-    parse_step_rubric,
-    parse_step_verdict,
-)
+from arbor.llm.parse import InvalidOutput
 from arbor.seeding import derive_seed
-from arbor.tasks.types import (
-    ReflectionGrade,
-    Rubric,
-    RubricDraft,
-    RubricGrade,
-    StageRubric,
-    StageRubricDraft,
-    StepLabel,
-    StepRubric,
-    StepVerdict,
-    Trajectory,
-)
 
 log = logging.getLogger("arbor.judge")
 CACHE_HEADER = "X-Arbor-Cache-Key"
@@ -67,7 +38,7 @@ _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "gra
 @cache
 def _role_schema(role: str) -> dict[str, Any] | None:
     """A role's reply schema, built once per process (pydantic regenerates it on every ``model_json_schema``)."""
-    model = ROLE_SCHEMAS.get(role)
+    model = role_of(role).schema
     return None if model is None else model.model_json_schema()
 
 
@@ -149,13 +120,15 @@ class OpenAIJudge(Judge):
 
     def _reply_tokens(self, role: str, items: int | None = None) -> int:
         """max_tokens of a role's reply: ``judge.roles.<role>.max_tokens`` when set, else ``judge.max_tokens``
-        raised to what ``items`` entries need (``prompts.reply_budget``)."""
+        raised to what ``items`` entries need (``Role.reply_budget``)."""
         rc = self.cfg.for_role(role)
-        if items is None or getattr(self.cfg.roles, role).max_tokens is not None:
+        over = getattr(self.cfg.roles, role, None)
+        declared = role_of(role)
+        if items is None or declared.reply is None or (over is not None and over.max_tokens is not None):
             return int(rc["max_tokens"])  # type: ignore[call-overload]
-        return max(int(rc["max_tokens"]), prompts.reply_budget(role, items))  # type: ignore[call-overload]
+        return max(int(rc["max_tokens"]), declared.reply_budget(items))  # type: ignore[call-overload]
 
-    def _fit(self, role: str, texts: int, items: int | None,
+    def _fit(self, role: Role[Any, Any], texts: int, items: int | None,
              render: Callable[[int], tuple[str, list[dict[str, str]]]]) -> tuple[str, list[dict[str, str]]]:
         """A role's prompt with each of its ``texts`` compacted texts (trajectories, histories, candidates) at
         ``judge.max_judge_tokens``; when ``judge.context_tokens`` is set and that prompt and the reply would not
@@ -163,7 +136,7 @@ class OpenAIJudge(Judge):
         it with every text at ``prompts.MIN_TEXT_TOKENS``."""
         version, messages = render(self.cfg.max_judge_tokens)
         window = self.cfg.context_tokens
-        reply = self._reply_tokens(role, items)
+        reply = self._reply_tokens(role.name, items)
         if window is None or prompts.message_tokens(messages) + reply <= window:
             return version, messages
         own = prompts.message_tokens(render(prompts.MIN_TEXT_TOKENS)[1]) - texts * prompts.MIN_TEXT_TOKENS
@@ -194,7 +167,7 @@ class OpenAIJudge(Judge):
     async def _call(self, role: str, version: str, messages: list[dict[str, str]], parse: Callable[[str], Any],
                     ctx: CallContext | None, items: int | None = None) -> JudgeOutcome[Any]:
         """One role call; ``items``: how many entries the reply must hold, which sets its token budget
-        (``prompts.reply_budget``) unless ``judge.roles.<role>.max_tokens`` fixes it."""
+        (``Role.reply_budget``) unless ``judge.roles.<role>.max_tokens`` fixes it."""
         rc = self.cfg.for_role(role)
         rc["max_tokens"] = self._reply_tokens(role, items)
         model = str(rc["model"])
@@ -322,132 +295,9 @@ class OpenAIJudge(Judge):
             await client.close()
         self._clients = {}
 
-    # ---- roles -------------------------------------------------------------------------------------------
-    async def induce(self, question: str, golds: Sequence[str] | None, trajectories: Sequence[Trajectory],
-                     anchors: Mapping[str, Any], existing: Sequence[Rubric | RubricDraft], *,
-                     ctx: CallContext | None = None) -> JudgeOutcome[list[RubricDraft]]:
-        if anchors.get("mode") in (None, "skip"):
-            return JudgeOutcome([], None, 0, False)
-        version, messages = self._fit("induction", len(trajectories) if anchors.get("mode") == "unlabeled" else 4, None,
-                                       lambda b: prompts.induction_messages(question, golds, trajectories, anchors, existing, b))
-
-        def parse(text: str) -> list[RubricDraft]:
-            return [d.to_draft() for d in parse_json(text, InductionOut).rubrics]  # type: ignore[attr-defined]
-
-        return await self._call("induction", version, messages, parse, ctx)
-
-    async def consolidate(self, candidates_by_query: Mapping[str, Sequence[Rubric | RubricDraft]],
-                          existing: Sequence[Rubric | RubricDraft], *,
-                          ctx: CallContext | None = None) -> JudgeOutcome[list[RubricDraft]]:
-        version, messages = prompts.consolidation_messages(candidates_by_query, existing)
-
-        def parse(text: str) -> list[RubricDraft]:
-            return [d.to_draft() for d in parse_json(text, ConsolidationOut).new_common_rubrics]  # type: ignore[attr-defined]
-
-        return await self._call("consolidation", version, messages, parse, ctx)
-
-    async def _pairwise_shown(self, question: str, shown_a: Trajectory, shown_b: Trajectory,
-                              rubric: Rubric | RubricDraft, *, ctx: CallContext | None) -> JudgeOutcome[Winner]:
-        version, messages = self._fit("pairwise", 2, None,
-                                       lambda b: prompts.pairwise_messages(question, shown_a, shown_b, rubric, b))
-        return await self._call("pairwise", version, messages,
-                                lambda t: parse_json(t, PairwiseOut).winner, ctx)  # type: ignore[attr-defined]
-
-    async def accuracy(self, question: str, golds: Sequence[str], prediction: str | None, *,
-                       ctx: CallContext | None = None) -> JudgeOutcome[bool]:
-        version, messages = prompts.accuracy_messages(question, golds, prediction)
-        return await self._call("accuracy", version, messages, parse_accuracy, ctx)
-
-    async def rar_rubrics(self, question: str, golds: Sequence[str], *,
-                          ctx: CallContext | None = None) -> JudgeOutcome[list[str]]:
-        version, messages = prompts.rar_rubrics_messages(question, golds)
-        return await self._call("rar_rubrics", version, messages,
-                                lambda t: parse_json(t, RarRubricsOut).items, ctx)  # type: ignore[attr-defined]
-
-    async def rar_rate(self, question: str, trajectory: Trajectory, items: Sequence[str], *,
-                       ctx: CallContext | None = None) -> JudgeOutcome[int]:
-        version, messages = self._fit("rar_rate", 1, None,
-                                       lambda b: prompts.rar_rate_messages(question, trajectory, items, b))
-        return await self._call("rar_rate", version, messages,
-                                lambda t: parse_json(t, RarRateOut).rating, ctx)  # type: ignore[attr-defined]
-
-    # ---- RubricEM roles (App. C.2, C.3, D.6.2) ----------------------------------------------------------------
-    async def stage_rubrics(self, question: str, golds: Sequence[str] | None, trajectories: Sequence[Trajectory],
-                            existing: Sequence[StageRubric], *,
-                            ctx: CallContext | None = None) -> JudgeOutcome[list[StageRubricDraft]]:
-        """C.2 (``stage_rubrics.v1``): positive and negative rubrics by stage, weight 1-3, at most 4 per stage for
-        stages 1-3 and 5 for stage 4 (more is invalid output). Fewer than two trajectories: ``[]`` without a call
-        (nothing to contrast)."""
-        if len(trajectories) < 2:
-            return JudgeOutcome([], None, 0, False)
-        version, messages = self._fit("stage_rubrics", len(trajectories), None,
-                                       lambda b: prompts.stage_rubrics_messages(question, golds, trajectories, existing, b))
-        return await self._call("stage_rubrics", version, messages, parse_stage_rubrics, ctx)
-
-    async def stage_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
-                           rubrics: Sequence[StageRubric], *,
-                           ctx: CallContext | None = None) -> JudgeOutcome[list[RubricGrade]]:
-        """C.3 (``stage_grades.v1``): the reply must score every rubric index exactly once, 0/1/2 (else invalid
-        output, retried); grades come back in ``rubrics`` order. No rubrics: ``[]`` without a call."""
-        if not rubrics:
-            return JudgeOutcome([], None, 0, False)
-        version, messages = self._fit("stage_grades", 1, len(rubrics),
-                                       lambda b: prompts.stage_grades_messages(question, golds, trajectory, rubrics, b))
-        n = len(rubrics)
-        return await self._call("stage_grades", version, messages, lambda t: parse_stage_grades(t, n), ctx, n)
-
-    async def reflection_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
-                                graded: Sequence[tuple[StageRubric, RubricGrade]], candidates: Sequence[str], *,
-                                ctx: CallContext | None = None) -> JudgeOutcome[list[ReflectionGrade]]:
-        """D.6.2 (``reflection_grades.v1``): diagnosis, specificity and scope in [0, 1] for every candidate index
-        exactly once (else invalid output, retried), in candidate order; the caller weights them (0.4 / 0.3 /
-        0.3). No candidates: ``[]`` without a call."""
-        if not candidates:
-            return JudgeOutcome([], None, 0, False)
-        version, messages = self._fit("reflection_grades", 1 + len(candidates), len(candidates),
-                                       lambda b: prompts.reflection_grades_messages(question, golds, trajectory, graded, candidates, b))
-        n = len(candidates)
-        return await self._call("reflection_grades", version, messages, lambda t: parse_reflection_grades(t, n),
-                                ctx, n)
-
-    # ---- ARCO's warm-up teacher ---------------------------------------------------------------------------------
-    async def step_labels(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
-                          steps: Sequence[tuple[str, str]], k: int, *,
-                          ctx: CallContext | None = None) -> JudgeOutcome[list[StepLabel]]:
-        """``step_labels.v1``: one entry per step with k criteria and scores (a reply with another number of steps
-        is invalid output, retried). No steps: ``[]`` without a call."""
-        if not steps:
-            return JudgeOutcome([], None, 0, False)
-        version, messages = self._fit("step_labels", len(steps), len(steps) * k,
-                                       lambda b: prompts.step_labels_messages(question, golds, trajectory, steps, k, b))
-        n = len(steps)
-        return await self._call("step_labels", version, messages, lambda t: parse_step_labels(t, n, k), ctx,
-                                n * k)
-
-    # ---- Co-ReAct roles (its §3.1-3.3, App. A) ----------------------------------------------------------------
-    async def step_rubric(self, question: str, history: str, *, tool_calls: int, max_tool_calls: int,
-                          ctx: CallContext | None = None) -> JudgeOutcome[StepRubric]:
-        """``step_rubric.v1``: 1-8 weighted items (weights clamped to [-1, 1]) and a recommended action; a reply
-        without items, or with a non-numeric weight or an empty condition, is invalid output (retried)."""
-        version, messages = self._fit("step_rubric", 1, None,
-                                       lambda b: prompts.step_rubric_messages(question, history, tool_calls, max_tool_calls, b))
-        return await self._call("step_rubric", version, messages, parse_step_rubric, ctx)
-
-    async def step_verify(self, question: str, history: str, action: str, rubric: StepRubric, *,
-                          ctx: CallContext | None = None) -> JudgeOutcome[StepVerdict]:
-        """``step_verify.v1``: exactly one boolean per rubric item (else invalid output, retried) and feedback.
-        A rubric without items: an empty verdict without a call."""
-        if not rubric.items:
-            return JudgeOutcome(StepVerdict((), ""), None, 0, False)
-        version, messages = self._fit("step_verify", 2, len(rubric.items),
-                                       lambda b: prompts.step_verify_messages(question, history, action, rubric, b))
-        n = len(rubric.items)
-        return await self._call("step_verify", version, messages, lambda t: parse_step_verdict(t, n), ctx, n)
-
-    async def _rank_shown(self, question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str],
-                          *, ctx: CallContext | None) -> JudgeOutcome[list[str]]:
-        """``rank_actions.v1``: every shown label exactly once, best first (else invalid output, retried)."""
-        labels = RANK_LABELS[: len(shown)]
-        version, messages = self._fit("rank_actions", 1 + len(shown), None,
-                                       lambda b: prompts.rank_actions_messages(question, golds, history, shown, b))
-        return await self._call("rank_actions", version, messages, lambda t: parse_ranking(t, labels), ctx)
+    # ---- every role ------------------------------------------------------------------------------------------
+    async def _answer(self, role: Role[Q, T], request: Q, ctx: CallContext | None) -> JudgeOutcome[T]:
+        """The role's prompt (fitted to ``judge.context_tokens``), sent with its schema, its reply parsed."""
+        items = role.items(request)
+        version, messages = self._fit(role, role.texts(request), items, lambda b: role.render(request, b))
+        return await self._call(role.name, version, messages, lambda text: role.parse(text, request), ctx, items)

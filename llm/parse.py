@@ -297,15 +297,3 @@ def parse_accuracy(text: str) -> bool:
     if m is None:
         raise InvalidOutput(f"reply does not start with Correct / Incorrect ({len(text)} chars)")
     return m.group(1).lower() == "correct"
-
-
-# The JSON object each role answers with (the accuracy role answers with a verdict word, E.4: no schema). Sent as
-# ``response_format`` by the OpenAI-compatible backend (``judge.structured_outputs``), so a server that constrains
-# decoding (vLLM, llama.cpp, OpenAI) can only write replies of this shape; the parsers above still check the rest
-# (counts, indices, permutations) that a schema cannot say.
-ROLE_SCHEMAS: dict[str, type[BaseModel]] = {
-    "induction": InductionOut, "consolidation": ConsolidationOut, "pairwise": PairwiseOut,
-    "rar_rubrics": RarRubricsOut, "rar_rate": RarRateOut, "stage_rubrics": StageRubricsOut,
-    "stage_grades": StageGradesOut, "reflection_grades": ReflectionGradesOut, "step_labels": StepLabelsOut,
-    "step_rubric": StepRubricOut, "step_verify": StepVerdictOut, "rank_actions": RankingOut,
-}

@@ -300,14 +300,6 @@ def retry_messages(messages: Messages, reply: str, problem: str, truncated: bool
     return [*messages, {"role": "assistant", "content": shown or "(empty)"}, {"role": "user", "content": note}]
 
 
-# What a reply of n items needs (issue 31 item 3): role -> (fixed tokens, tokens per item), with room. A role
-# whose reply grows with the work gets max(judge.max_tokens, this) unless judge.roles.<role>.max_tokens is set.
-REPLY_TOKENS: dict[str, tuple[int, int]] = {
-    "stage_grades": (32, 64),  # per rubric: {"index", "score", "justification": one sentence}
-    "reflection_grades": (32, 48),  # per candidate: index and three numbers
-    "step_labels": (32, 40),  # per step and criterion: a short criterion and its score
-    "step_verify": (160, 8),  # one boolean per item, then a sentence or two of feedback
-}
 REQUEST_TOKENS_PER_TIMEOUT = 2048  # judge.timeout_s covers a request of this many tokens in and out
 MIN_TEXT_TOKENS = 128  # below this a compacted trajectory is its skeleton only
 
@@ -315,12 +307,6 @@ MIN_TEXT_TOKENS = 128  # below this a compacted trajectory is its skeleton only
 def message_tokens(messages: Messages) -> int:
     """A request's prompt size as compaction counts it (``llm.text.estimate_tokens``: chars / 4)."""
     return sum(estimate_tokens(m["content"]) for m in messages)
-
-
-def reply_budget(role: str, items: int) -> int:
-    """max_tokens a reply of ``items`` items of ``role`` needs (``REPLY_TOKENS``)."""
-    fixed, per = REPLY_TOKENS[role]
-    return fixed + per * items
 
 
 def request_timeout(timeout_s: float, messages: Messages, max_tokens: int) -> float:

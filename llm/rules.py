@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from arbor.llm.base import RANK_LABELS, CallContext, Judge, JudgeOutcome, Winner
+from arbor.llm.base import RANK_LABELS, CallContext, Judge, JudgeOutcome, Q, Refusal, Role, T, Winner
 from arbor.llm.text import normalize_answer, parse_trajectory, structure_valid
 from arbor.tasks.format import PROTOCOLS, reflection_blocks, stage_spans
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
@@ -411,297 +411,240 @@ def _stage_draft(name: str, question: str, grades: Sequence[int]) -> StageRubric
     return StageRubricDraft(f.stage, f.title, desc, f.weight, f.polarity, feature=name)
 
 
+# ---- the heuristics of each role (declared in llm/roles/; each a pure function of the request) ----------------------
+def induce(question: str, trajectories: Sequence[Trajectory], anchors: Mapping[str, Any],
+           existing: Sequence[Rubric | RubricDraft], tolerance: float) -> list[RubricDraft]:
+    """Pick the (at most 3) features on which the positive and negative anchors differ most, in the same
+    direction across both contrast pairs, beyond the tolerance; skip features an existing common rubric covers."""
+    # only common rubrics cover a feature: a draft of another query on the same feature is the recurrence that
+    # consolidation needs (>= 2 queries), not a duplicate (docs/decisions.md, "Judges")
+    covered = {r.feature for r in existing if r.feature and getattr(r, "kind", "draft") == "common"}
+    scored: list[tuple[float, str, int, str]] = []
+    for name, (fn, scale, prior) in FEATURES.items():
+        if name in covered:
+            continue
+        if anchors.get("mode") == "unlabeled":
+            members = unlabeled_members([t.format_valid for t in trajectories]) or range(len(trajectories))
+            vals = [fn(trajectories[i].text, question) for i in members]
+            spread = max(vals) - min(vals)
+            if prior != 0 and spread > tolerance:
+                scored.append((spread / scale, name, prior, f"values range {min(vals):g}-{max(vals):g}"))
+            continue
+        diffs = [(fn(trajectories[a].text, question), fn(trajectories[b].text, question))
+                 for a, b in contrast_pairs(dict(anchors))]
+        deltas = [hi - lo for hi, lo in diffs]
+        if all(d > tolerance for d in deltas) or all(d < -tolerance for d in deltas):
+            direction = 1 if deltas[0] > 0 else -1
+            obs = "; ".join(f"{hi:g} vs {lo:g}" for hi, lo in diffs)
+            scored.append((min(abs(d) for d in deltas) / scale, name, direction, f"{name} {obs}"))
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    return [_draft(name, d, obs) for _, name, d, obs in scored[:3]]
+
+
+def consolidate(candidates_by_query: Mapping[str, Sequence[Rubric | RubricDraft]],
+                existing: Sequence[Rubric | RubricDraft]) -> list[RubricDraft]:
+    """Merge drafts with the same (feature, direction) seen for >= 2 distinct queries into a general
+    standard (at most 2, most widely seen first), unless an existing common rubric has that pair."""
+    seen: dict[tuple[str, int], set[str]] = {}
+    for query, drafts in candidates_by_query.items():
+        for d in drafts:
+            if d.feature in FEATURES and d.direction in (1, -1):
+                seen.setdefault((d.feature, d.direction), set()).add(query)
+    covered = {(r.feature, r.direction) for r in existing if r.feature}
+    ranked = sorted(((len(qs), f, d) for (f, d), qs in seen.items() if len(qs) >= 2 and (f, d) not in covered),
+                    key=lambda x: (-x[0], x[1]))
+    return [_draft(f, d) for _, f, d in ranked[:2]]
+
+
+def pairwise(question: str, shown_a: Trajectory, shown_b: Trajectory, rubric: Rubric | RubricDraft,
+             tolerance: float) -> Winner:
+    """direction * (f(A) - f(B)) beyond the tolerance decides; inside it: TIE. A rubric without a feature of
+    ours cannot be read: ``Refusal("RubricWithoutFeature")``."""
+    if not rubric.feature or rubric.feature not in FEATURES or rubric.direction not in (1, -1):
+        raise Refusal("RubricWithoutFeature")
+    fa = feature_value(rubric.feature, shown_a, question)
+    fb = feature_value(rubric.feature, shown_b, question)
+    d = rubric.direction * (fa - fb)
+    return "TIE" if abs(fa - fb) <= tolerance else ("A" if d > 0 else "B")
+
+
+def accuracy(golds: Sequence[str], prediction: str | None) -> bool:
+    """Normalised exact match against any gold alias (SQuAD normalisation)."""
+    pred = normalize_answer(prediction or "")
+    return bool(pred) and any(pred == normalize_answer(g) for g in golds)
+
+
+def rar_rubrics(question: str, golds: Sequence[str]) -> list[str]:
+    """Items from the question's entities and the reference answer, in a checkable 'kind: text' form."""
+    items = [f"Query names: {e}" for e in question_entities(question)[:4]]
+    for g in list(golds)[:2]:
+        items += [f"Evidence mentions: {g}", f"Answer states: {g}"]
+    generic = ["Structure: one boxed final answer with closed tags", "Queries: no repeated query",
+               "Searches: at least one search issued", "Results: at least one result read",
+               "Answer given: a non-empty final answer"]
+    items = list(dict.fromkeys(items))[:8]
+    items += generic[: max(2, 5 - len(items))]
+    return items[:10]
+
+
+def rar_rate(trajectory: Trajectory, items: Sequence[str]) -> int:
+    """rating = 1 + floor(9 * share of items satisfied + 0.5) (so 1..10, halves round up)."""
+    share = sum(_item_met(it, trajectory.text) for it in items) / len(items) if items else 0.0
+    return 1 + int(9 * share + 0.5)
+
+
+def stage_rubrics(question: str, trajectories: Sequence[Trajectory],
+                  existing: Sequence[StageRubric]) -> list[StageRubricDraft]:
+    """C.2 as features: one draft per stage feature whose 0/1/2 grades are not all equal across the group
+    ("skip criteria where all trajectories perform similarly"), unless a rubric in ``existing`` already reads
+    that feature. The grades compared are those of the format-valid trajectories (the ones a stage grader
+    scores), or of all of them when fewer than two are valid. Per stage, the most discriminative first
+    (population variance of the grades, then table order), at most 4 for stages 1-3 and 5 for stage 4; each
+    feature has one fixed polarity, so no positive / negative mirrors. ``golds`` are not read."""
+    covered = {r.feature for r in existing if r.feature}
+    members = [t for t in trajectories if t.format_valid]
+    if len(members) < 2:
+        members = list(trajectories)
+    ranked: list[tuple[int, float, int, str, list[int]]] = []
+    for order, (name, f) in enumerate(STAGE_FEATURES.items()):
+        if name in covered:
+            continue
+        grades = [f.grade(f.fn(t.text, question)) for t in members]
+        if len(set(grades)) > 1:
+            ranked.append((f.stage, -statistics.pvariance(grades), order, name, grades))
+    ranked.sort()
+    drafts: list[StageRubricDraft] = []
+    for stage, cap in STAGE_MAX_NEW.items():
+        mine = [r for r in ranked if r[0] == stage][:cap]
+        drafts += [_stage_draft(name, question, grades) for *_, name, grades in mine]
+    return drafts
+
+
+def stage_grades(question: str, trajectory: Trajectory, rubrics: Sequence[StageRubric]) -> list[RubricGrade]:
+    """C.3 from the features: one grade per rubric, in order, by its feature's thresholds (the feature decides,
+    not the rubric's stage field). For a negative rubric the grade is how fully the flaw is present; a rubric
+    whose polarity is the opposite of its feature's gets ``2 - grade``. A rubric without a stage feature
+    (written by an LLM judge) cannot be read: it gets 0 for every trajectory, with a justification that says
+    so, which is constant across the group (variance 0: it separates nothing and is pruned first)."""
+    out: list[RubricGrade] = []
+    for r in rubrics:
+        f = STAGE_FEATURES.get(r.feature or "")
+        if f is None:
+            out.append(RubricGrade(0, f"not graded: the rules judge has no stage feature {r.feature!r} "
+                                      "(the same 0 for every trajectory)"))
+            continue
+        value = f.fn(trajectory.text, question)
+        g = f.grade(value)
+        flipped = (r.polarity < 0) != (f.polarity < 0)
+        note = "; rubric polarity opposite to the feature's: 2 - grade" if flipped else ""
+        out.append(RubricGrade(2 - g if flipped else g, f"{r.feature} = {value:.3g} ({f.rule}){note}"))
+    return out
+
+
+def reflection_grades(question: str, golds: Sequence[str] | None, trajectory: Trajectory,
+                      graded: Sequence[tuple[StageRubric, RubricGrade]],
+                      candidates: Sequence[str]) -> list[ReflectionGrade]:
+    """D.6.2 as a keyword HEURISTIC (it does not judge whether the advice is right), one grade per candidate in
+    order, each dimension in [0, 1]; a candidate without a non-empty ``<reflection_rubrics>`` and a non-empty
+    ``<reflection_takeaways>`` block (D.6.1) gets 0 on all three:
+
+    - diagnosis: the weak points are the rubrics graded below full (a quality at 0 or 1, a flaw at 1 or 2)
+      plus, when golds are given and the final answer matches none, the failure itself. The share of weak
+      points the candidate mentions (a feature's cue stems, an LLM rubric's title words, for the failure a
+      failure word or the wrong / right answer). No weak point: 1, or 0.5 when it claims a failure anyway.
+    - specificity: the mean of the share of the question's entities it names and whether it quotes one of
+      the trajectory's queries or its final answer (concrete, not "be more careful").
+    - scope: the mean of (1-4 takeaways), (the share of takeaways that are distinct and not copied from the
+      rubrics block) and (the share of D.6.1's four categories the rubrics block names)."""
+    weak = _weak_points(question, golds, trajectory, graded)
+    return [_grade_reflection(c, question, trajectory, weak) for c in candidates]
+
+
+def step_labels(question: str, golds: Sequence[str] | None, steps: Sequence[tuple[str, str]],
+                k: int) -> list[StepLabel]:
+    """ARCO's teacher as a HEURISTIC: each step gets up to three criteria read from its action and result
+    (``step_criteria``), cycled to ``k``."""
+    out = []
+    queries: list[str] = []
+    for action, result in steps:
+        crit = step_criteria(question, golds or [], action, result, queries)
+        out.append(StepLabel(tuple(crit[j % len(crit)][0] for j in range(k)),
+                             tuple(crit[j % len(crit)][1] for j in range(k))))
+        queries += parse_trajectory(action).queries
+    return out
+
+
+def step_rubric(question: str, history: str, tool_calls: int, max_tool_calls: int) -> StepRubric:
+    """The rubric writer as a HEURISTIC, in ``STEP_CONDITIONS`` (no gold knowledge): while searches remain,
+    (1) a search naming the first question entity no earlier query names, else (2) on a bridge question
+    ("... of the ...", one hop per "of the") a search naming the first new name of the latest result;
+    else (3) an answer naming the latest result's first new name (or just an answer), with a -0.2 item
+    against a repeated query while searches remain. Positive weights sum to 1."""
+    queries = parse_trajectory(history).queries
+    results = _tool_outputs(history)
+    searches_left = max(tool_calls, len(queries)) < max_tool_calls
+    ent_union = set().union(*_entity_tokens(question))
+
+    def queried(name: str) -> bool:
+        return any(_tokens(name) <= _tokens(q) for q in queries)
+
+    latest = _DOC_HEADER.sub(" ", results[-1]) if results else ""  # "Doc 1 (Title: X)" is not a name
+    new_names = [n for n in _names(latest)
+                 if _tokens(n) and not _tokens(n) <= ent_union and not queried(n)]
+    unsearched = [e for e in question_entities(question) if _tokens(e) and not queried(e)]
+    bridge_hops = sum(not (_tokens(q) & ent_union) for q in queries)
+    target = None
+    if searches_left and unsearched:
+        target = unsearched[0]
+    elif searches_left and new_names and bridge_hops < len(_BRIDGE.findall(question)):
+        target = new_names[0]
+    if target is not None:
+        items = (RubricItem(0.6, f"query names: {target}"), RubricItem(0.2, "searches"),
+                 RubricItem(0.2, "query is new"))  # an off-target search scores 0.4: it fails tau = 0.5
+        return StepRubric(items, f"search for {target}")
+    items = ((RubricItem(0.6, "answers"), RubricItem(0.4, f"answer names: {new_names[0]}")) if new_names
+             else (RubricItem(1.0, "answers"),))
+    if searches_left:
+        items += (RubricItem(-0.2, "query repeats"),)
+    return StepRubric(items, f"answer with {new_names[0]}" if new_names else "answer from the evidence")
+
+
+def step_verify(history: str, action: str, rubric: StepRubric) -> StepVerdict:
+    """The verifier as a HEURISTIC: each item read from the action (``step_condition_met``; a negative item's
+    verdict is whether its flaw is present); feedback "Unmet: ..." lists the positive items not met and the
+    negative ones present, "" when none."""
+    earlier = parse_trajectory(history).queries
+    met = tuple(step_condition_met(it.condition, action, earlier) for it in rubric.items)
+    unmet = [it.condition for it, m in zip(rubric.items, met, strict=True) if m != (it.weight >= 0)]
+    return StepVerdict(met, f"Unmet: {'; '.join(unmet)}" if unmet else "")
+
+
+def rank_actions(question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str]) -> list[str]:
+    """The expert ranking as a HEURISTIC: each candidate's ARCO ``step_criteria`` scores summed (no result
+    yet), best first, as the shown labels; ties keep the shown order."""
+    earlier = parse_trajectory(history).queries
+    score = [sum(v for _, v in step_criteria(question, golds or [], a, "", earlier)) for a in shown]
+    best_first = sorted(range(len(shown)), key=lambda j: -score[j])
+    return [RANK_LABELS[j] for j in best_first]
+
+
 class RulesJudge(Judge):
+    """The offline backend: every role answered by its declared heuristic (``Role.heuristic``), one ledger row a
+    call (model "rules", key: the role's ``identity``, no tokens, no cost)."""
+
     backend = "rules"
 
-    def _done(self, role: str, ctx: CallContext | None, key: str, t0: float, error: str | None = None) -> None:
-        self._record(ctx, role=role, model="rules", prompt_version=PROMPT_VERSION, cache_key=key,
+    async def _answer(self, role: Role[Q, T], request: Q, ctx: CallContext | None) -> JudgeOutcome[T]:
+        t0 = time.perf_counter()
+        key = _key(role.name, *role.identity(request))
+        try:
+            value, error = role.heuristic(request, self.cfg), None
+        except Refusal as e:
+            value, error = None, str(e)
+        self._record(ctx, role=role.name, model="rules", prompt_version=PROMPT_VERSION, cache_key=key,
                      prompt_hash=key[:16], latency_s=time.perf_counter() - t0, prompt_tokens=0, completion_tokens=0,
                      cost_usd=0.0, cache_hit=False, attempts=1, error=error)
-
-    async def induce(self, question: str, golds: Sequence[str] | None, trajectories: Sequence[Trajectory],
-                     anchors: Mapping[str, Any], existing: Sequence[Rubric | RubricDraft], *,
-                     ctx: CallContext | None = None) -> JudgeOutcome[list[RubricDraft]]:
-        """Pick the (at most 3) features on which the positive and negative anchors differ most, in the same
-        direction across both contrast pairs, beyond the tolerance; skip features an existing common rubric covers."""
-        mode = anchors.get("mode")
-        if mode in (None, "skip"):
-            return JudgeOutcome([], None, 0, False)
-        t0 = time.perf_counter()
-        key = _key("induction", question, tuple(t.text for t in trajectories), tuple(sorted(anchors.items())))
-        # only common rubrics cover a feature: a draft of another query on the same feature is the recurrence that
-        # consolidation needs (>= 2 queries), not a duplicate (docs/decisions.md, "Judges")
-        covered = {r.feature for r in existing if r.feature and getattr(r, "kind", "draft") == "common"}
-        tol = self.cfg.rules_tolerance
-        scored: list[tuple[float, str, int, str]] = []
-        for name, (fn, scale, prior) in FEATURES.items():
-            if name in covered:
-                continue
-            if mode == "unlabeled":
-                members = unlabeled_members([t.format_valid for t in trajectories]) or range(len(trajectories))
-                vals = [fn(trajectories[i].text, question) for i in members]
-                spread = max(vals) - min(vals)
-                if prior != 0 and spread > tol:
-                    scored.append((spread / scale, name, prior, f"values range {min(vals):g}-{max(vals):g}"))
-                continue
-            diffs = [(fn(trajectories[a].text, question), fn(trajectories[b].text, question))
-                     for a, b in contrast_pairs(dict(anchors))]
-            deltas = [hi - lo for hi, lo in diffs]
-            if all(d > tol for d in deltas) or all(d < -tol for d in deltas):
-                direction = 1 if deltas[0] > 0 else -1
-                obs = "; ".join(f"{hi:g} vs {lo:g}" for hi, lo in diffs)
-                scored.append((min(abs(d) for d in deltas) / scale, name, direction, f"{name} {obs}"))
-        scored.sort(key=lambda s: (-s[0], s[1]))
-        drafts = [_draft(name, d, obs) for _, name, d, obs in scored[:3]]
-        self._done("induction", ctx, key, t0)
-        return JudgeOutcome(drafts, None, 1, False)
-
-    async def consolidate(self, candidates_by_query: Mapping[str, Sequence[Rubric | RubricDraft]],
-                          existing: Sequence[Rubric | RubricDraft], *,
-                          ctx: CallContext | None = None) -> JudgeOutcome[list[RubricDraft]]:
-        """Merge drafts with the same (feature, direction) seen for >= 2 distinct queries into a general
-        standard (at most 2, most widely seen first), unless an existing common rubric has that pair."""
-        t0 = time.perf_counter()
-        key = _key("consolidation", tuple((q, tuple((d.feature, d.direction) for d in ds))
-                                          for q, ds in candidates_by_query.items()))
-        seen: dict[tuple[str, int], set[str]] = {}
-        for query, drafts in candidates_by_query.items():
-            for d in drafts:
-                if d.feature in FEATURES and d.direction in (1, -1):
-                    seen.setdefault((d.feature, d.direction), set()).add(query)
-        covered = {(r.feature, r.direction) for r in existing if r.feature}
-        ranked = sorted(((len(qs), f, d) for (f, d), qs in seen.items() if len(qs) >= 2 and (f, d) not in covered),
-                        key=lambda x: (-x[0], x[1]))
-        out = [_draft(f, d) for _, f, d in ranked[:2]]
-        self._done("consolidation", ctx, key, t0)
-        return JudgeOutcome(out, None, 1, False)
-
-    async def _pairwise_shown(self, question: str, shown_a: Trajectory, shown_b: Trajectory,
-                              rubric: Rubric | RubricDraft, *, ctx: CallContext | None) -> JudgeOutcome[Winner]:
-        """direction * (f(A) - f(B)) beyond the tolerance decides; inside it: TIE."""
-        t0 = time.perf_counter()
-        key = _key("pairwise", question, shown_a.text, shown_b.text, rubric.feature, rubric.direction)
-        if not rubric.feature or rubric.feature not in FEATURES or rubric.direction not in (1, -1):
-            error = "RubricWithoutFeature"
-            self._done("pairwise", ctx, key, t0, error)
-            return JudgeOutcome(None, error, 1, False)
-        fa = feature_value(rubric.feature, shown_a, question)
-        fb = feature_value(rubric.feature, shown_b, question)
-        d = rubric.direction * (fa - fb)
-        winner: Winner = "TIE" if abs(fa - fb) <= self.cfg.rules_tolerance else ("A" if d > 0 else "B")
-        self._done("pairwise", ctx, key, t0)
-        return JudgeOutcome(winner, None, 1, False)
-
-    async def accuracy(self, question: str, golds: Sequence[str], prediction: str | None, *,
-                       ctx: CallContext | None = None) -> JudgeOutcome[bool]:
-        """Normalised exact match against any gold alias (SQuAD normalisation)."""
-        t0 = time.perf_counter()
-        key = _key("accuracy", question, tuple(golds), prediction)
-        pred = normalize_answer(prediction or "")
-        ok = bool(pred) and any(pred == normalize_answer(g) for g in golds)
-        self._done("accuracy", ctx, key, t0)
-        return JudgeOutcome(ok, None, 1, False)
-
-    async def rar_rubrics(self, question: str, golds: Sequence[str], *,
-                          ctx: CallContext | None = None) -> JudgeOutcome[list[str]]:
-        """Items from the question's entities and the reference answer, in a checkable 'kind: text' form."""
-        t0 = time.perf_counter()
-        key = _key("rar_rubrics", question, tuple(golds))
-        items = [f"Query names: {e}" for e in question_entities(question)[:4]]
-        for g in list(golds)[:2]:
-            items += [f"Evidence mentions: {g}", f"Answer states: {g}"]
-        generic = ["Structure: one boxed final answer with closed tags", "Queries: no repeated query",
-                   "Searches: at least one search issued", "Results: at least one result read",
-                   "Answer given: a non-empty final answer"]
-        items = list(dict.fromkeys(items))[:8]
-        items += generic[: max(2, 5 - len(items))]
-        self._done("rar_rubrics", ctx, key, t0)
-        return JudgeOutcome(items[:10], None, 1, False)
-
-    async def rar_rate(self, question: str, trajectory: Trajectory, items: Sequence[str], *,
-                       ctx: CallContext | None = None) -> JudgeOutcome[int]:
-        """rating = 1 + floor(9 * share of items satisfied + 0.5) (so 1..10, halves round up)."""
-        t0 = time.perf_counter()
-        key = _key("rar_rate", question, trajectory.text, tuple(items))
-        share = sum(_item_met(it, trajectory.text) for it in items) / len(items) if items else 0.0
-        self._done("rar_rate", ctx, key, t0)
-        return JudgeOutcome(1 + int(9 * share + 0.5), None, 1, False)
-
-    # ---- RubricEM roles (App. C.2, C.3, D.6.2) ----------------------------------------------------------------
-    async def stage_rubrics(self, question: str, golds: Sequence[str] | None, trajectories: Sequence[Trajectory],
-                            existing: Sequence[StageRubric], *,
-                            ctx: CallContext | None = None) -> JudgeOutcome[list[StageRubricDraft]]:
-        """C.2 as features: one draft per stage feature whose 0/1/2 grades are not all equal across the group
-        ("skip criteria where all trajectories perform similarly"), unless a rubric in ``existing`` already reads
-        that feature. The grades compared are those of the format-valid trajectories (the ones a stage grader
-        scores), or of all of them when fewer than two are valid. Per stage, the most discriminative first
-        (population variance of the grades, then table order), at most 4 for stages 1-3 and 5 for stage 4; each
-        feature has one fixed polarity, so no positive / negative mirrors. Fewer than two trajectories: ``[]``
-        without a call. ``golds`` are not read."""
-        if len(trajectories) < 2:
-            return JudgeOutcome([], None, 0, False)
-        t0 = time.perf_counter()
-        covered = {r.feature for r in existing if r.feature}
-        key = _key("stage_rubrics", question, tuple(t.text for t in trajectories),
-                   tuple(t.format_valid for t in trajectories), tuple(sorted(covered)))
-        members = [t for t in trajectories if t.format_valid]
-        if len(members) < 2:
-            members = list(trajectories)
-        ranked: list[tuple[int, float, int, str, list[int]]] = []
-        for order, (name, f) in enumerate(STAGE_FEATURES.items()):
-            if name in covered:
-                continue
-            grades = [f.grade(f.fn(t.text, question)) for t in members]
-            if len(set(grades)) > 1:
-                ranked.append((f.stage, -statistics.pvariance(grades), order, name, grades))
-        ranked.sort()
-        drafts: list[StageRubricDraft] = []
-        for stage, cap in STAGE_MAX_NEW.items():
-            mine = [r for r in ranked if r[0] == stage][:cap]
-            drafts += [_stage_draft(name, question, grades) for *_, name, grades in mine]
-        self._done("stage_rubrics", ctx, key, t0)
-        return JudgeOutcome(drafts, None, 1, False)
-
-    async def stage_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
-                           rubrics: Sequence[StageRubric], *,
-                           ctx: CallContext | None = None) -> JudgeOutcome[list[RubricGrade]]:
-        """C.3 from the features: one grade per rubric, in order, by its feature's thresholds (the feature decides,
-        not the rubric's stage field). For a negative rubric the grade is how fully the flaw is present; a rubric
-        whose polarity is the opposite of its feature's gets ``2 - grade``. A rubric without a stage feature
-        (written by an LLM judge) cannot be read: it gets 0 for every trajectory, with a justification that says
-        so, which is constant across the group (variance 0: it separates nothing and is pruned first). No
-        rubrics: ``[]`` without a call."""
-        if not rubrics:
-            return JudgeOutcome([], None, 0, False)
-        t0 = time.perf_counter()
-        key = _key("stage_grades", question, trajectory.text, tuple((r.feature, r.polarity) for r in rubrics))
-        out: list[RubricGrade] = []
-        for r in rubrics:
-            f = STAGE_FEATURES.get(r.feature or "")
-            if f is None:
-                out.append(RubricGrade(0, f"not graded: the rules judge has no stage feature {r.feature!r} "
-                                          "(the same 0 for every trajectory)"))
-                continue
-            value = f.fn(trajectory.text, question)
-            g = f.grade(value)
-            flipped = (r.polarity < 0) != (f.polarity < 0)
-            note = "; rubric polarity opposite to the feature's: 2 - grade" if flipped else ""
-            out.append(RubricGrade(2 - g if flipped else g, f"{r.feature} = {value:.3g} ({f.rule}){note}"))
-        self._done("stage_grades", ctx, key, t0)
-        return JudgeOutcome(out, None, 1, False)
-
-    async def reflection_grades(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
-                                graded: Sequence[tuple[StageRubric, RubricGrade]], candidates: Sequence[str], *,
-                                ctx: CallContext | None = None) -> JudgeOutcome[list[ReflectionGrade]]:
-        """D.6.2 as a keyword HEURISTIC (it does not judge whether the advice is right), one grade per candidate in
-        order, each dimension in [0, 1]; a candidate without a non-empty ``<reflection_rubrics>`` and a non-empty
-        ``<reflection_takeaways>`` block (D.6.1) gets 0 on all three:
-
-        - diagnosis: the weak points are the rubrics graded below full (a quality at 0 or 1, a flaw at 1 or 2)
-          plus, when golds are given and the final answer matches none, the failure itself. The share of weak
-          points the candidate mentions (a feature's cue stems, an LLM rubric's title words, for the failure a
-          failure word or the wrong / right answer). No weak point: 1, or 0.5 when it claims a failure anyway.
-        - specificity: the mean of the share of the question's entities it names and whether it quotes one of
-          the trajectory's queries or its final answer (concrete, not "be more careful").
-        - scope: the mean of (1-4 takeaways), (the share of takeaways that are distinct and not copied from the
-          rubrics block) and (the share of D.6.1's four categories the rubrics block names).
-
-        No candidates: ``[]`` without a call."""
-        if not candidates:
-            return JudgeOutcome([], None, 0, False)
-        t0 = time.perf_counter()
-        key = _key("reflection_grades", question, tuple(golds or ()), trajectory.text,
-                   tuple((r.feature, r.title, r.polarity, g.score) for r, g in graded), tuple(candidates))
-        weak = _weak_points(question, golds, trajectory, graded)
-        out = [_grade_reflection(c, question, trajectory, weak) for c in candidates]
-        self._done("reflection_grades", ctx, key, t0)
-        return JudgeOutcome(out, None, 1, False)
-
-
-    async def step_labels(self, question: str, golds: Sequence[str] | None, trajectory: Trajectory,
-                          steps: Sequence[tuple[str, str]], k: int, *,
-                          ctx: CallContext | None = None) -> JudgeOutcome[list[StepLabel]]:
-        """ARCO's teacher as a HEURISTIC: each step gets up to three criteria read from its action and result
-        (``step_criteria``), cycled to ``k``. No steps: ``[]`` without a call."""
-        if not steps:
-            return JudgeOutcome([], None, 0, False)
-        t0 = time.perf_counter()
-        key = _key("step_labels", question, tuple(golds or ()), tuple(steps), k)
-        out = []
-        queries: list[str] = []
-        for action, result in steps:
-            crit = step_criteria(question, golds or [], action, result, queries)
-            out.append(StepLabel(tuple(crit[j % len(crit)][0] for j in range(k)),
-                                 tuple(crit[j % len(crit)][1] for j in range(k))))
-            queries += parse_trajectory(action).queries
-        self._done("step_labels", ctx, key, t0)
-        return JudgeOutcome(out, None, 1, False)
-
-    # ---- Co-ReAct roles (its §3.1-3.3) ---------------------------------------------------------------------------
-    async def step_rubric(self, question: str, history: str, *, tool_calls: int, max_tool_calls: int,
-                          ctx: CallContext | None = None) -> JudgeOutcome[StepRubric]:
-        """The rubric writer as a HEURISTIC, in ``STEP_CONDITIONS`` (no gold knowledge): while searches remain,
-        (1) a search naming the first question entity no earlier query names, else (2) on a bridge question
-        ("... of the ...", one hop per "of the") a search naming the first new name of the latest result;
-        else (3) an answer naming the latest result's first new name (or just an answer), with a -0.2 item
-        against a repeated query while searches remain. Positive weights sum to 1."""
-        t0 = time.perf_counter()
-        key = _key("step_rubric", question, history, tool_calls, max_tool_calls)
-        queries = parse_trajectory(history).queries
-        results = _tool_outputs(history)
-        searches_left = max(tool_calls, len(queries)) < max_tool_calls
-        ent_union = set().union(*_entity_tokens(question))
-
-        def queried(name: str) -> bool:
-            return any(_tokens(name) <= _tokens(q) for q in queries)
-
-        latest = _DOC_HEADER.sub(" ", results[-1]) if results else ""  # "Doc 1 (Title: X)" is not a name
-        new_names = [n for n in _names(latest)
-                     if _tokens(n) and not _tokens(n) <= ent_union and not queried(n)]
-        unsearched = [e for e in question_entities(question) if _tokens(e) and not queried(e)]
-        bridge_hops = sum(not (_tokens(q) & ent_union) for q in queries)
-        target = None
-        if searches_left and unsearched:
-            target = unsearched[0]
-        elif searches_left and new_names and bridge_hops < len(_BRIDGE.findall(question)):
-            target = new_names[0]
-        if target is not None:
-            items = (RubricItem(0.6, f"query names: {target}"), RubricItem(0.2, "searches"),
-                     RubricItem(0.2, "query is new"))  # an off-target search scores 0.4: it fails tau = 0.5
-            out = StepRubric(items, f"search for {target}")
-        else:
-            items = ((RubricItem(0.6, "answers"), RubricItem(0.4, f"answer names: {new_names[0]}")) if new_names
-                     else (RubricItem(1.0, "answers"),))
-            if searches_left:
-                items += (RubricItem(-0.2, "query repeats"),)
-            out = StepRubric(items, f"answer with {new_names[0]}" if new_names else "answer from the evidence")
-        self._done("step_rubric", ctx, key, t0)
-        return JudgeOutcome(out, None, 1, False)
-
-    async def step_verify(self, question: str, history: str, action: str, rubric: StepRubric, *,
-                          ctx: CallContext | None = None) -> JudgeOutcome[StepVerdict]:
-        """The verifier as a HEURISTIC: each item read from the action (``step_condition_met``; a negative item's
-        verdict is whether its flaw is present); feedback "Unmet: ..." lists the positive items not met and the
-        negative ones present, "" when none."""
-        t0 = time.perf_counter()
-        key = _key("step_verify", question, history, action, rubric)
-        earlier = parse_trajectory(history).queries
-        met = tuple(step_condition_met(it.condition, action, earlier) for it in rubric.items)
-        unmet = [it.condition for it, m in zip(rubric.items, met, strict=True) if m != (it.weight >= 0)]
-        self._done("step_verify", ctx, key, t0)
-        return JudgeOutcome(StepVerdict(met, f"Unmet: {'; '.join(unmet)}" if unmet else ""), None, 1, False)
-
-    async def _rank_shown(self, question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str],
-                          *, ctx: CallContext | None) -> JudgeOutcome[list[str]]:
-        """The expert ranking as a HEURISTIC: each candidate's ARCO ``step_criteria`` scores summed (no result
-        yet), best first; ties keep the shown order."""
-        t0 = time.perf_counter()
-        key = _key("rank_actions", question, tuple(golds or ()), history, tuple(shown))
-        earlier = parse_trajectory(history).queries
-        score = [sum(v for _, v in step_criteria(question, golds or [], a, "", earlier)) for a in shown]
-        best_first = sorted(range(len(shown)), key=lambda j: -score[j])
-        self._done("rank_actions", ctx, key, t0)
-        return JudgeOutcome([RANK_LABELS[j] for j in best_first], None, 1, False)
+        return JudgeOutcome(value, error, 1, False)
 
 
 _BRIDGE = re.compile(r"\bof the\b", re.I)

@@ -31,7 +31,7 @@ from arbor.llm.base import CAPTURE, Judge
 from arbor.tasks.types import Trajectory
 
 PREFETCHING: ContextVar[bool] = ContextVar("arbor_judge_prefetching", default=False)
-STREAMED_ROLES = ("induce", "consolidate", "pairwise", "accuracy", "rar_rubrics", "rar_rate", "stage_rubrics",
+STREAMED_ROLES = ("ask", "induce", "consolidate", "pairwise", "accuracy", "rar_rubrics", "rar_rate", "stage_rubrics",
                   "stage_grades", "reflection_grades", "step_labels", "step_rubric", "step_verify", "rank_actions")
 
 Answer = tuple[Any, list[dict[str, Any]]]  # (the role's JudgeOutcome, its captured judge_calls rows)

@@ -18,6 +18,7 @@ client's timeout), ``malformed`` (not JSON), ``fenced`` (valid JSON inside a ```
 ``invalid`` (JSON of the wrong shape), ``length`` (the first half of the answer, ``finish_reason: "length"``,
 as when ``max_tokens`` runs out), ``ok``. ``always="A"`` makes every pairwise answer ``{"winner": "A"}``.
 ``accuracy_by_model={"judge-b": "inverse"}`` scripts the accuracy verdict by the requested model (a second judge).
+``scripted={"You count": '{"count": 2}'}`` answers a role the server does not know (one a test registers).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class FaultPlan:
     # the response_format types the server takes (None: any); another is refused with a 422, as llama-cpp-python's
     # server refuses {"type": "json_schema"} (it takes "text" and "json_object" with a "schema")
     formats: tuple[str, ...] | None = None
+    # replies for roles the server does not know (a role a test registers): system-prompt prefix -> reply
+    scripted: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bad = [f for f in [*self.queue, *(f for q in self.by_role.values() for f in q)] if f not in FAULTS]
@@ -219,6 +222,16 @@ class OpenAIServer:
         self.counts[key] += 1
         messages = body.get("messages", [])
         role = recognise_role(messages)
+        system = next((m.get("content", "") for m in messages if m.get("role") == "system"), "")
+        scripted = next((reply for marker, reply in self.plan.scripted.items() if system.startswith(marker)), None)
+        if role is None and scripted is not None:
+            self.roles["scripted"] += 1
+            return JSONResponse({
+                "id": "chatcmpl-scripted", "object": "chat.completion", "created": int(time.time()),
+                "model": body.get("model", "test"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": scripted},
+                             "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
         if role is None:
             return JSONResponse({"error": {"message": "unknown prompt"}}, status_code=400)
         fmt = (body.get("response_format") or {}).get("type")

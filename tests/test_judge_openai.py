@@ -15,7 +15,7 @@ import pytest
 from openai_server import FaultPlan, OpenAIServer
 
 from arbor.config.judge import JudgeConfig
-from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge, prompts
+from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge, prompts, role_of
 from arbor.llm.cache import cache_key
 from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge
 from arbor.tasks.evaluate import Prediction, judge_predictions, pass_at_1
@@ -152,8 +152,8 @@ def test_a_fixed_dialect_the_endpoint_refuses_is_a_recorded_failure(server: Open
 
 
 def test_reply_budget_and_request_timeout_by_hand() -> None:
-    assert prompts.reply_budget("stage_grades", 27) == 32 + 64 * 27  # RubricEM's worst case: 1,760 tokens
-    assert prompts.reply_budget("step_labels", 4 * 3) == 32 + 40 * 12
+    assert role_of("stage_grades").reply_budget(27) == 32 + 64 * 27  # RubricEM's worst case: 1,760 tokens
+    assert role_of("step_labels").reply_budget(4 * 3) == 32 + 40 * 12
     short = [{"role": "user", "content": "x" * 4000}]  # ~1,000 tokens in, 1,000 out: within one timeout
     assert prompts.request_timeout(60.0, short, 1000) == 60.0
     long = [{"role": "system", "content": "x" * 8192}, {"role": "user", "content": "y" * 24576}]  # 8,192 in

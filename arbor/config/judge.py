@@ -76,8 +76,9 @@ class JudgeConfig(Section):
     )
 
     def for_role(self, role: str) -> dict[str, object]:
-        """The effective model / endpoint / sampling / price settings of one role."""
-        over: JudgeRoleConfig = getattr(self.roles, role)
+        """The effective model / endpoint / sampling / price settings of one role (a role registered by a
+        method, with no section under ``judge.roles``, takes the judge's own settings)."""
+        over: JudgeRoleConfig = getattr(self.roles, role, None) or JudgeRoleConfig()
         out: dict[str, object] = {}
         for name in JudgeRoleConfig.model_fields:
             v = getattr(over, name)

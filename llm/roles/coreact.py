@@ -1,0 +1,91 @@
+"""Co-ReAct's judge roles (its §3.1-3.3, App. A): the step-rubric writer, the verifier of a proposed action and
+the list-wise ranking of candidate actions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from arbor.llm import prompts, rules
+from arbor.llm.base import RANK_LABELS, Messages, Role, register
+from arbor.llm.parse import (
+    RankingOut,
+    StepRubricOut,
+    StepVerdictOut,
+    parse_ranking,
+    parse_step_rubric,
+    parse_step_verdict,
+)
+from arbor.tasks.types import StepRubric, StepVerdict
+
+
+@dataclass(frozen=True)
+class StepRubricRequest:
+    question: str
+    history: str
+    tool_calls: int  # searches made so far (with max_tool_calls: the phase)
+    max_tool_calls: int
+
+
+def _step_rubric_prompt(q: StepRubricRequest, budget: int) -> tuple[str, Messages]:
+    return prompts.step_rubric_messages(q.question, q.history, q.tool_calls, q.max_tool_calls, budget)
+
+
+register(Role(
+    # step_rubric.v1: 1-8 weighted items (weights clamped to [-1, 1]) and a recommended action; no items, a
+    # non-numeric weight or an empty condition is invalid output
+    name="step_rubric", request=StepRubricRequest, render=_step_rubric_prompt,
+    parse=lambda text, q: parse_step_rubric(text), schema=StepRubricOut,
+    heuristic=lambda q, cfg: rules.step_rubric(q.question, q.history, q.tool_calls, q.max_tool_calls),
+    identity=lambda q: (q.question, q.history, q.tool_calls, q.max_tool_calls),
+    texts=lambda q: 1,
+))
+
+
+@dataclass(frozen=True)
+class StepVerify:
+    question: str
+    history: str
+    action: str
+    rubric: StepRubric
+
+
+def _step_verify_prompt(q: StepVerify, budget: int) -> tuple[str, Messages]:
+    return prompts.step_verify_messages(q.question, q.history, q.action, q.rubric, budget)
+
+
+register(Role(
+    # step_verify.v1: exactly one boolean per rubric item (else invalid output) and feedback
+    name="step_verify", request=StepVerify, render=_step_verify_prompt,
+    parse=lambda text, q: parse_step_verdict(text, len(q.rubric.items)), schema=StepVerdictOut,
+    heuristic=lambda q, cfg: rules.step_verify(q.history, q.action, q.rubric),
+    identity=lambda q: (q.question, q.history, q.action, q.rubric),
+    texts=lambda q: 2, items=lambda q: len(q.rubric.items),
+    reply=(160, 8),  # one boolean per item, then a sentence or two of feedback
+    skip=lambda q: StepVerdict((), "") if not q.rubric.items else None,  # nothing to verify
+))
+
+
+@dataclass(frozen=True)
+class RankActions:
+    """Candidates in the order they are *shown*, ``shown[j]`` labelled ``RANK_LABELS[j]`` (``Judge.rank_actions``
+    draws the relabelling and undoes it)."""
+
+    question: str
+    golds: Sequence[str] | None
+    history: str
+    shown: Sequence[str]
+
+
+def _rank_prompt(q: RankActions, budget: int) -> tuple[str, Messages]:
+    return prompts.rank_actions_messages(q.question, q.golds, q.history, q.shown, budget)
+
+
+register(Role(
+    # rank_actions.v1: every shown label exactly once, best first (else invalid output)
+    name="rank_actions", request=RankActions, render=_rank_prompt,
+    parse=lambda text, q: parse_ranking(text, RANK_LABELS[: len(q.shown)]), schema=RankingOut,
+    heuristic=lambda q, cfg: rules.rank_actions(q.question, q.golds, q.history, q.shown),
+    identity=lambda q: (q.question, tuple(q.golds or ()), q.history, tuple(q.shown)),
+    texts=lambda q: 1 + len(q.shown),
+))

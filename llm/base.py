@@ -35,7 +35,7 @@ RANK_LABELS = ("X", "Y", "Z", "W", "V", "U", "T", "S")  # Co-ReAct §3.1: neutra
 JUDGE_CALL_COLUMNS = (
     "run_id", "step", "stage", "role", "backend", "model", "prompt_version", "cache_key", "prompt_hash", "group",
     "rubric_id", "edge", "latency_s", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hit", "attempts",
-    "error",
+    "error", "attempt_errors",
 )
 
 

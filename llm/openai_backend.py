@@ -184,11 +184,11 @@ class OpenAIJudge(Judge):
             if value is not None:
                 self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=entry.get("prompt_tokens"),
                              completion_tokens=entry.get("completion_tokens"), cost_usd=0.0, cache_hit=True,
-                             attempts=0, error=None)
+                             attempts=0, error=None, attempt_errors=[])
                 return JudgeOutcome(value, None, 0, True)
         if self.cfg.cost_cap_usd is not None and self.total_cost_usd >= self.cfg.cost_cap_usd:
             self._record(ctx, **row, latency_s=0.0, prompt_tokens=0, completion_tokens=0, cost_usd=0.0,
-                         cache_hit=False, attempts=0, error="CostCapExceeded")
+                         cache_hit=False, attempts=0, error="CostCapExceeded", attempt_errors=[])
             return JudgeOutcome(None, "CostCapExceeded", 0, False)
 
         # the same key already on its way (identical prompts in one batch): wait for it instead of resending
@@ -199,7 +199,7 @@ class OpenAIJudge(Judge):
             entry = (self.cache.get(key) if self.cache is not None else None) or {}
             self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=entry.get("prompt_tokens"),
                          completion_tokens=entry.get("completion_tokens"), cost_usd=0.0, cache_hit=error is None,
-                         attempts=0, error=error)
+                         attempts=0, error=error, attempt_errors=[])
             return JudgeOutcome(value, error, 0, error is None)
         fut: asyncio.Future[tuple[Any, str | None]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
@@ -221,6 +221,7 @@ class OpenAIJudge(Judge):
         p_tok = c_tok = 0
         error: str | None = None
         attempts = 0
+        errors: list[str | None] = []  # the ledger's attempt_errors
         sent = messages  # after an unusable reply: the reply and what was wrong with it (prompts.retry_messages)
         for attempt in range(self.cfg.max_retries + 1):
             attempts += 1
@@ -242,9 +243,11 @@ class OpenAIJudge(Judge):
                 delay = _retry_after(e)
             except openai.APIStatusError as e:  # 4xx other than 429: retrying will not help
                 error = f"{type(e).__name__}:{e.status_code}"
+                errors.append(error)
                 log.warning("judge %s call %s failed: %s (not retried)", role, key[:12], error)
                 break
             else:
+                errors.append(None)
                 cost = (p_tok * float(rc["price_in_per_mtok"]) + c_tok * float(rc["price_out_per_mtok"])) / 1e6  # type: ignore[arg-type]
                 self.total_cost_usd += cost
                 if self.cache is not None:  # disk I/O (fsync) off the event loop
@@ -252,8 +255,10 @@ class OpenAIJudge(Judge):
                              "prompt_tokens": p_tok, "completion_tokens": c_tok}
                     await asyncio.to_thread(self.cache.put, key, entry)
                 self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok,
-                             completion_tokens=c_tok, cost_usd=cost, cache_hit=False, attempts=attempts, error=None)
+                             completion_tokens=c_tok, cost_usd=cost, cache_hit=False, attempts=attempts, error=None,
+                             attempt_errors=errors)
                 return JudgeOutcome(value, None, attempts, False)
+            errors.append(error)
             if attempt == self.cfg.max_retries:
                 break
             backoff = self._backoff(key, attempt)
@@ -265,7 +270,7 @@ class OpenAIJudge(Judge):
         self.total_cost_usd += cost
         log.warning("judge %s call %s failed after %d attempts: %s", role, key[:12], attempts, error)
         self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok, completion_tokens=c_tok,
-                     cost_usd=cost, cache_hit=False, attempts=attempts, error=error)
+                     cost_usd=cost, cache_hit=False, attempts=attempts, error=error, attempt_errors=errors)
         return JudgeOutcome(None, error, attempts, False)
 
     async def _post(self, client: openai.AsyncOpenAI, role: str, rc: Mapping[str, object], model: str,

@@ -92,6 +92,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("group", I64), _f("rubric_id", STR), _f("edge", STR), _f("latency_s", F64),
         _f("prompt_tokens", I64), _f("completion_tokens", I64), _f("cost_usd", F64), _f("cache_hit", BOOL),
         _f("attempts", I64), _f("error", STR),
+        # what each attempt ended in, in order: null for the one that answered, else its error class
+        # (InvalidOutput, Truncated, RateLimitError, ...); [] for a cache hit (issue 31 item 2)
+        _f("attempt_errors", pa.list_(STR)),
     ]),
     "eval_results": pa.schema([
         _key("run_id"), _key("step", I64), _f("checkpoint", STR), _f("split", STR), _key("question_id"),

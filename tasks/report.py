@@ -445,6 +445,15 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
     else:
         md += ["No judge calls recorded.", ""]
     md += [_sql_block(sql_c), ""]
+    tries, sql_t = _query("judge_attempts_by_role", home_p, run_id=run_id)
+    if any(x["mean_attempts"] != 1 for x in tries):  # a judge that needed retries: what each attempt ended in
+        queries.append(sql_t)
+        md += ["### Judge attempts (calls sent; retries and what they fixed)", "",
+               _md_table(["Role", "Calls", "Valid", "Valid at first attempt", "Mean attempts", "Invalid attempts",
+                          "Truncated attempts", "Other failed attempts"],
+                         [[x["role"], str(x["calls"]), f"{x['valid_rate']:.1%}", str(x["first_attempt_valid"]),
+                           f"{x['mean_attempts']:.2f}", str(x["invalid_attempts"]), str(x["truncated_attempts"]),
+                           str(x["other_failed_attempts"])] for x in tries]), "", _sql_block(sql_t), ""]
 
     # ARCO
     calib, sql_cal = _query("mu_calibration_of_run", home_p, run_id=run_id)

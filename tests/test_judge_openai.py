@@ -78,6 +78,8 @@ def test_a_retry_tells_the_judge_what_was_wrong(server: OpenAIServer, tmp_path: 
     assert second[3]["role"] == "user" and "cannot be used: PairwiseOut" in second[3]["content"]
     assert "winner: Input should be 'A', 'B' or 'TIE'" in second[3]["content"]  # the field and its rule, named
     assert len(set(server.counts)) == 1  # one cache key for both attempts
+    [row] = judge.drain_calls()
+    assert row["attempt_errors"] == ["InvalidOutput", None]  # the ledger shows each attempt
 
 
 def test_a_truncated_reply_is_recognised_and_retried_shorter(server: OpenAIServer, tmp_path: Path) -> None:
@@ -86,7 +88,7 @@ def test_a_truncated_reply_is_recognised_and_retried_shorter(server: OpenAIServe
     out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
     assert not out.ok and out.error == "Truncated" and out.attempts == 3
     [row] = judge.drain_calls()
-    assert row["error"] == "Truncated" and row["attempts"] == 3
+    assert row["error"] == "Truncated" and row["attempts"] == 3 and row["attempt_errors"] == ["Truncated"] * 3
     bodies = [b["messages"] for b in server.bodies]
     assert all(len(m) == 4 and "length limit" in m[3]["content"] for m in bodies[1:])
     assert bodies[2][2]["content"] != "" and bodies[2][:2] == bodies[0]  # the second reply shown, not a pile-up
@@ -215,6 +217,7 @@ def test_each_fault_is_retried_and_ends_in_success(server: OpenAIServer, tmp_pat
     assert out.ok and out.value == "A" and out.attempts == attempts  # 2 searches beat 1 on the server's rule
     [row] = judge.drain_calls()
     assert row["attempts"] == attempts and row["error"] is None and row["step"] == 3 and row["edge"] == "4"
+    assert row["attempt_errors"] == [error_first, None][2 - attempts:]  # (the hang's timeout is logged as such)
     assert server.counts[row["cache_key"]] == attempts  # every attempt reached the server with the same key
     if error_first:
         assert error_first in caplog.text  # the retry was logged with its error class
@@ -254,6 +257,7 @@ def test_persistent_failure_is_recorded_not_cached_and_not_a_tie(server: OpenAIS
     assert out2.value is None and out2.error == "InvalidOutput"  # not served from cache: failures are not cached
     rows = judge.drain_calls()
     assert [r["error"] for r in rows] == ["InternalServerError", "InvalidOutput"]
+    assert [r["attempt_errors"] for r in rows] == [["InternalServerError"] * 3, ["InvalidOutput"] * 3]
     assert not any(r["cache_hit"] for r in rows) and server.counts[rows[0]["cache_key"]] == 6
     out3 = run(_with(judge, judge.pairwise(Q, a, b, RUBRIC)))  # the plan is used up: now it succeeds
     assert out3.value == "A" and not out3.cache_hit

@@ -301,3 +301,26 @@ def test_zero_variance_sql_and_python_agree(tmp_path):
     by_table2 = sum(classify_group(rs, [0.5] * 3, [True] * 3).zero_variance for rs in spreads)
     by_dapo = len(zero_variance_groups([r for rs in spreads for r in rs], [g for g, rs in enumerate(spreads) for _ in rs]))
     assert by_sql == by_table2 == by_dapo == 3  # groups 0, 1 and 5
+
+
+def test_judge_attempts_by_role_counts_each_attempt(tmp_path):
+    """sql/queries/judge_attempts_by_role.sql on hand-written ledger rows (issue 31: the ledger shows attempts)."""
+    from arbor.storage.sql import run_file
+
+    rows = [  # pairwise: fixed at the 2nd attempt; cut off twice then fixed; cache hit (not sent); failed for good
+        dict(role="pairwise", attempts=2, error=None, attempt_errors=["InvalidOutput", None]),
+        dict(role="pairwise", attempts=3, error=None, attempt_errors=["Truncated", "Truncated", None]),
+        dict(role="pairwise", attempts=0, error=None, cache_hit=True, attempt_errors=[]),
+        dict(role="pairwise", attempts=3, error="InvalidOutput",
+             attempt_errors=["InvalidOutput", "RateLimitError", "InvalidOutput"]),
+        dict(role="accuracy", attempts=1, error=None, attempt_errors=[None]),
+    ]
+    write_stage("judge_calls", [{**r, "cache_hit": r.get("cache_hit", False)} for r in rows], run_id="ra", step=1,
+                stage="score", home=tmp_path)
+    got = {r["role"]: r for r in run_file("judge_attempts_by_role", {"run_id": "ra"}, home=tmp_path)}
+    p = got["pairwise"]
+    assert (p["calls"], p["valid"], p["first_attempt_valid"]) == (3, 2, 0)
+    assert p["valid_rate"] == pytest.approx(2 / 3) and p["mean_attempts"] == pytest.approx(8 / 3)
+    assert (p["invalid_attempts"], p["truncated_attempts"], p["other_failed_attempts"]) == (3, 2, 1)
+    a = got["accuracy"]
+    assert (a["calls"], a["valid"], a["first_attempt_valid"], a["mean_attempts"]) == (1, 1, 1, 1.0)

@@ -49,9 +49,12 @@ vllm-env:
 
 # llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (~12 min on
 # two cores), in an environment of its own (it pins fastapi apart from prefect)
-judge-env:
+.venv-judge/.installed: constraints-judge.txt
 	$(PY) -m venv .venv-judge
-	CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q "llama-cpp-python[server]==0.3.36"
+	CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q -c constraints-judge.txt "llama-cpp-python[server]==0.3.36"
+	touch $@
+
+judge-env: .venv-judge/.installed
 	@echo "then: .venv/bin/arbor judge serve"
 
 clean:

@@ -1,0 +1,88 @@
+"""A real judge (issue 31): llama.cpp's OpenAI-compatible server on the shipped SmolLM2-135M-Instruct, started by
+the test from ``.venv-judge`` (``make judge-env``; ``make test`` builds it), answers one RL step of every method
+that asks a judge. A 135M judge answers badly often: each step must end, every call must be in the ledger with
+its attempts, and whatever failed must have fallen back (the run never dies of a judge)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flow_support import table
+
+from arbor.paths import PROJECT_ROOT
+from arbor.tasks.policy import shipped_gguf
+from arbor.tasks.serving import Supervised, llama_judge_spec
+
+pytestmark = pytest.mark.slow
+
+JUDGE_PYTHON = PROJECT_ROOT / ".venv-judge" / "bin" / "python"
+KEY_ENV = "ARBOR_LOCAL_JUDGE_KEY"
+STAGED = {"rollout.protocol": "rubricem", "rollout.system_prompt": (
+    "Answer the question by searching. Plan in <structured_plan></structured_plan>, search with <search>query"
+    "</search>, read the <tool_output></tool_output>, weigh it in <state_evaluation></state_evaluation>, review in "
+    "<review></review>, and give the final answer as <answer>\\boxed{answer}</answer>.")}
+# one step of each method that asks a judge; Co-ReAct guides GRPO's rollouts with the judge's step rubrics
+METHODS: dict[str, dict[str, Any]] = {
+    "arbor": {"run.method": "arbor"},
+    "rar": {"run.method": "rar"},
+    "no-memory": {"run.method": "no-memory"},
+    "arco": {"run.method": "arco"},
+    "ss-grpo": {"run.method": "ss-grpo", **STAGED},
+    "rubricem": {"run.method": "rubricem", **STAGED},
+    "co-react": {"run.method": "grpo", "guidance.mode": "co-react", "guidance.source": "judge"},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def llama_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server, up for the module: its /v1 URL."""
+    if not JUDGE_PYTHON.is_file():
+        pytest.fail(f"{JUDGE_PYTHON} not found: `make judge-env` builds llama.cpp's server (`make test` does)")
+    spec = llama_judge_spec(str(JUDGE_PYTHON), shipped_gguf("smollm2"), port=_free_port(), alias="smollm2",
+                            n_ctx=4096, threads=2)
+    log = tmp_path_factory.mktemp("llama") / "server.log"
+    server = Supervised(spec, startup_timeout_s=180, max_restarts=0, log_path=str(log))
+    server.start()
+    try:
+        yield spec.base_url
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_one_step_of_each_method_with_the_real_judge(name: str, llama_judge: str, sft_policy: Path,
+                                                     prefect_harness: Any, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from arbor.flows.train import arbor_train
+
+    monkeypatch.setenv(KEY_ENV, "local")
+    monkeypatch.setenv("ARBOR_HOME", str(tmp_path))
+    o = {"run.steps": 1, "run.sft_warm_start": False, "run.start_checkpoint": str(sft_policy),
+         "run.eval_every": None, "rollout.batch_size": 2, "rollout.k": 4, "checkpoint.every": 1,
+         "judge.backend": "openai", "judge.base_url": llama_judge, "judge.model": "smollm2",
+         "judge.api_key_env": KEY_ENV, "judge.context_tokens": 4096, "judge.max_judge_tokens": 384,
+         "judge.timeout_s": 120.0, "judge.max_retries": 1, "judge.concurrency": 1, **METHODS[name]}
+    arbor_train(profile="tiny-cpu", overrides=o, run_id=name)
+    [step] = table("steps", name, tmp_path)
+    assert step["step"] == 1 and step["mean_total_reward"] == step["mean_total_reward"]  # finite, not NaN
+    calls = table("judge_calls", name, tmp_path)
+    sent = [c for c in calls if c["attempts"]]
+    assert sent, f"{name}: the judge was never asked"
+    assert {(c["backend"], c["model"]) for c in calls} == {("openai", "smollm2")}
+    for c in sent:  # every attempt in the ledger; the last one decides the call
+        assert len(c["attempt_errors"]) == c["attempts"] and c["attempt_errors"][-1] == c["error"]
+    valid = sum(c["error"] is None for c in sent)
+    roles = sorted({c["role"] for c in sent})
+    print(f"\n{name}: {len(sent)} judge calls ({', '.join(roles)}), {valid} valid ({valid / len(sent):.0%}), "
+          f"{sum(c['attempts'] for c in sent) - len(sent)} retries, "
+          f"{sum(c['latency_s'] or 0.0 for c in sent):.1f} s of judging")

@@ -133,6 +133,8 @@ class Role(Generic[Q, T]):
     items: Callable[[Q], int | None] = _no_items  # entries the reply must hold (with ``reply``: its max_tokens)
     reply: tuple[int, int] | None = None  # (fixed, per item) reply tokens; None: judge.max_tokens
     skip: Callable[[Q], T | None] = _never  # the answer when there is nothing to judge (no call is made)
+    # the reply schema narrowed to one request (how many items, which indices or labels): llm.parse.exactly
+    narrow: Callable[[Q, dict[str, Any]], dict[str, Any]] | None = None
 
     def reply_budget(self, items: int) -> int:
         """max_tokens a reply of ``items`` entries needs (``reply``)."""

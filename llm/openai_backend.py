@@ -42,11 +42,16 @@ def _role_schema(role: str) -> dict[str, Any] | None:
     return None if model is None else model.model_json_schema()
 
 
-def response_format(role: str, dialect: str) -> dict[str, Any] | None:
-    """The ``response_format`` of a role's request in one dialect: OpenAI's and vLLM's ``json_schema``, or
-    llama-cpp-python's ``json_object`` with a ``schema`` (its server refuses the former with a 422); None for
-    ``off`` and for a role without a schema (accuracy)."""
-    schema = _role_schema(role)
+def request_schema(role: Role[Q, Any], request: Q) -> dict[str, Any] | None:
+    """The reply schema of one request: the role's, narrowed to the request's counts (``Role.narrow``)."""
+    schema = _role_schema(role.name)
+    return schema if schema is None or role.narrow is None else role.narrow(request, schema)
+
+
+def response_format(role: str, dialect: str, schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The ``response_format`` of a request of ``role`` with reply ``schema`` in one dialect: OpenAI's and vLLM's
+    ``json_schema``, or llama-cpp-python's ``json_object`` with a ``schema`` (its server refuses the former with a
+    422); None for ``off`` and for a reply without a schema (accuracy)."""
     if schema is None or dialect == "off":
         return None
     if dialect == "json_schema":
@@ -165,7 +170,8 @@ class OpenAIJudge(Judge):
         return b * (0.5 + 0.5 * u)
 
     async def _call(self, role: str, version: str, messages: list[dict[str, str]], parse: Callable[[str], Any],
-                    ctx: CallContext | None, items: int | None = None) -> JudgeOutcome[Any]:
+                    ctx: CallContext | None, items: int | None = None,
+                    schema: dict[str, Any] | None = None) -> JudgeOutcome[Any]:
         """One role call; ``items``: how many entries the reply must hold, which sets its token budget
         (``Role.reply_budget``) unless ``judge.roles.<role>.max_tokens`` fixes it."""
         rc = self.cfg.for_role(role)
@@ -204,7 +210,7 @@ class OpenAIJudge(Judge):
         fut: asyncio.Future[tuple[Any, str | None]] = asyncio.get_running_loop().create_future()
         self._inflight[key] = fut
         try:
-            out = await self._fetch(role, rc, model, key, messages, parse, row, ctx, t0)
+            out = await self._fetch(role, rc, model, key, messages, parse, row, ctx, t0, schema)
             fut.set_result((out.value, out.error))
             return out
         finally:
@@ -214,7 +220,7 @@ class OpenAIJudge(Judge):
 
     async def _fetch(self, role: str, rc: dict[str, object], model: str, key: str, messages: list[dict[str, str]],
                      parse: Callable[[str], Any], row: dict[str, Any], ctx: CallContext | None,
-                     t0: float) -> JudgeOutcome[Any]:
+                     t0: float, schema: dict[str, Any] | None) -> JudgeOutcome[Any]:
         """The network part of a call: bounded concurrency, retries with backoff, cache write, ledger row."""
         client = self._client(rc["base_url"], str(rc["api_key_env"]))  # type: ignore[arg-type]
         assert self._sem is not None
@@ -228,7 +234,7 @@ class OpenAIJudge(Judge):
             delay: float | None = None
             content, truncated = "", False
             try:
-                resp = await self._post(client, role, rc, model, sent, key)
+                resp = await self._post(client, role, rc, model, sent, key, schema)
                 if resp.usage is not None:
                     p_tok += resp.usage.prompt_tokens
                     c_tok += resp.usage.completion_tokens or 0
@@ -274,7 +280,7 @@ class OpenAIJudge(Judge):
         return JudgeOutcome(None, error, attempts, False)
 
     async def _post(self, client: openai.AsyncOpenAI, role: str, rc: Mapping[str, object], model: str,
-                    messages: list[dict[str, str]], key: str) -> ChatCompletion:
+                    messages: list[dict[str, str]], key: str, schema: dict[str, Any] | None) -> ChatCompletion:
         """One request, with the role's schema in the endpoint's dialect; a refused dialect is not an attempt:
         the request goes again at once in the next one (``_refused``)."""
         base_url = rc["base_url"]  # type: ignore[assignment]
@@ -283,7 +289,7 @@ class OpenAIJudge(Judge):
             dialect = self._dialect(base_url)  # type: ignore[arg-type]
             body: dict[str, Any] = {"model": model, "messages": messages, "temperature": rc["temperature"],
                                     "max_tokens": rc["max_tokens"]}
-            if (fmt := response_format(role, dialect)) is not None:
+            if (fmt := response_format(role, dialect, schema)) is not None:
                 body["response_format"] = fmt
             try:
                 async with self._sem:
@@ -305,4 +311,5 @@ class OpenAIJudge(Judge):
         """The role's prompt (fitted to ``judge.context_tokens``), sent with its schema, its reply parsed."""
         items = role.items(request)
         version, messages = self._fit(role, role.texts(request), items, lambda b: role.render(request, b))
-        return await self._call(role.name, version, messages, lambda text: role.parse(text, request), ctx, items)
+        return await self._call(role.name, version, messages, lambda text: role.parse(text, request), ctx, items,
+                                request_schema(role, request))

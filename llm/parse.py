@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Sequence
@@ -297,3 +298,54 @@ def parse_accuracy(text: str) -> bool:
     if m is None:
         raise InvalidOutput(f"reply does not start with Correct / Incorrect ({len(text)} chars)")
     return m.group(1).lower() == "correct"
+
+
+# ---- a reply's schema narrowed to one request (issue 31: structured outputs that carry the counts) ---------------
+# The parsers above check counts, indices and permutations that a role's fixed schema cannot say. A request knows
+# them (n rubrics, k criteria, the shown labels), so the schema sent as response_format says them too: a server
+# that constrains decoding (llama.cpp, vLLM) then cannot write three grades for four rubrics. The parsers still
+# check everything (a server may ignore the keywords, e.g. minItems / maxItems, or the format entirely).
+JsonSchema = dict[str, Any]
+
+
+def _inline(schema: JsonSchema, node: JsonSchema) -> JsonSchema:
+    """A copy of ``node`` with a top-level ``$ref`` into ``schema["$defs"]`` replaced by its target."""
+    ref = node.get("$ref")
+    return copy.deepcopy(schema["$defs"][ref.rsplit("/", 1)[1]] if ref else node)
+
+
+def exactly(schema: JsonSchema, prop: str, n: int, item: Any = None) -> JsonSchema:
+    """A copy of ``schema`` whose array property ``prop`` holds exactly ``n`` items; ``item(schema_of_an_item)``
+    may narrow the item too (it is inlined first)."""
+    out = copy.deepcopy(schema)
+    arr = out["properties"][prop]
+    arr["minItems"] = arr["maxItems"] = n
+    if item is not None:
+        one = _inline(out, arr["items"])
+        item(one)
+        arr["items"] = one
+    return out
+
+
+def indices(n: int) -> Any:
+    """An item narrowing: its ``index`` is one of 1..n."""
+    def narrow(one: JsonSchema) -> None:
+        one["properties"]["index"] = {"type": "integer", "enum": list(range(1, n + 1))}
+    return narrow
+
+
+def each_exactly(n: int, *props: str) -> Any:
+    """An item narrowing: each array property in ``props`` holds exactly ``n`` items."""
+    def narrow(one: JsonSchema) -> None:
+        for p in props:
+            one["properties"][p]["minItems"] = one["properties"][p]["maxItems"] = n
+    return narrow
+
+
+def one_of(values: Sequence[str]) -> Any:
+    """An item narrowing for an array of strings: each is one of ``values``."""
+    def narrow(one: JsonSchema) -> None:
+        one.clear()
+        one.update({"type": "string", "enum": list(values)})
+    return narrow
+

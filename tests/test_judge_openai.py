@@ -16,8 +16,9 @@ from openai_server import FaultPlan, OpenAIServer
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge, prompts, role_of
+from arbor.llm.base import RANK_LABELS
 from arbor.llm.cache import cache_key
-from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge
+from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge, _role_schema
 from arbor.tasks.evaluate import Prediction, judge_predictions, pass_at_1
 from arbor.tasks.judge import presentation_swapped, sparse_edges, verdict_to_outcome
 from arbor.tasks.types import Rubric, Trajectory
@@ -111,6 +112,32 @@ def test_structured_outputs_send_each_roles_schema(server: OpenAIServer, tmp_pat
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "pairwise"
     assert fmt["json_schema"]["schema"]["properties"]["winner"]["enum"] == ["A", "B", "TIE"]
     assert "response_format" not in server.bodies[1]  # accuracy answers with a verdict word (E.4): no schema
+
+
+def test_a_requests_schema_carries_its_counts(server: OpenAIServer, tmp_path: Path) -> None:
+    """The schema sent is narrowed to the request: three rubrics -> exactly three grades, indices 1-3; three
+    shown candidates -> a ranking of exactly three of X, Y, Z; k criteria -> k scores per step."""
+    from arbor.tasks.types import StageRubric
+
+    judge = make_judge(config(server), home=tmp_path)
+    rubrics = [StageRubric(f"r{i}", 1, f"Title {i}", "d", 1, 1) for i in range(3)]
+
+    async def three():  # noqa: ANN202
+        return (await judge.stage_grades(Q, ["Paris"], traj(0, 1), rubrics),
+                await judge.rank_actions(Q, ["Paris"], "", ["a", "b", "c"], order=[2, 0, 1]),
+                await judge.step_labels(Q, ["Paris"], traj(0, 2), [("s1", "r1"), ("s2", "r2")], 4))
+
+    grades, ranks, labels = run(_with(judge, three()))
+    assert len(grades.value) == 3 and sorted(ranks.value) == [1, 2, 3] and len(labels.value) == 2
+    g, r, s = (b["response_format"]["json_schema"]["schema"] for b in server.bodies)
+    assert (g["properties"]["scores"]["minItems"], g["properties"]["scores"]["maxItems"]) == (3, 3)
+    assert g["properties"]["scores"]["items"]["properties"]["index"]["enum"] == [1, 2, 3]
+    assert r["properties"]["ranking"]["items"]["enum"] == ["X", "Y", "Z"] == list(RANK_LABELS[:3])
+    assert r["properties"]["ranking"]["maxItems"] == 3
+    step = s["properties"]["steps"]
+    assert step["minItems"] == step["maxItems"] == 2
+    assert step["items"]["properties"]["scores"]["maxItems"] == 4 == step["items"]["properties"]["criteria"]["minItems"]
+    assert "minItems" not in _role_schema("stage_grades")["properties"]["scores"]  # narrowed on a copy
 
 
 def test_auto_steps_down_to_the_dialect_the_endpoint_takes(server: OpenAIServer, tmp_path: Path,

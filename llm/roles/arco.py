@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from arbor.llm import prompts, rules
 from arbor.llm.base import Messages, Role, register
-from arbor.llm.parse import StepLabelsOut, parse_step_labels
+from arbor.llm.parse import StepLabelsOut, each_exactly, exactly, parse_step_labels
 from arbor.tasks.types import Trajectory
 
 
@@ -33,4 +33,5 @@ register(Role(
     texts=lambda q: len(q.steps), items=lambda q: len(q.steps) * q.k,
     reply=(32, 40),  # per step and criterion: a short criterion and its score
     skip=lambda q: [] if not q.steps else None,
+    narrow=lambda q, s: exactly(s, "steps", len(q.steps), each_exactly(q.k, "criteria", "scores")),
 ))

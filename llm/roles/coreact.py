@@ -12,6 +12,8 @@ from arbor.llm.parse import (
     RankingOut,
     StepRubricOut,
     StepVerdictOut,
+    exactly,
+    one_of,
     parse_ranking,
     parse_step_rubric,
     parse_step_verdict,
@@ -63,6 +65,7 @@ register(Role(
     texts=lambda q: 2, items=lambda q: len(q.rubric.items),
     reply=(160, 8),  # one boolean per item, then a sentence or two of feedback
     skip=lambda q: StepVerdict((), "") if not q.rubric.items else None,  # nothing to verify
+    narrow=lambda q, s: exactly(s, "satisfied", len(q.rubric.items)),
 ))
 
 
@@ -88,4 +91,5 @@ register(Role(
     heuristic=lambda q, cfg: rules.rank_actions(q.question, q.golds, q.history, q.shown),
     identity=lambda q: (q.question, tuple(q.golds or ()), q.history, tuple(q.shown)),
     texts=lambda q: 1 + len(q.shown),
+    narrow=lambda q, s: exactly(s, "ranking", len(q.shown), one_of(RANK_LABELS[: len(q.shown)])),
 ))

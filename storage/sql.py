@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from arbor.paths import SQL_DIR
 from arbor.storage.catalog import CatalogError, connect
+from arbor.storage.parquet import data_dir
 
 FORMATS = ("table", "csv", "json", "parquet")
 MAX_CELL = 80  # table output truncates longer cells (use csv/json/parquet for full values)
@@ -31,6 +32,32 @@ QUERIES_DIR = SQL_DIR / "queries"
 
 class SqlError(RuntimeError):
     """A query could not be run (bad SQL, a write statement on the read-only catalog, bad format/output)."""
+
+
+# What arbor sql runs (issue 35 item 1): statements that only read. COPY ... TO, EXPORT, ATTACH, SET, INSTALL,
+# LOAD, CALL and PRAGMA are refused before anything runs, and the connection itself reads files only under the
+# workspace's data folder, a setting locked for the connection's life (read_csv('/etc/...') fails, too).
+READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})
+
+
+def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """SqlError unless every statement of ``sql`` only reads (``READ_STATEMENTS``)."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as e:
+        raise SqlError(str(e)) from e
+    refused = [s.type.name for s in statements if s.type not in READ_STATEMENTS]
+    if refused:
+        raise SqlError(f"arbor sql is read-only: it runs SELECT, WITH, DESCRIBE, SHOW and EXPLAIN statements; "
+                       f"refused: {', '.join(refused)}")
+
+
+def confine(con: duckdb.DuckDBPyConnection, home: str | os.PathLike[str] | None) -> None:
+    """Let ``con`` read files under the workspace's data folder only, and lock its configuration."""
+    root = data_dir(home).rstrip("/") + "/"
+    con.execute("set allowed_directories = $dirs", {"dirs": [root]})
+    con.execute("set enable_external_access = false")
+    con.execute("set lock_configuration = true")
 
 
 @functools.cache
@@ -53,6 +80,8 @@ def query(sql: str, params: Mapping[str, Any] | None = None, *,
     except CatalogError as e:
         raise SqlError(str(e)) from e
     try:
+        check_read_only(con, sql)
+        confine(con, home)
         rel = con.sql(sql, params=dict(params) if params else None)  # a statement without a result returns None
         return rel.to_arrow_table() if rel is not None else pa.table({})
     except duckdb.Error as e:

@@ -59,6 +59,26 @@ def test_formats(home, tmp_path):
     assert _run("sql", "--file", str(qfile), "--format", "json").output.strip() == '[{"n": 1}]'
 
 
+def test_sql_is_read_only_in_fact(home, tmp_path):
+    """Issue 35 item 1: no statement that writes, attaches or configures runs, and no file outside the workspace's
+    data folder can be read, whatever the statement (the setting is locked for the connection)."""
+    write_stage("steps", [{"loss": 0.5, "n_groups": 4}], run_id="r1", step=1, stage="train", home=home)
+    record = next((home / "data" / "steps").rglob("run_id=r1/**/*.parquet"))
+    before = record.read_bytes()
+    for sql in [f"copy (select 'x' as run_id) to '{record}' (format parquet)",
+                f"copy (select 1 as a) to '{tmp_path / 'out.csv'}'", f"attach '{tmp_path / 'x.duckdb'}'",
+                "set enable_external_access = true", "install httpfs", "select 1; copy (select 1) to 'y.csv'"]:
+        res = _run("sql", sql)
+        assert res.exit_code == 2 and "read-only" in res.output and "refused" in res.output, (sql, res.output)
+    assert record.read_bytes() == before and not (tmp_path / "out.csv").exists() and not (tmp_path / "x.duckdb").exists()
+    outside = tmp_path / "secret.csv"
+    outside.write_text("a\n1\n")
+    for sql in [f"select * from read_csv('{outside}')", "select * from read_text('/etc/hostname')"]:
+        res = _run("sql", sql)
+        assert res.exit_code == 2 and "Permission" in res.output, (sql, res.output)
+    assert _run("sql", "with s as (select count(*) as n from steps) select n from s").exit_code == 0  # reads still work
+
+
 def test_errors_are_clear(home):
     res = _run("sql", "insert into catalog_meta values ('a', 'b')")
     assert res.exit_code == 2 and "read-only" in res.output

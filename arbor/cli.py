@@ -416,6 +416,9 @@ def eval_cmd(
     from arbor.config import ConfigError, load_config
     from arbor.tasks.evaluate import EvalError, second_judge_config
 
+    for flag, value in (("--runs", runs), ("--limit", limit)):
+        if value is not None and value < 1:
+            _fail(f"{flag} {value}: expected a whole number of at least 1")
     overrides = _overrides(sets)
     try:  # refuse bad keys and an impossible second judge before any rollout
         cfg = load_config(profile, overrides)

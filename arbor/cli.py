@@ -122,8 +122,14 @@ def runs_cmd(
 def disk_cmd(run_id: Annotated[str, typer.Argument(help="the run to measure")]) -> None:
     """Disk usage of one run: Parquet per table, checkpoints, TensorBoard events, reports."""
     from arbor.paths import arbor_home
+    from arbor.storage.runs import check_run_id
+    from arbor.storage.schemas import SchemaError
     from arbor.storage.usage import human, run_disk_usage
 
+    try:
+        check_run_id(run_id)  # a run id is a path component: '../..' would walk outside ARBOR_HOME
+    except SchemaError as e:
+        _fail(e)
     usage = run_disk_usage(run_id, arbor_home())
     if not usage:
         _fail(f"nothing on disk for run '{run_id}' in {arbor_home()}")

@@ -49,6 +49,7 @@ BAD = [  # (arguments, what the one line must name)
     (["train", "--resume", "r1", "--set", "rollout.k=4"], ["rollout.k", "'r1'"]),
     (["compare", "--methods", "grpo,dapo", "--set", "memory.lamda=1"], ["memory.lamda"]),
     (["demo", "--set", "memory.init_from=pool.json"], ["memory.init_from", "{cwd}/pool.json"]),
+    (["disk", "../.."], ["'../..'"]),  # issue 35 item 6: walked outside ARBOR_HOME
     (["eval", "--limit", "-1"], ["--limit -1", "at least 1"]),  # issue 35 item 4: was every question but the last
     (["eval", "--runs", "0"], ["--runs 0", "at least 1"]),  # was silently 5
     (["train", "--set", "run.steps=100000000000000000000000"], ["run.steps", "10000000"]),

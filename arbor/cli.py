@@ -118,6 +118,28 @@ def runs_cmd(
         _fail(e)
 
 
+@app.command("verify")
+def verify_cmd(run_id: Annotated[str, typer.Argument(help="the run to check")]) -> None:
+    """Check every committed stage of a run against the sizes and checksums its markers recorded (exit 1 on any
+    damaged file, naming it and the stage)."""
+    from arbor.paths import arbor_home
+    from arbor.storage.parquet import verify_run
+    from arbor.storage.runs import check_run_id, run_row
+    from arbor.storage.schemas import SchemaError
+
+    try:
+        if run_row(check_run_id(run_id), arbor_home()) is None:
+            _fail(f"no run '{run_id}' in {arbor_home()}")
+    except SchemaError as e:
+        _fail(e)
+    stages, files, problems = verify_run(run_id, arbor_home())
+    for p in problems:
+        typer.echo(f"damaged: {p}", err=True)
+    typer.echo(f"run {run_id}: {stages} stages, {files} files checked, {len(problems)} damaged")
+    if problems:
+        raise typer.Exit(1)
+
+
 @app.command("disk")
 def disk_cmd(run_id: Annotated[str, typer.Argument(help="the run to measure")]) -> None:
     """Disk usage of one run: Parquet per table, checkpoints, TensorBoard events, reports."""

@@ -9,6 +9,7 @@ Paths are built with posix joins on strings so that an object-store home (``s3:/
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -174,6 +175,72 @@ def mark_stage_done(
         json.dump({"completed_at": datetime.now(UTC).isoformat(), **(info or {})}, fh)
     os.replace(tmp, path)
     return Path(path)
+
+
+class StageCorrupt(RuntimeError):
+    """A committed stage's file no longer matches the size and checksum its completion marker recorded."""
+
+
+def file_digest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What a completion marker records of one file: its size in bytes and its SHA-256."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return {"bytes": os.path.getsize(path), "sha256": h.hexdigest()}
+
+
+def stage_marker(*, run_id: str, step: int, stage: str,
+                 home: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+    """A stage's completion marker (completion time, wall seconds, its files' digests), or None when not done."""
+    path = marker_path(run_id=run_id, step=step, stage=stage, home=home)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as fh:
+            return dict(json.load(fh))
+    except (OSError, ValueError) as e:
+        raise StageCorrupt(f"{path}: the completion marker of stage {stage!r} (step {step}) of run {run_id!r} cannot "
+                           f"be read ({e}); delete it to compute the stage again") from e
+
+
+def verify_stage(*, run_id: str, step: int, stage: str, tables: tuple[str, ...] | None = None,
+                 home: str | os.PathLike[str] | None = None) -> int:
+    """Check the files of a committed stage (``tables``, or all it recorded) against the sizes and checksums its
+    marker recorded; StageCorrupt naming the file, the stage and the remedy on the first mismatch. Markers written
+    before checksums were recorded check nothing. Returns how many files were checked."""
+    marker = stage_marker(run_id=run_id, step=step, stage=stage, home=home) or {}
+    files: dict[str, dict[str, Any]] = marker.get("files") or {}
+    checked = 0
+    for table, want in sorted(files.items()):
+        if tables is not None and table not in tables:
+            continue
+        path = stage_path(table, run_id=run_id, step=step, stage=stage, home=home)
+        got = file_digest(path) if os.path.exists(path) else None
+        if got != want:
+            what = "is missing" if got is None else (f"has {got['bytes']} bytes, {want['bytes']} recorded"
+                                                     if got["bytes"] != want["bytes"] else "fails its checksum")
+            raise StageCorrupt(
+                f"{path} {what}: stage {stage!r} of step {step} of run {run_id!r} is damaged; delete its marker "
+                f"{marker_path(run_id=run_id, step=step, stage=stage, home=home)} to compute the stage again")
+        checked += 1
+    return checked
+
+
+def verify_run(run_id: str, home: str | os.PathLike[str] | None = None) -> tuple[int, int, list[str]]:
+    """Every committed stage of a run checked (``verify_stage``): (stages, files checked, problems)."""
+    root = posixpath.join(data_dir(home), "_stages", f"run_id={_check_name('run_id', run_id)}")
+    stages = files = 0
+    problems: list[str] = []
+    for step_dir in sorted(Path(root).glob("step=*")):
+        step = int(step_dir.name.removeprefix("step="))
+        for marker in sorted(step_dir.glob("*.done")):
+            stages += 1
+            try:
+                files += verify_stage(run_id=run_id, step=step, stage=marker.stem, home=home)
+            except StageCorrupt as e:
+                problems.append(str(e))
+    return stages, files, problems
 
 
 def stage_done(*, run_id: str, step: int, stage: str, home: str | os.PathLike[str] | None = None) -> bool:

@@ -19,7 +19,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from arbor.storage.parquet import mark_stage_done, read_stage, stage_done, write_stage
+from arbor.storage.parquet import (
+    file_digest,
+    mark_stage_done,
+    read_stage,
+    stage_done,
+    verify_stage,
+    write_stage,
+)
 
 Rows = list[dict[str, Any]]
 
@@ -58,18 +65,21 @@ class StageStore:
         return stage_done(run_id=self.run_id, step=step, stage=stage, home=self.home)
 
     def load(self, step: int, stage: str, tables: tuple[str, ...]) -> dict[str, Rows]:
+        """The stage's stored rows, after checking its files against the checksums its marker recorded (a damaged
+        file stops the resume naming it: ``StageCorrupt``)."""
+        verify_stage(run_id=self.run_id, step=step, stage=stage, tables=tables, home=self.home)
         return {t: read_stage(t, run_id=self.run_id, step=step, stage=stage, home=self.home) or [] for t in tables}
 
     def commit(self, step: int, stage: str, outputs: Mapping[str, Rows], started_at: float | None = None) -> None:
         """Write every table of the stage, its ``stage_runs`` row, then the completion marker (last)."""
         fault_point(step, stage, "commit")
-        for table, rows in outputs.items():
-            write_stage(table, rows, run_id=self.run_id, step=step, stage=stage, home=self.home)
+        files = {table: file_digest(write_stage(table, rows, run_id=self.run_id, step=step, stage=stage,
+                                                home=self.home)) for table, rows in outputs.items()}
         now = time.time()
         started_at = now if started_at is None else started_at
         self.record(step, stage, "completed", started_at, now)
         mark_stage_done(run_id=self.run_id, step=step, stage=stage, home=self.home,
-                        info={"wall_seconds": now - started_at})
+                        info={"wall_seconds": now - started_at, "files": files})
 
     def record(self, step: int, stage: str, status: str, started_at: float, finished_at: float | None) -> None:
         """A ``stage_runs`` row: when the stage ran and how it ended (``arbor runs`` derives run status from it)."""

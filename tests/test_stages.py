@@ -50,3 +50,49 @@ def test_stage_missing_table_refused(arbor_home: Path) -> None:
     with pytest.raises(RuntimeError, match="rubric_events"):
         store.run(1, "score", ("rubric_activations", "rubric_events"), lambda: {"rubric_activations": []})
     assert not store.done(1, "score")
+
+
+def test_every_single_bit_flip_of_a_stored_stage_is_caught(arbor_home: Path) -> None:
+    """Issue 35 item 2: 300 random single-bit flips in a committed stage file (a shaped-reward-like float column)
+    are each caught when the stage is loaded, naming the file and the stage; so are truncation and a lost file."""
+    import random
+
+    from arbor.storage.parquet import StageCorrupt, stage_path
+
+    store = StageStore("r1", arbor_home)
+    store.run(1, "score", ("rubric_activations",), lambda: {"rubric_activations": _rows(8, 1)})
+    path = Path(stage_path("rubric_activations", run_id="r1", step=1, stage="score", home=arbor_home))
+    good = path.read_bytes()
+    rng = random.Random(0)
+    for _ in range(300):
+        i, bit = rng.randrange(len(good)), rng.randrange(8)
+        path.write_bytes(good[:i] + bytes([good[i] ^ (1 << bit)]) + good[i + 1:])
+        with pytest.raises(StageCorrupt, match="fails its checksum: stage 'score' of step 1 of run 'r1'"):
+            store.load(1, "score", ("rubric_activations",))
+    path.write_bytes(good[:-10])
+    with pytest.raises(StageCorrupt, match=f"{len(good) - 10} bytes, {len(good)} recorded"):
+        store.load(1, "score", ("rubric_activations",))
+    path.unlink()
+    with pytest.raises(StageCorrupt, match="is missing"):
+        store.run(1, "score", ("rubric_activations",), lambda: {})  # a done stage is loaded, so it is checked
+    path.write_bytes(good)
+    assert len(store.load(1, "score", ("rubric_activations",))["rubric_activations"]) == 8  # restored: fine
+
+
+def test_arbor_verify_names_the_damaged_file(arbor_home: Path) -> None:
+    from typer.testing import CliRunner
+
+    from arbor.cli import app
+    from arbor.storage.parquet import stage_path, write_stage
+
+    write_stage("runs", [{"profile": "tiny-cpu", "method": "grpo", "seed": 0}], run_id="r1", step=0, stage="run",
+                home=arbor_home)
+    store = StageStore("r1", arbor_home)
+    for step in (1, 2):
+        store.run(step, "score", ("rubric_activations",), lambda step=step: {"rubric_activations": _rows(4, step)})
+    ok = CliRunner().invoke(app, ["verify", "r1"])
+    assert ok.exit_code == 0 and "run r1: 2 stages, 2 files checked, 0 damaged" in ok.output
+    path = Path(stage_path("rubric_activations", run_id="r1", step=2, stage="score", home=arbor_home))
+    path.write_bytes(path.read_bytes()[:-1] + b"\x00")
+    bad = CliRunner().invoke(app, ["verify", "r1"])
+    assert bad.exit_code == 1 and "1 damaged" in bad.output and str(path) in bad.output

@@ -183,8 +183,14 @@ def _train_config(profile: str | None, run_id: str | None, resume: str | None, o
     from arbor.config import ArborConfig, ConfigError, load_config, profile_path
     from arbor.config.resume import amend_config
     from arbor.storage.liveness import owner_alive, read_owner
+    from arbor.storage.lock import RunLocked, acquire
     from arbor.storage.runs import check_run_id, run_row
 
+    if run_id is not None or resume is not None:  # one writer per run: held until this process ends
+        try:
+            acquire(check_run_id(resume or run_id or ""), home)
+        except RunLocked as e:
+            raise ConfigError(str(e)) from e
     if resume is None:
         if run_id is not None and run_row(check_run_id(run_id), home) is not None:
             raise ConfigError(f"run '{run_id}' already exists in {home}: continue it with --resume {run_id}, or "

@@ -25,6 +25,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from arbor.config import ArborConfig, load_config
 from arbor.flows.progress import RunProgress
 from arbor.paths import arbor_home, resolve_home_path
 from arbor.storage.liveness import Heartbeat
+from arbor.storage.lock import run_lock
 from arbor.tasks.stages import StageStore
 from arbor.tasks.step import STAGES, RunState, rebuild_memory, timed_stage
 
@@ -456,8 +458,16 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
 
     home = arbor_home()
     ensure_catalog(home)  # create / migrate once, up front; the run never holds the catalog open
-    cfg = prepare_run(profile, overrides, run_id, resume, home)
+    locks = ExitStack()  # one writer per run (storage.lock): before a known id is read, and for the whole run
+    if run_id is not None:
+        locks.enter_context(run_lock(run_id, home))
+    try:
+        cfg = prepare_run(profile, overrides, run_id, resume, home)
+    except BaseException:
+        locks.close()
+        raise
     rid = cfg.run.run_id or ""
+    locks.enter_context(run_lock(rid, home))
     store = StageStore(rid, home)
     started = time.time()
     store.record(0, "run", "running", started, None)
@@ -484,10 +494,12 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 )
     except BaseException:
         store.record(0, "run", "failed", started, time.time())
+        locks.close()
         raise
     finally:
         heartbeat.stop()
     store.record(0, "run", "completed", started, time.time())
+    locks.close()
     return rid
 
 

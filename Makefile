@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_UI_ENABLED := false
 
-.PHONY: setup demo test lint bench lock vllm-env judge-env clean
+.PHONY: setup demo test lint bench lock vllm-env judge-env judge-check clean
 
 # pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -56,6 +56,10 @@ vllm-env:
 
 judge-env: .venv-judge/.installed
 	@echo "then: .venv/bin/arbor judge serve"
+
+# one RL step of every judging method against the real 135M judge (llama.cpp's server, started by the test)
+judge-check: setup judge-env
+	$(BIN)/python -m pytest -q -s tests/real_judge_steps.py
 
 clean:
 	rm -rf $(VENV) .arbor

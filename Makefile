@@ -49,9 +49,13 @@ vllm-env:
 
 # llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (~12 min on
 # two cores), in an environment of its own (it pins fastapi apart from prefect)
+# A portable x86-64-v3 build, not -march=native: on a CPU with AMX (this machine's) the native build segfaults in
+# its first decode inside a VM that does not grant the AMX tile state. No wheel cache: the flags are not in its key.
+JUDGE_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 .venv-judge/.installed: constraints-judge.txt
 	$(PY) -m venv .venv-judge
-	CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q -c constraints-judge.txt "llama-cpp-python[server]==0.3.36"
+	CMAKE_ARGS="$(JUDGE_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q --no-cache-dir \
+	  -c constraints-judge.txt "llama-cpp-python[server]==0.3.36"
 	touch $@
 
 judge-env: .venv-judge/.installed

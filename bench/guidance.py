@@ -45,7 +45,8 @@ def one(name: str, checkpoint: str, seed: int, source: str, args: argparse.Names
     from arbor.paths import arbor_home
     from arbor.storage.sql import run_file
 
-    o: dict[str, Any] = {**ROOM, "run.seed": seed, "guidance.mode": "co-react", "guidance.source": source}
+    o: dict[str, Any] = {**ROOM, **dict(kv.split("=", 1) for kv in args.sets), "run.seed": seed,
+                         "guidance.mode": "co-react", "guidance.source": source}
     if source == "memory":
         o["guidance.memory_pool"] = args.pool
     if source == "generator":
@@ -72,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=200, help="held-out questions")
     p.add_argument("--runs", type=int, default=1, help="evaluation runs per question")
     p.add_argument("--out", default=str(ROOT / "bench" / "out"))
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every evaluation (e.g. guidance.max_rubric_tokens=96: what the "
+                   "generator was trained to write)")
     args = p.parse_args(argv)
     import polars as pl
 

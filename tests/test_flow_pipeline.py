@@ -153,7 +153,8 @@ def test_sigkill_mid_overlapped_step_resumes_exactly(overlapped: Path, sft_polic
         _train(home, RUN, o, resume=True)
         assert max(srv.counts.values()) == 1  # the judge was not paid twice
     # a call the killed attempt paid for is answered from the judge cache on resume, and its ledger row says so
-    ledger = frozenset({"cache_hit", "cost_usd", "attempts", "judge_cost_usd"})
+    # (no attempts, so no attempt_errors either)
+    ledger = frozenset({"cache_hit", "cost_usd", "attempts", "attempt_errors", "judge_cost_usd"})
     a, b = stored(RUN, overlapped, ledger), stored(RUN, home, ledger)
     for name in TABLES:
         assert a[name] == b[name], f"{name}: the resumed overlapped run differs from the uninterrupted one"

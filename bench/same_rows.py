@@ -62,12 +62,12 @@ def train(tree: Path, home: Path, method: str, sets: dict[str, Any], profile: st
         raise SystemExit(f"{tree}: {method} failed\n{proc.stderr[-3000:]}")
 
 
-def rows(table: str, run_id: str, home: Path) -> list[tuple]:
+def rows(table: str, run_id: str, home: Path, leave_out: frozenset[str] = frozenset()) -> list[tuple]:
     from arbor.storage.parquet import read_table
 
     out = []
     for r in read_table(table, run_id=run_id, home=home).to_pylist():
-        out.append(tuple(sorted((k, repr(v)) for k, v in r.items() if k not in TIMING)))
+        out.append(tuple(sorted((k, repr(v)) for k, v in r.items() if k not in TIMING and k not in leave_out)))
     return sorted(out)
 
 
@@ -77,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="tiny-cpu")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="a config key: k=v (YAML value)")
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--leave-out", action="append", default=[], metavar="COLUMN",
+                    help="a column the reference does not write (e.g. attempt_errors, added after it): compared "
+                    "as absent on both sides, and said so")
     args = ap.parse_args(argv)
+    leave_out = frozenset(args.leave_out)
+    if leave_out:
+        print(f"columns left out of the comparison: {', '.join(sorted(leave_out))}")
     import yaml
 
     sets = {**DEFAULTS, **{k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}}
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                 train(old, homes["ref"], m, sets, args.profile)
                 train(ROOT, homes["tree"], m, sets, args.profile)
                 for t in TABLES:
-                    a, b = rows(t, m, homes["ref"]), rows(t, m, homes["tree"])
+                    a, b = rows(t, m, homes["ref"], leave_out), rows(t, m, homes["tree"], leave_out)
                     same = a == b
                     differ += not same
                     print(f"{m:10s} {t:19s} {len(a):4d} rows at {args.ref}, {len(b):4d} here: "

@@ -10,6 +10,12 @@ from arbor.storage.parquet import read_table
 JUDGE_KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 JUDGE_KEY = "sk-test-secret-0123456789"
 
+# the world's short prompt, in the staged protocol's tags (tiny-world's own names <result>, which it refuses)
+STAGED = {"rollout.protocol": "rubricem", "rollout.system_prompt": (
+    "Answer the question by searching. Plan in <structured_plan></structured_plan>, search with <search>query"
+    "</search>, read the <tool_output></tool_output>, weigh it in <state_evaluation></state_evaluation>, review in "
+    "<review></review>, and give the final answer as <answer>\\boxed{answer}</answer>.")}
+
 
 def tiny_overrides(start_checkpoint: Path, **extra: Any) -> dict[str, Any]:
     """Small enough for two cores: the tiny-cpu profile with 8 prompts x K=4 and two steps; one admitted draft

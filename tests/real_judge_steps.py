@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_support import table
+from flow_support import STAGED, table
 
 from arbor.paths import PROJECT_ROOT
 from arbor.tasks.policy import shipped_gguf
@@ -22,10 +22,6 @@ pytestmark = pytest.mark.slow
 
 JUDGE_PYTHON = PROJECT_ROOT / ".venv-judge" / "bin" / "python"
 KEY_ENV = "ARBOR_LOCAL_JUDGE_KEY"
-STAGED = {"rollout.protocol": "rubricem", "rollout.system_prompt": (
-    "Answer the question by searching. Plan in <structured_plan></structured_plan>, search with <search>query"
-    "</search>, read the <tool_output></tool_output>, weigh it in <state_evaluation></state_evaluation>, review in "
-    "<review></review>, and give the final answer as <answer>\\boxed{answer}</answer>.")}
 # one step of each method that asks a judge; Co-ReAct guides GRPO's rollouts with the judge's step rubrics
 METHODS: dict[str, dict[str, Any]] = {
     "arbor": {"run.method": "arbor"},

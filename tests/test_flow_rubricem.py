@@ -12,18 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from flow_support import sft_start, table
+from flow_support import STAGED, sft_start, table
 
 from arbor.tasks.format import RUBRICEM, check_format, stage_spans
 
 pytestmark = pytest.mark.slow
 
 RUN = "ss"
-# the world's short prompt, in the staged protocol's tags (tiny-world's own names <result>, which it refuses)
-STAGED = {"rollout.protocol": "rubricem", "rollout.system_prompt": (
-    "Answer the question by searching. Plan in <structured_plan></structured_plan>, search with <search>query"
-    "</search>, read the <tool_output></tool_output>, weigh it in <state_evaluation></state_evaluation>, review in "
-    "<review></review>, and give the final answer as <answer>\\boxed{answer}</answer>.")}
 
 
 @pytest.fixture(scope="module")

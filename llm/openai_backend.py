@@ -60,11 +60,25 @@ def response_format(role: str, dialect: str, schema: dict[str, Any] | None) -> d
 
 
 def refuses_format(err: openai.APIStatusError) -> bool:
-    """Whether a 4xx says the server does not take this ``response_format`` (422: a schema validation error of the
-    request, as llama-cpp-python answers; 400 naming the field), rather than anything else about the request."""
+    """Whether an error status says the server does not take this ``response_format``, rather than anything else
+    about the request: a 422 (a validation error of the request body); a 400 naming the field; or a 500 whose
+    message is that validation error, which is what llama-cpp-python 0.3.36's real server answers (its error
+    handler turns fastapi's ``literal_error`` on ``response_format.type`` into ``internal_server_error``)."""
     if err.status_code == 422:
         return True
-    return err.status_code == 400 and any(w in str(err).lower() for w in _FORMAT_WORDS)
+    text = str(err).lower()
+    if err.status_code == 500:
+        return "response_format" in text and "validation error" in text
+    return err.status_code == 400 and any(w in text for w in _FORMAT_WORDS)
+
+
+class FormatRefused(Exception):
+    """The endpoint refused the ``response_format`` that ``judge.structured_outputs`` fixes: not retried (the same
+    request would be refused again), recorded as ``FormatRefused:<status>``."""
+
+    def __init__(self, err: openai.APIStatusError) -> None:
+        super().__init__(str(err))
+        self.status_code = err.status_code
 
 
 class JudgeSetupError(ValueError):
@@ -247,7 +261,7 @@ class OpenAIJudge(Judge):
             except _RETRYABLE as e:
                 error = type(e).__name__
                 delay = _retry_after(e)
-            except openai.APIStatusError as e:  # 4xx other than 429: retrying will not help
+            except (openai.APIStatusError, FormatRefused) as e:  # 4xx other than 429: retrying will not help
                 error = f"{type(e).__name__}:{e.status_code}"
                 errors.append(error)
                 log.warning("judge %s call %s failed: %s (not retried)", role, key[:12], error)
@@ -298,8 +312,10 @@ class OpenAIJudge(Judge):
                     return await client.post("/chat/completions", cast_to=ChatCompletion, body=body,
                                              options={"headers": {CACHE_HEADER: key}, "timeout": timeout})
             except openai.APIStatusError as e:
-                if fmt is None or not self._refused(base_url, dialect, e):  # type: ignore[arg-type]
+                if fmt is None or not refuses_format(e):
                     raise
+                if not self._refused(base_url, dialect, e):  # type: ignore[arg-type]
+                    raise FormatRefused(e) from e
 
     async def aclose(self) -> None:
         for client in self._clients.values():

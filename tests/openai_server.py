@@ -75,9 +75,11 @@ class FaultPlan:
     accuracy_by_model: dict[str, str] = field(default_factory=dict)
     # faults for one judge role only, served to that role's requests in arrival order before ``queue`` is read
     by_role: dict[str, list[str]] = field(default_factory=dict)
-    # the response_format types the server takes (None: any); another is refused with a 422, as llama-cpp-python's
-    # server refuses {"type": "json_schema"} (it takes "text" and "json_object" with a "schema")
+    # the response_format types the server takes (None: any); another is refused with ``refusal_status``:
+    # llama-cpp-python 0.3.36's real server refuses {"type": "json_schema"} (it takes "text" and "json_object" with
+    # a "schema") with a 500 whose message is fastapi's validation error; 422 is that error as fastapi sends it
     formats: tuple[str, ...] | None = None
+    refusal_status: int = 500
     # replies for roles the server does not know (a role a test registers): system-prompt prefix -> reply
     scripted: dict[str, str] = field(default_factory=dict)
 
@@ -237,8 +239,13 @@ class OpenAIServer:
         fmt = (body.get("response_format") or {}).get("type")
         if fmt is not None and self.plan.formats is not None and fmt not in self.plan.formats:
             allowed = " or ".join(repr(f) for f in self.plan.formats)
-            return JSONResponse({"detail": [{"type": "literal_error", "loc": ["body", "response_format", "type"],
-                                             "msg": f"Input should be {allowed}", "input": fmt}]}, status_code=422)
+            detail = {"type": "literal_error", "loc": ("body", "response_format", "type"),
+                      "msg": f"Input should be {allowed}", "input": fmt}
+            if self.plan.refusal_status == 422:
+                return JSONResponse({"detail": [{**detail, "loc": list(detail["loc"])}]}, status_code=422)
+            message = f"1 validation error:\n  {detail!r}\n\n  File \"llama_cpp/server/app.py\", line 376"
+            return JSONResponse({"error": {"message": message, "type": "internal_server_error", "param": None,
+                                           "code": None}}, status_code=self.plan.refusal_status)
         self.roles[role] += 1
         self.arrivals.append((time.time(), role))
         mine = self.plan.by_role.get(role)

@@ -140,11 +140,13 @@ def test_a_requests_schema_carries_its_counts(server: OpenAIServer, tmp_path: Pa
     assert "minItems" not in _role_schema("stage_grades")["properties"]["scores"]  # narrowed on a copy
 
 
+@pytest.mark.parametrize("status", [500, 422])
 def test_auto_steps_down_to_the_dialect_the_endpoint_takes(server: OpenAIServer, tmp_path: Path,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
-    """llama-cpp-python's server refuses json_schema (422) and takes json_object with a schema: the first call
-    learns that without spending an attempt, later calls send json_object at once, and it is logged once."""
-    server.plan = FaultPlan(formats=("text", "json_object"))
+                                                         caplog: pytest.LogCaptureFixture, status: int) -> None:
+    """llama-cpp-python's server refuses json_schema (its real 0.3.36 server with a 500 that carries the validation
+    error; fastapi's own 422) and takes json_object with a schema: the first call learns that without spending an
+    attempt, later calls send json_object at once, and it is logged once."""
+    server.plan = FaultPlan(formats=("text", "json_object"), refusal_status=status)
     judge = make_judge(config(server), home=tmp_path)
     caplog.set_level(logging.WARNING, logger="arbor.judge")
 
@@ -157,7 +159,7 @@ def test_auto_steps_down_to_the_dialect_the_endpoint_takes(server: OpenAIServer,
     assert _formats(server) == ["json_schema", "json_object", "json_object"]
     assert server.bodies[1]["response_format"]["schema"]["required"] == ["winner"]
     assert sum("refused response_format json_schema" in r.getMessage() for r in caplog.records) == 1
-    server.plan = FaultPlan(formats=("text",))  # an endpoint that takes no schema at all: down to none
+    server.plan = FaultPlan(formats=("text",), refusal_status=status)  # takes no schema at all: down to none
     judge = make_judge(config(server), home=tmp_path / "b")
     server.bodies.clear()
     assert run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC))).value == "A"
@@ -172,11 +174,13 @@ def test_a_fixed_dialect_is_sent_as_configured(server: OpenAIServer, tmp_path: P
     assert _formats(server) == [sent]
 
 
-def test_a_fixed_dialect_the_endpoint_refuses_is_a_recorded_failure(server: OpenAIServer, tmp_path: Path) -> None:
-    server.plan = FaultPlan(formats=("text", "json_object"))
+@pytest.mark.parametrize("status", [500, 422])
+def test_a_fixed_dialect_the_endpoint_refuses_is_a_recorded_failure(server: OpenAIServer, tmp_path: Path,
+                                                                    status: int) -> None:
+    server.plan = FaultPlan(formats=("text", "json_object"), refusal_status=status)
     judge = make_judge(config(server, structured_outputs="json_schema"), home=tmp_path)
     out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
-    assert not out.ok and out.error == "UnprocessableEntityError:422" and out.attempts == 1  # a 4xx: not retried
+    assert not out.ok and out.error == f"FormatRefused:{status}" and out.attempts == 1  # the same refusal again
     assert _formats(server) == ["json_schema"]
 
 

@@ -39,10 +39,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+def sent_cap(chars: int) -> Any:
+    """A ``maxLength`` for the schema sent as ``response_format`` only (issue 31): a server that constrains decoding
+    then ends a free-text field instead of letting a weak judge write one string until ``max_tokens`` (a 135M
+    model did, and every such reply was cut off). The parser does not enforce it: a longer field from a server
+    that ignores the schema is still read."""
+    return Field(json_schema_extra={"maxLength": chars})
+
+
+# the caps: a description or a piece of feedback of a few sentences, an item or a justification of one or two
+PROSE, SENTENCE, LABEL = 400, 240, 16
+
+
 class DraftOut(_Strict):
     title: str = Field(min_length=1, max_length=300)
-    description: str = Field(min_length=1)
-    counter_description: str = Field(min_length=1)
+    description: str = Field(min_length=1, json_schema_extra={"maxLength": PROSE})
+    counter_description: str = Field(min_length=1, json_schema_extra={"maxLength": PROSE})
 
     def to_draft(self) -> RubricDraft:
         return RubricDraft(self.title.strip(), self.description.strip(), self.counter_description.strip())
@@ -56,6 +68,13 @@ class ConsolidationOut(_Strict):
     new_common_rubrics: list[DraftOut] = Field(max_length=2)  # 1-2 standards, or []
 
 
+class AccuracyOut(_Strict):
+    """E.4's verdict as structured outputs carry it (a server that constrains decoding cannot write anything else;
+    the literal verdict word stays the reply without them, ``parse_accuracy``)."""
+
+    verdict: Literal["Correct", "Incorrect"]
+
+
 class PairwiseOut(_Strict):
     winner: Literal["A", "B", "TIE"]
 
@@ -66,7 +85,7 @@ class PairwiseOut(_Strict):
 
 
 class RarRubricsOut(_Strict):
-    items: list[str] = Field(min_length=5, max_length=10)
+    items: list[Annotated[str, sent_cap(SENTENCE)]] = Field(min_length=5, max_length=10)
 
     @field_validator("items")
     @classmethod
@@ -96,7 +115,7 @@ Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 
 class StageDraftOut(_Strict):
     title: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=300)]
-    description: Text
+    description: Annotated[Text, sent_cap(PROSE)]
     weight: Number = Field(ge=1, le=3)  # 1 minor, 2 important, 3 critical
 
 
@@ -128,7 +147,7 @@ class StageRubricsOut(_Strict):
 class GradeOut(_Strict):
     index: Number
     score: Number = Field(ge=0, le=2)
-    justification: Annotated[str, StringConstraints(strip_whitespace=True)] = ""
+    justification: Annotated[str, StringConstraints(strip_whitespace=True), sent_cap(SENTENCE)] = ""
 
 
 class StageGradesOut(_Strict):
@@ -147,7 +166,7 @@ class ReflectionGradesOut(_Strict):
 
 
 class StepLabelOut(_Strict):
-    criteria: list[str]
+    criteria: list[Annotated[str, sent_cap(SENTENCE)]]
     scores: list[Annotated[float, Field(allow_inf_nan=False)]]
 
 
@@ -211,21 +230,21 @@ def _json_number(v: Any) -> Any:
 
 class RubricItemOut(_Strict):
     weight: Annotated[float, BeforeValidator(_json_number), Field(allow_inf_nan=False)]
-    condition: Text
+    condition: Annotated[Text, sent_cap(SENTENCE)]
 
 
 class StepRubricOut(_Strict):
     items: list[RubricItemOut] = Field(min_length=1, max_length=STEP_RUBRIC_MAX_ITEMS)
-    action: Annotated[str, StringConstraints(strip_whitespace=True)]
+    action: Annotated[str, StringConstraints(strip_whitespace=True), sent_cap(PROSE)]
 
 
 class StepVerdictOut(_Strict):
     satisfied: list[StrictBool]
-    feedback: Annotated[str, StringConstraints(strip_whitespace=True)]
+    feedback: Annotated[str, StringConstraints(strip_whitespace=True), sent_cap(PROSE)]
 
 
 class RankingOut(_Strict):
-    ranking: list[Annotated[str, StringConstraints(strip_whitespace=True, to_upper=True)]]
+    ranking: list[Annotated[str, StringConstraints(strip_whitespace=True, to_upper=True), sent_cap(LABEL)]]
 
 
 def parse_step_rubric(text: str) -> StepRubric:
@@ -293,7 +312,10 @@ def parse_accuracy(text: str) -> bool:
     ``  INCORRECT:``); whatever follows the verdict word (an explanation that says "the correct answer is ...")
     is not read. A reply that does not start with a verdict word (an explanation only, "The answer is correct",
     an empty reply) is invalid output: retried, then a recorded failure (``value=None``), never "correct".
+    A JSON object is read as ``AccuracyOut`` (``{"verdict": "Correct"}``: the reply under structured outputs).
     """
+    if text.lstrip().startswith("{"):
+        return parse_json(text, AccuracyOut).verdict == "Correct"  # type: ignore[attr-defined]
     m = _LEADING_VERDICT.match(text)
     if m is None:
         raise InvalidOutput(f"reply does not start with Correct / Incorrect ({len(text)} chars)")

@@ -220,9 +220,10 @@ def verify_stage(*, run_id: str, step: int, stage: str, tables: tuple[str, ...] 
         if got != want:
             what = "is missing" if got is None else (f"has {got['bytes']} bytes, {want['bytes']} recorded"
                                                      if got["bytes"] != want["bytes"] else "fails its checksum")
-            raise StageCorrupt(
-                f"{path} {what}: stage {stage!r} of step {step} of run {run_id!r} is damaged; delete its marker "
-                f"{marker_path(run_id=run_id, step=step, stage=stage, home=home)} to compute the stage again")
+            redo = (f"`arbor train --resume {run_id} --redo {step}:{stage}` computes it and what follows again"
+                    if step >= 1 else f"delete its marker {marker_path(run_id=run_id, step=step, stage=stage, home=home)}"
+                    " to compute it again")
+            raise StageCorrupt(f"{path} {what}: stage {stage!r} of step {step} of run {run_id!r} is damaged; {redo}")
         checked += 1
     return checked
 
@@ -241,6 +242,42 @@ def verify_run(run_id: str, home: str | os.PathLike[str] | None = None) -> tuple
             except StageCorrupt as e:
                 problems.append(str(e))
     return stages, files, problems
+
+
+def stored_stages(run_id: str, home: str | os.PathLike[str] | None = None) -> list[tuple[int, str]]:
+    """Every committed (step, stage) of a run, by step."""
+    root = Path(data_dir(home), "_stages", f"run_id={_check_name('run_id', run_id)}")
+    return [(int(d.name.removeprefix("step=")), m.stem) for d in sorted(root.glob("step=*")) for m in sorted(d.glob("*.done"))]
+
+
+def discard_from(run_id: str, step: int, stage: str, order: tuple[str, ...],
+                 home: str | os.PathLike[str] | None = None) -> list[tuple[int, str]]:
+    """Forget ``stage`` of ``step`` and everything computed after it (issue 35 item 2, ``--redo``): the stages of
+    that step not listed before ``stage`` in ``order`` (the step's stage order; a stage outside it is dropped too)
+    and every stage of every later step, markers first, then each of their files in every table. Returns the
+    discarded (step, stage) pairs. Checkpoints are the trainer's to drop (``tasks.checkpoint``)."""
+    if step < 1:
+        raise ValueError(f"step {step}: only training steps (1 and later) can be redone")
+    done = stored_stages(run_id, home)
+    if (step, stage) not in done:
+        here = sorted(s for t, s in done if t == step)
+        raise ValueError(f"run {run_id!r} has no committed stage {stage!r} at step {step} "
+                         f"(committed there: {', '.join(here) or 'none'})")
+    keep = set(order[:order.index(stage)]) if stage in order else set()
+    gone = [(t, s) for t, s in done if t > step or (t == step and s not in keep)]
+    for t, s in gone:
+        path = marker_path(run_id=run_id, step=t, stage=s, home=home)
+        if os.path.exists(path):
+            os.remove(path)
+    from arbor.storage.schemas import TABLES
+
+    for table in TABLES:  # files of later steps without a marker of their own (a judge ledger, a partial eval)
+        for d in Path(table_dir(table, home), f"run_id={run_id}").glob("step=*"):
+            t = int(d.name.removeprefix("step="))
+            for f in d.glob("*.parquet"):
+                if t > step or (t == step and f.stem not in keep):
+                    f.unlink()
+    return gone
 
 
 def stage_done(*, run_id: str, step: int, stage: str, home: str | os.PathLike[str] | None = None) -> bool:

@@ -70,6 +70,18 @@ def complete_steps(root: Path) -> list[int]:
     return sorted(out)
 
 
+def discard_from(root: Path, step: int) -> list[int]:
+    """Remove every checkpoint of ``step`` and later under ``root`` (complete or a crashed save's leftover): what
+    ``arbor train --resume R --redo STEP:STAGE`` drops so the policy restarts from before the redone stage."""
+    gone: set[int] = set()
+    for p in Path(root).glob("step_*") if Path(root).exists() else []:
+        m = re.match(r"^step_(\d{6})(\.tmp|\.trash)?$", p.name)
+        if m and int(m.group(1)) >= step:
+            shutil.rmtree(p)
+            gone.add(int(m.group(1)))
+    return sorted(gone)
+
+
 def latest_complete(root: Path) -> Path | None:
     steps = complete_steps(root)
     return step_dir(root, steps[-1]) if steps else None

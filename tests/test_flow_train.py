@@ -134,6 +134,46 @@ def test_resume_after_sigkill_mid_stage(reference, sft_policy: Path, tmp_path: P
     assert shaped_rewards(RUN, home) == shaped_rewards(RUN, ref_home)
 
 
+def test_a_damaged_stage_stops_the_resume_and_redo_recomputes_it(reference, sft_policy: Path, tmp_path: Path,
+                                                                  prefect_harness,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35 item 2: step 2 fails before shaping; one flipped byte in step 2's stored score file then stops the
+    resume naming the file and the remedy, and ``--resume R --redo 2:score`` discards score and what followed it,
+    recomputes them (the judge's cache answers: no prompt reaches the server twice) and ends as the reference."""
+    from arbor.storage.parquet import StageCorrupt, stage_path
+
+    ref_home, _ = reference
+    home = tmp_path / "home"
+    with judge_server() as srv:
+        o = {**tiny_overrides(sft_policy), **openai_judge(srv.base_url)}
+        monkeypatch.setenv("ARBOR_FAULT", "2:shape")
+        with pytest.raises(InjectedFault):
+            _train(home, RUN, o)
+        monkeypatch.delenv("ARBOR_FAULT")
+        path = Path(stage_path("rubric_activations", run_id=RUN, step=2, stage="score", home=home))
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        path.write_bytes(bytes(data))
+        with pytest.raises(StageCorrupt, match=f"--resume {RUN} --redo 2:score") as err:
+            _train(home, RUN, o, resume=True)
+        assert str(path) in str(err.value)
+        from prefect.settings import PREFECT_API_URL
+
+        env = {**os.environ, "ARBOR_HOME": str(home), JUDGE_KEY_ENV: JUDGE_KEY,
+               "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+        env.pop("ARBOR_FAULT", None)
+        bad = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "--resume", RUN, "--redo", "2:train"],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and "no committed stage 'train' at step 2" in bad.stderr, bad.stderr[-2000:]
+        proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "--resume", RUN, "--redo", "2:score"],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "redo: discarded 3 stored stages of run ref from step 2 (score on)" in proc.stderr
+        assert max(srv.counts.values()) == 1, "a judge prompt reached the server twice"
+    assert comparable_events(RUN, home) == comparable_events(RUN, ref_home)
+    assert shaped_rewards(RUN, home) == shaped_rewards(RUN, ref_home)
+
+
 def test_export_and_warm_start_rubric_pool(reference, sft_policy: Path, tmp_path: Path) -> None:
     import json
 

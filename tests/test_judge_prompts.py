@@ -155,6 +155,7 @@ def test_compaction_feeds_the_prompt() -> None:
     ("Correct. The prediction names Paris, as the golden answer does.", True),
     ("Incorrect \u2014 the prediction names a different person", False),
     ("Incorrect\nThe prediction is correct only about the country.", False),
+    ('{"verdict": "Correct"}', True), (' {"verdict":"Incorrect"}', False),  # the reply under a schema
 ])
 def test_accuracy_verdict_is_the_leading_word(reply: str, verdict: bool) -> None:
     """E.4: the reply's first word decides; later mentions of "correct" in an explanation never flip it."""
@@ -165,6 +166,7 @@ def test_accuracy_verdict_is_the_leading_word(reply: str, verdict: bool) -> None
     "I am not sure.", "", "   ", "**", "The answer is correct", "The prediction is correct.",
     "The prediction is not correct.", "Not correct", "Correctly names Paris", "Verdict: Correct",
     "The predicted answer names Paris, which matches the golden answer, so it is correct.",
+    '{"verdict": "correct?"}', '{"answer": "Correct"}',
 ])
 def test_accuracy_without_a_leading_verdict_is_invalid(reply: str) -> None:
     """Explanation-only (or empty) replies are invalid output: retried, then a recorded failure, never correct."""

@@ -10,7 +10,14 @@ from typing import Any
 from arbor.config.judge import JudgeConfig
 from arbor.llm import prompts, rules
 from arbor.llm.base import Messages, Role, Winner, register
-from arbor.llm.parse import ConsolidationOut, InductionOut, PairwiseOut, parse_accuracy, parse_json
+from arbor.llm.parse import (
+    AccuracyOut,
+    ConsolidationOut,
+    InductionOut,
+    PairwiseOut,
+    parse_accuracy,
+    parse_json,
+)
 from arbor.tasks.types import Rubric, RubricDraft, Trajectory
 
 
@@ -95,7 +102,7 @@ class Accuracy:
 register(Role(
     name="accuracy", request=Accuracy,
     render=lambda q, budget: prompts.accuracy_messages(q.question, q.golds, q.prediction),
-    parse=lambda text, q: parse_accuracy(text),  # E.4 answers with a verdict word: no JSON schema
-    heuristic=lambda q, cfg: rules.accuracy(q.golds, q.prediction),
+    parse=lambda text, q: parse_accuracy(text),  # E.4's verdict word, or {"verdict": ...} under a schema
+    schema=AccuracyOut, heuristic=lambda q, cfg: rules.accuracy(q.golds, q.prediction),
     identity=lambda q: (q.question, tuple(q.golds), q.prediction),
 ))

@@ -28,7 +28,8 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/arbor demo
 
-test: setup
+# the suite includes one RL step per judging method against a real judge: llama.cpp's server (judge-env)
+test: setup judge-env
 	$(BIN)/python -m pytest -q --durations=15
 
 lint: setup
@@ -47,10 +48,10 @@ vllm-env:
 	.venv-vllm/bin/pip install -q "vllm==0.33.0"
 	@echo "set cluster.vllm_executable=$(CURDIR)/.venv-vllm/bin/vllm"
 
-# llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (~12 min on
-# two cores), in an environment of its own (it pins fastapi apart from prefect)
-# A portable x86-64-v3 build, not -march=native: on a CPU with AMX (this machine's) the native build segfaults in
-# its first decode inside a VM that does not grant the AMX tile state. No wheel cache: the flags are not in its key.
+# llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (278 s on an
+# idle two-core machine), in an environment of its own (it pins fastapi apart from prefect)
+# A portable x86-64-v3 build, not -march=native: the native build segfaulted in its first decode on one of these VMs
+# (a CPU with AMX; the cause was not isolated), the portable one decodes. No wheel cache: the flags are not in its key.
 JUDGE_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 .venv-judge/.installed: constraints-judge.txt
 	$(PY) -m venv .venv-judge
@@ -63,7 +64,7 @@ judge-env: .venv-judge/.installed
 
 # one RL step of every judging method against the real 135M judge (llama.cpp's server, started by the test)
 judge-check: setup judge-env
-	$(BIN)/python -m pytest -q -s tests/real_judge_steps.py
+	$(BIN)/python -m pytest -q -s tests/test_real_judge.py
 
 clean:
 	rm -rf $(VENV) .arbor

@@ -51,6 +51,16 @@ def sent_cap(chars: int) -> Any:
 PROSE, SENTENCE, LABEL = 400, 240, 16
 
 
+def sent_choices(values: Sequence[float]) -> dict[str, Any]:
+    """A bounded number as the ``enum`` of the values a constraining server may write (sent only, like
+    ``sent_cap``): llama.cpp's schema grammar ignores ``minimum``/``maximum``, and a 135M judge wrote a grade of 3
+    on the 0-2 scale and 3.5 on a [0, 1] one (issue 31, measured). The parser keeps the range check."""
+    return {"enum": list(values)}
+
+
+TENTHS = [round(i / 10, 1) for i in range(11)]  # a [0, 1] grade under a schema: 0.0, 0.1, ..., 1.0
+
+
 class DraftOut(_Strict):
     title: str = Field(min_length=1, max_length=300)
     description: str = Field(min_length=1, json_schema_extra={"maxLength": PROSE})
@@ -96,7 +106,7 @@ class RarRubricsOut(_Strict):
 
 
 class RarRateOut(_Strict):
-    rating: int = Field(ge=1, le=10)
+    rating: int = Field(ge=1, le=10, json_schema_extra=sent_choices(range(1, 11)))
 
 
 # ---- RubricEM roles (App. C.2, C.3, D.6.2) -------------------------------------------------------------------
@@ -116,7 +126,7 @@ Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 class StageDraftOut(_Strict):
     title: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=300)]
     description: Annotated[Text, sent_cap(PROSE)]
-    weight: Number = Field(ge=1, le=3)  # 1 minor, 2 important, 3 critical
+    weight: Number = Field(ge=1, le=3, json_schema_extra=sent_choices((1, 2, 3)))  # 1 minor, 2 important, 3 critical
 
 
 class StageSetOut(_Strict):
@@ -146,7 +156,7 @@ class StageRubricsOut(_Strict):
 
 class GradeOut(_Strict):
     index: Number
-    score: Number = Field(ge=0, le=2)
+    score: Number = Field(ge=0, le=2, json_schema_extra=sent_choices((0, 1, 2)))
     justification: Annotated[str, StringConstraints(strip_whitespace=True), sent_cap(SENTENCE)] = ""
 
 
@@ -156,9 +166,9 @@ class StageGradesOut(_Strict):
 
 class ReflectionGradeOut(_Strict):
     index: Number
-    diagnosis: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    specificity: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
-    scope: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    diagnosis: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, json_schema_extra=sent_choices(TENTHS))
+    specificity: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, json_schema_extra=sent_choices(TENTHS))
+    scope: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, json_schema_extra=sent_choices(TENTHS))
 
 
 class ReflectionGradesOut(_Strict):
@@ -276,9 +286,11 @@ _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
 
 
 def extract_json(text: str) -> Any:
-    """The first JSON object in a reply: bare, inside a ```json fence, or after leading prose."""
+    """The first JSON object in a reply: bare, inside a ```json fence, or after leading prose. Raw control
+    characters inside strings are read (``strict=False``): llama.cpp's schema grammar lets a judge write a newline
+    in a string, and a strict decoder then found no object in a reply that followed the schema."""
     candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)
     for cand in candidates:
         cand = cand.strip()
         for start in [i for i, ch in enumerate(cand) if ch == "{"]:
@@ -349,11 +361,19 @@ def exactly(schema: JsonSchema, prop: str, n: int, item: Any = None) -> JsonSche
     return out
 
 
-def indices(n: int) -> Any:
-    """An item narrowing: its ``index`` is one of 1..n."""
-    def narrow(one: JsonSchema) -> None:
-        one["properties"]["index"] = {"type": "integer", "enum": list(range(1, n + 1))}
-    return narrow
+def numbered(schema: JsonSchema, prop: str, n: int) -> JsonSchema:
+    """A copy of ``schema`` whose array property ``prop`` holds exactly ``n`` items numbered 1..n in order: one
+    ``prefixItems`` entry per position with ``index`` fixed to it (``const``), no others (``items: false``). The
+    parser's rule (each index 1..n exactly once) is then what a constraining server can write, where an enum of
+    indices let a 135M judge grade rubric 2 twice and rubric 3 never (issue 31, measured)."""
+    out = copy.deepcopy(schema)
+    arr = out["properties"][prop]
+    one = _inline(out, arr["items"])
+    arr["prefixItems"] = [{**copy.deepcopy(one), "properties": {**copy.deepcopy(one["properties"]), "index": {
+        "type": "integer", "const": i}}} for i in range(1, n + 1)]
+    arr["items"] = False
+    arr["minItems"] = arr["maxItems"] = n
+    return out
 
 
 def each_exactly(n: int, *props: str) -> Any:

@@ -133,7 +133,8 @@ def test_a_requests_schema_carries_its_counts(server: OpenAIServer, tmp_path: Pa
     assert len(grades.value) == 3 and sorted(ranks.value) == [1, 2, 3] and len(labels.value) == 2
     g, r, s = (b["response_format"]["json_schema"]["schema"] for b in server.bodies)
     assert (g["properties"]["scores"]["minItems"], g["properties"]["scores"]["maxItems"]) == (3, 3)
-    assert g["properties"]["scores"]["items"]["properties"]["index"]["enum"] == [1, 2, 3]
+    assert [it["properties"]["index"]["const"] for it in g["properties"]["scores"]["prefixItems"]] == [1, 2, 3]
+    assert g["properties"]["scores"]["items"] is False  # no grade beyond the third
     assert r["properties"]["ranking"]["items"]["enum"] == ["X", "Y", "Z"] == list(RANK_LABELS[:3])
     assert r["properties"]["ranking"]["maxItems"] == 3
     step = s["properties"]["steps"]

@@ -21,6 +21,7 @@ def test_the_launch_command_serves_the_gguf_on_loopback() -> None:
     assert spec.argv == ["/py", "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
                          "8123", "--n_ctx", "4096", "--model_alias", "smollm2", "--n_threads", "2"]
     assert spec.base_url == "http://127.0.0.1:8123/v1" and spec.health_url == "http://127.0.0.1:8123/v1/models"
+    assert spec.env == {"OMP_WAIT_POLICY": "PASSIVE"}  # idle judge threads sleep: the cores are the policy's too
 
 
 def test_a_missing_server_environment_is_refused_before_anything_starts(tmp_path: Path) -> None:

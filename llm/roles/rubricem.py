@@ -12,8 +12,7 @@ from arbor.llm.parse import (
     ReflectionGradesOut,
     StageGradesOut,
     StageRubricsOut,
-    exactly,
-    indices,
+    numbered,
     parse_reflection_grades,
     parse_stage_grades,
     parse_stage_rubrics,
@@ -68,7 +67,7 @@ register(Role(
     texts=lambda q: 1, items=lambda q: len(q.rubrics),
     reply=(32, 64),  # per rubric: {"index", "score", "justification": one sentence}
     skip=lambda q: [] if not q.rubrics else None,
-    narrow=lambda q, s: exactly(s, "scores", len(q.rubrics), indices(len(q.rubrics))),
+    narrow=lambda q, s: numbered(s, "scores", len(q.rubrics)),
 ))
 
 
@@ -96,5 +95,5 @@ register(Role(
     texts=lambda q: 1 + len(q.candidates), items=lambda q: len(q.candidates),
     reply=(32, 48),  # per candidate: index and three numbers
     skip=lambda q: [] if not q.candidates else None,
-    narrow=lambda q, s: exactly(s, "grades", len(q.candidates), indices(len(q.candidates))),
+    narrow=lambda q, s: numbered(s, "grades", len(q.candidates)),
 ))

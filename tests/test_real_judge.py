@@ -1,8 +1,7 @@
 """A real judge (issue 31): llama.cpp's OpenAI-compatible server on the shipped SmolLM2-135M-Instruct, started by
-the test from ``.venv-judge``, answers one RL step of every method that asks a judge. ``make judge-check`` runs it
-(it builds ``.venv-judge`` first: ~12 min on two cores); not yet part of ``make test`` (the file name keeps pytest's
-default collection off it). A 135M judge answers badly often: each step must end, every call must be in the ledger with
-its attempts, and whatever failed must have fallen back (the run never dies of a judge)."""
+the test from ``.venv-judge`` (``make test`` builds it first: ``make judge-env``, ~5 min on two cores), answers one
+RL step of every method that asks a judge. A 135M judge answers badly often: each step must end, every call must
+be in the ledger with its attempts, and whatever failed must have fallen back (the run never dies of a judge)."""
 
 from __future__ import annotations
 
@@ -44,7 +43,7 @@ def _free_port() -> int:
 def llama_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The server, up for the module: its /v1 URL."""
     if not JUDGE_PYTHON.is_file():
-        pytest.fail(f"{JUDGE_PYTHON} not found: `make judge-env` builds llama.cpp's server (`make judge-check` does)")
+        pytest.fail(f"{JUDGE_PYTHON} not found: `make judge-env` builds llama.cpp's server (`make test` does)")
     spec = llama_judge_spec(str(JUDGE_PYTHON), shipped_gguf("smollm2"), port=_free_port(), alias="smollm2",
                             n_ctx=4096, threads=2)
     log = tmp_path_factory.mktemp("llama") / "server.log"

@@ -26,7 +26,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "arbor": {"run.method": "arbor"},
     "rar": {"run.method": "rar"},
     "no-memory": {"run.method": "no-memory"},
-    "arco": {"run.method": "arco"},
+    "arco": {"run.method": "arco", "arco.warmup_steps": 1, "rollout.batch_size": 1},  # the teacher labels step 1
     "ss-grpo": {"run.method": "ss-grpo", **STAGED},
     "rubricem": {"run.method": "rubricem", **STAGED},
     "co-react": {"run.method": "grpo", "guidance.mode": "co-react", "guidance.source": "judge"},

@@ -66,3 +66,16 @@ def test_the_last_step_is_always_checkpointed() -> None:
     assert [s for s in range(1, 8) if checkpoint_due(s, 5, 7)] == [5, 7]
     assert [s for s in range(1, 11) if checkpoint_due(s, 5, 10)] == [5, 10]
     assert [s for s in range(1, 4) if checkpoint_due(s, 1, 3)] == [1, 2, 3]
+
+
+def test_redo_discards_the_checkpoints_from_its_step_on(tmp_path: Path) -> None:
+    """``--redo S:X`` (issue 35 item 2): checkpoints of step S and later go, complete or a crashed save's leftover;
+    earlier ones and unrelated files stay."""
+    from arbor.tasks.checkpoint import discard_from
+
+    for name in ("step_000001", "step_000002", "step_000003.tmp", "step_000004.trash", "step_000005", "notes"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_text("x")
+    assert discard_from(tmp_path, 2) == [2, 3, 4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step_000001"]
+    assert discard_from(tmp_path / "missing", 1) == []

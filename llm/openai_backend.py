@@ -166,9 +166,9 @@ class OpenAIJudge(Judge):
         return self.dialects.get(base_url, DIALECTS[0]) if mode == "auto" else mode
 
     def _refused(self, base_url: str | None, sent: str, err: openai.APIStatusError) -> bool:
-        """auto: step down from the dialect the endpoint refused (once, whichever concurrent call saw it first);
-        True when there is another dialect to send."""
-        if self.cfg.structured_outputs != "auto" or sent == "off" or not refuses_format(err):
+        """auto: step down from the dialect the endpoint refused (``refuses_format``, checked by the caller; once,
+        whichever concurrent call saw it first); True when there is another dialect to send."""
+        if self.cfg.structured_outputs != "auto" or sent == "off":
             return False
         if self._dialect(base_url) == sent:
             nxt = DIALECTS[DIALECTS.index(sent) + 1]

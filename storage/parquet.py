@@ -230,17 +230,14 @@ def verify_stage(*, run_id: str, step: int, stage: str, tables: tuple[str, ...] 
 
 def verify_run(run_id: str, home: str | os.PathLike[str] | None = None) -> tuple[int, int, list[str]]:
     """Every committed stage of a run checked (``verify_stage``): (stages, files checked, problems)."""
-    root = posixpath.join(data_dir(home), "_stages", f"run_id={_check_name('run_id', run_id)}")
     stages = files = 0
     problems: list[str] = []
-    for step_dir in sorted(Path(root).glob("step=*")):
-        step = int(step_dir.name.removeprefix("step="))
-        for marker in sorted(step_dir.glob("*.done")):
-            stages += 1
-            try:
-                files += verify_stage(run_id=run_id, step=step, stage=marker.stem, home=home)
-            except StageCorrupt as e:
-                problems.append(str(e))
+    for step, stage in stored_stages(run_id, home):
+        stages += 1
+        try:
+            files += verify_stage(run_id=run_id, step=step, stage=stage, home=home)
+        except StageCorrupt as e:
+            problems.append(str(e))
     return stages, files, problems
 
 

@@ -74,7 +74,7 @@ def discard_from(root: Path, step: int) -> list[int]:
     """Remove every checkpoint of ``step`` and later under ``root`` (complete or a crashed save's leftover): what
     ``arbor train --resume R --redo STEP:STAGE`` drops so the policy restarts from before the redone stage."""
     gone: set[int] = set()
-    for p in Path(root).glob("step_*") if Path(root).exists() else []:
+    for p in Path(root).glob("step_*"):
         m = re.match(r"^step_(\d{6})(\.tmp|\.trash)?$", p.name)
         if m and int(m.group(1)) >= step:
             shutil.rmtree(p)

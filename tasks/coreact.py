@@ -224,7 +224,8 @@ def rubric_reward(rubric: StepRubric, rubric_text: str, candidate_scores: Sequen
                   consensus: Sequence[float]) -> dict[str, float]:
     """Eq. 1-3 for one sampled rubric: the ranking its verification scores induce over the slate (highest score
     ranks first, ties averaged) against the consensus ranks, its atomicity and format, and the 4-gram gate on its
-    text. A rubric without items, or whose scores could not be read, ranks nothing: r_rank = 0.5."""
+    text. A rubric without items, or whose scores could not be read, ranks nothing: r_rank = 0.5 (a failed
+    verification then takes its group's mean instead: ``guidance_train.neutral_rank``)."""
     if rubric.items and candidate_scores is not None:
         r_rank = rank_reward(average_ranks(candidate_scores, descending=True), consensus)
     else:

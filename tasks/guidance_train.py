@@ -10,9 +10,10 @@
 3. ``warm_rows``: the generator's warm start: the judge's own step rubric at each point as an SFT target (a tiny
    model cannot write the rubric format unprompted; the paper starts from Qwen3-14B, which can).
 4. ``sample_update`` and ``update_batch``: one GRPO update: G rubrics per point from the current generator, each
-   scored by the evaluator (the judge's ``step_verify``) on every candidate of the slate, rewarded by eq. 1-3, and
-   trained with the policy trainer (``tasks.train.Trainer``: clipped surrogate, group-normalised advantages
-   (eq. 4-5), k3 KL to the frozen start).
+   scored by the evaluator (the judge's ``step_verify``) on every candidate of the slate, rewarded by eq. 1-3 (a
+   rubric whose slate could not be scored takes its group's mean r_rank: ``neutral_rank``), and trained with the
+   policy trainer (``tasks.train.Trainer``: clipped surrogate, group-normalised advantages (eq. 4-5), k3 KL to the
+   frozen start).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from arbor.tasks.agent import GenRequest
 from arbor.tasks.arco import turn_spans
 from arbor.tasks.coreact import (
     consensus_ranks,
+    generator_reward,
     parse_rubric,
     rubric_reward,
     select_diverse,
@@ -179,7 +181,28 @@ def sample_update(sampler: GeneratorRubrics, judge: Any, points: Sequence[dict[s
                      "prompt_ids": reqs[j].context_ids, "response_ids": list(gen.token_ids),
                      "rollout_logprobs": list(gen.logprobs), "finish_reason": gen.finish_reason,
                      "policy_version": policy_version, "eval_errors": errors})
-    return rows
+    return neutral_rank(rows)
+
+
+def neutral_rank(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 31 item 4: a rubric whose slate the evaluator could not score (a ``step_verify`` call failed for good,
+    ``eval_errors`` > 0) takes the mean r_rank of its group's verified rubrics, not chance (0.5), so its ranking
+    counts as the group's average; its own atomicity, format and repetition still count. A group without a verified
+    rubric keeps 0.5 for every one (equal across them: no signal)."""
+    out = [dict(r) for r in rows]
+    by_group: dict[int, list[dict[str, Any]]] = {}
+    for r in out:
+        by_group.setdefault(int(r["group"]), []).append(r)
+    for group in by_group.values():
+        verified = [float(r["r_rank"]) for r in group if r["candidate_scores"] is not None]
+        if not verified:
+            continue
+        mean = sum(verified) / len(verified)
+        for r in group:
+            if r["eval_errors"]:
+                r["r_rank"] = mean
+                r["reward"] = generator_reward(mean, r["r_atom"], r["r_fmt"], repetition=r["repetition"])
+    return out
 
 
 def update_batch(rows: Sequence[dict[str, Any]], question_of: dict[str, str]) -> list[Trajectory]:

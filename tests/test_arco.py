@@ -259,3 +259,86 @@ def test_preflight_refuses_a_plugin_judge_without_the_teacher_role() -> None:
     assert not any("step_labels" in p for p in without)  # no warm-up: no teacher needed
     rules = check(load_config("tiny-cpu", {**base, "judge.backend": "rules"}), gpu_count=0)
     assert not any("step_labels" in p for p in rules)
+
+
+# ---- issue 31 item 4: a failed teacher call --------------------------------------------------------------------
+class TeacherFailsForSample1(RulesJudge):
+    """The rules teacher, except that its call for sample 1 fails for good (what the client returns after its
+    retries)."""
+
+    async def step_labels(self, question, golds, trajectory, steps, k, *, ctx=None):  # noqa: ANN001, ANN201
+        from arbor.llm.base import JudgeOutcome
+
+        if trajectory.sample == 1:
+            return JudgeOutcome(None, "InvalidOutput: 1 steps for a trajectory of 2", 3, False)
+        return await super().step_labels(question, golds, trajectory, steps, k, ctx=ctx)
+
+
+def _arco_step(home: Path, tiny: Path, judge_cls: type) -> tuple[dict, dict, dict]:
+    """Step 1 of an ARCO run (teacher warm-up and dense phase at once) on three two-turn trajectories, through
+    the real stages (score, shape, consolidate) and store: (mu_scores, turn_advantages, mu_updates) rows."""
+    from types import SimpleNamespace
+
+    from arbor.tasks.agent import tokenize_trajectory
+    from arbor.tasks.policy import load_tokenizer
+    from arbor.tasks.stages import StageStore
+    from arbor.tasks.step import RunState
+
+    cfg = load_config("tiny-cpu", {"run.method": "arco", "run.run_id": "r", "run.steps": 2, "arco.criteria": "none",
+                                   "arco.warmup_steps": 1, "arco.dense_start_step": 1, "arco.warmup_updates": 1})
+    tok = load_tokenizer(tiny, cfg.policy)
+    trajs = []
+    for i, (query, answer, R) in enumerate([("Film X director", "Rema", 1.0), ("weather today", "Bob", 0.0),
+                                            ("Ann Lee", "Rema", 1.0)]):
+        text = (f"<think>find it</think>\n<search>{query}</search>\n<result>\nFilm X was directed by Ann Lee, born in "
+                f"Rema.\n</result>\n<answer>\\boxed{{{answer}}}</answer>")
+        p, r, m = tokenize_trajectory(tok, Q, text)
+        trajs.append(Trajectory("r", 1, 0, i, "q", Q, ["Rema"], prompt_ids=p, response_ids=r, loss_mask=m,
+                                rollout_logprobs=[0.0] * len(r), text=text, format_valid=True, base_reward=R, f1=R))
+    store = StageStore("r", home)
+    store.commit(1, "rollout", {"rollouts": [t.to_row() for t in trajs]})
+    state = RunState(cfg=cfg, run_id="r", home=home, store=store, questions=[], engine=None,
+                     trainer=SimpleNamespace(model_path=str(tiny)), judge=judge_cls(cfg.judge, home=home),
+                     memory=None, embed=None)  # type: ignore[arg-type]
+    with state:
+        store.commit(1, "score", state.score(1, trajs))
+        store.commit(1, "shape", state.shape(1, trajs, [], []))
+        store.commit(1, "consolidate", state.consolidate(1))
+    return (store.load(1, "score", ("mu_scores",))["mu_scores"],
+            store.load(1, "shape", ("turn_advantages",))["turn_advantages"],
+            store.load(1, "consolidate", ("mu_updates",))["mu_updates"][0])
+
+
+def test_a_failed_teacher_call_changes_no_advantage_of_the_step(tmp_path: Path) -> None:
+    """Issue 31 item 4: ARCO's advantages come from mu's own step scores; the teacher's labels only train mu. A
+    teacher call that fails for good (sample 1) leaves every advantage of the group exactly as when it answered,
+    is recorded as the trajectory's judge_error and gives mu's warm-up no row for that trajectory."""
+    from arbor.tasks.policy import build_tiny_policy
+
+    tiny = build_tiny_policy(home=tmp_path)
+    ok_scores, ok_adv, ok_update = _arco_step(tmp_path / "ok", tiny, RulesJudge)
+    bad_scores, bad_adv, bad_update = _arco_step(tmp_path / "bad", tiny, TeacherFailsForSample1)
+
+    def key(r: dict) -> tuple:
+        return r["traj_id"], r["turn"]
+
+    adv = {key(r): r["advantage"] for r in ok_adv}
+    assert len(adv) == 6 and {key(r): r["advantage"] for r in bad_adv} == adv  # exactly, every turn of the group
+    assert [r["step_score"] for r in sorted(bad_scores, key=key)] == [r["step_score"] for r in sorted(ok_scores,
+                                                                                                      key=key)]
+    # dense phase: A_t = 0.5 (G_t - b_bucket), b the mean G of the bucket over the group (search_1: every first
+    # turn, terminal: every answer), so each bucket's advantages add up to 0 with the failed trajectory inside
+    for turn in (0, 1):
+        assert sum(a for (_, t), a in adv.items() if t == turn) == pytest.approx(0.0, abs=1e-6)
+    assert {r["phase"] for r in bad_adv} == {"dense"} and any(abs(a) > 1e-4 for a in adv.values())
+    # the answered teacher: rules labels (1, 1, 1) for both turns (see test_rules_teacher_labels_each_step), moved
+    # by lambda = -0.5 so that the two turn means add up to R = 1: (0.5, 0.5, 0.5) each
+    first = next(r for r in bad_scores if r["traj_id"] == "r/1/0/0" and r["turn"] == 0)
+    assert first["teacher_projected"] == pytest.approx([0.5] * 3) and first["teacher_lambda"] == pytest.approx(-0.5)
+    failed = [r for r in bad_scores if r["traj_id"] == "r/1/0/1"]
+    assert len(failed) == 2 and all(r["judge_error"].startswith("InvalidOutput") for r in failed)
+    assert all(r["teacher_projected"] is None and r["teacher_scores"] is None for r in failed)
+    assert all(r["judge_error"] is None for r in ok_scores)
+    # mu's warm-up learns 6 labelled turns when the teacher answered, 4 when it failed for one trajectory of three
+    assert (ok_update["phase"], ok_update["n_steps"]) == ("warmup", 6)
+    assert (bad_update["phase"], bad_update["n_steps"]) == ("warmup", 4)

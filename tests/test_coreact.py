@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from arbor.tasks.coreact import (
@@ -111,3 +113,86 @@ def test_select_diverse_drops_duplicates_and_spreads() -> None:
     texts = {actions[i] for i in chosen}
     assert "answer Kerar Silix" in texts or "search Kerar Silix birthplace" in texts  # not three Tobara searches
     assert select_diverse(actions[:2], k=4) == [0]
+
+
+# ---- issue 31 item 4: the generator's judges failing for good ------------------------------------------------------
+Q = "Where was the director of the film Film X born?"
+H1 = ("<think>find the film first</think>\n<search>Film X director</search>\n"
+      "<result>Film X was directed by Ann Lee in 1990.</result>")
+SLATE = ["<search>Ann Lee birthplace</search>", "<search>Film X director</search>", "<answer>\\boxed{Rema}</answer>"]
+POINT = {"point_id": "q/t1", "question": Q, "golds": ["Rema"], "history": H1, "tool_calls": 1, "candidates": SLATE}
+
+
+class _Down:
+    """Mixed into the rules judge: ``rank_actions``, or ``step_verify`` under ``FAILING``, fails past the retries."""
+
+    FAILING = "answer names: Rema"
+
+    async def rank_actions(self, question, golds, history, candidates, *, order, ctx=None):  # noqa: ANN001, ANN201
+        from arbor.llm.base import JudgeOutcome
+
+        return JudgeOutcome(None, "InvalidOutput: not a permutation", 3, False)
+
+    async def step_verify(self, question, history, action, rubric, *, ctx=None):  # noqa: ANN001, ANN201
+        from arbor.llm.base import JudgeOutcome
+
+        if any(it.condition == self.FAILING for it in rubric.items):
+            return JudgeOutcome(None, "RateLimitError", 3, False)
+        return await super().step_verify(question, history, action, rubric, ctx=ctx)  # type: ignore[misc]
+
+
+class _Sampler:
+    """The generator's place: rubric i of each point is TEXTS[i] (one id per character)."""
+
+    TEXTS = ["1. [0.6] answers\n2. [0.4] query is new",  # scores .4, 0, .6: the consensus order
+             "1. [1.0] answers",  # scores 0, 0, 1
+             "1. [0.5] answers\n2. [0.5] answer names: Rema",  # its verification fails for good
+             "no rubric here"]  # no items: ranks nothing by its own fault
+
+    def requests(self, points, seeds):  # noqa: ANN001, ANN201
+        from arbor.tasks.agent import GenRequest
+
+        return [GenRequest([1], 64, s) for s in seeds]
+
+    def sample(self, requests):  # noqa: ANN001, ANN201
+        from arbor.tasks.agent import Generation
+
+        texts = [self.TEXTS[i % len(self.TEXTS)] for i in range(len(requests))]
+        return [Generation([ord(c) for c in t], [-0.5] * len(t), "stop") for t in texts]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def test_failed_rankings_and_verifications_leave_the_generators_credit_neutral(tmp_path: Path) -> None:
+    """Issue 31 item 4: a ranking call that fails for good is left out of the Borda consensus (not a last place
+    for anyone), and a point short of valid rankings is not kept; a rubric whose slate could not be verified takes
+    its group's mean r_rank (the verified rubrics'), where chance (0.5) read as a worse ranking than its group's."""
+    from arbor.config.judge import JudgeConfig
+    from arbor.llm.rules import RulesJudge
+    from arbor.tasks.guidance_train import rank_points, sample_update
+
+    class Down(_Down, RulesJudge):
+        pass
+
+    rules, down = RulesJudge(JudgeConfig(backend="rules"), home=tmp_path), Down(JudgeConfig(backend="rules"),
+                                                                                 home=tmp_path)
+    [alone] = rank_points([POINT], [("rules", rules)], min_rankings=1, seed=0)
+    [both] = rank_points([POINT], [("rules", rules), ("down", down)], min_rankings=1, seed=0)
+    assert both["consensus"] == alone["consensus"] and both["n_rankings"] == 1 and both["kept"]
+    assert '"down": null' in both["judge_ranks"]
+    [short] = rank_points([POINT], [("rules", rules), ("down", down)], min_rankings=2, seed=0)
+    assert short["kept"] is False and short["consensus"] is None
+
+    point = {**POINT, "consensus": [2.0, 3.0, 1.0]}  # the answer, then the new search, then the repeat
+    rows = sample_update(_Sampler(), down, [point], update=1, group_size=4, seed=0, run_id="g", policy_version=0)
+    # rubric 0 ranks the slate as the consensus: rho 1, r_rank 1. Rubric 1 ranks (2.5, 2.5, 1): centred (.5, .5, -1)
+    # against (0, 1, -1): rho = 1.5 / sqrt(1.5 x 2) = .8660, r_rank = .9330. Rubric 2 was not verified: their mean
+    # (1 + .9330) / 2 = .9665 (not 0.5); rubric 3 has no items: 0.5
+    r3 = 3 ** 0.5 / 2
+    assert [r["r_rank"] for r in rows] == pytest.approx([1.0, (r3 + 1) / 2, (1 + (r3 + 1) / 2) / 2, 0.5])
+    assert [r["eval_errors"] for r in rows] == [0, 0, 3, 0] and rows[2]["candidate_scores"] is None
+    # its own atomicity (2 of 2) and format (2 items: 0; weights sum to 1: .5) still count:
+    # .75 x .9665 + .15 x 1 + .10 x .5
+    assert rows[2]["reward"] == pytest.approx(0.75 * (1 + (r3 + 1) / 2) / 2 + 0.15 + 0.05)
+    assert rows[3]["reward"] == pytest.approx(0.75 * 0.5)  # no items: r_atom 0, r_fmt 0

@@ -198,3 +198,64 @@ class NoStepJudge(RulesJudge):
 
     step_rubric = _J.step_rubric  # type: ignore[assignment]
     step_verify = _J.step_verify  # type: ignore[assignment]
+
+
+# ---- issue 31 item 4: a rubric or verification call that fails for good ------------------------------------------
+class VerifierDown(RulesJudge):
+    """The rules rubric writer; every verification fails past the client's retries."""
+
+    async def step_verify(self, question, history, action, rubric, *, ctx=None):  # noqa: ANN001, ANN201
+        from arbor.llm.base import JudgeOutcome
+
+        return JudgeOutcome(None, "RateLimitError", 3, False)
+
+
+class WriterDown(RulesJudge):
+    """The rules verifier; every step rubric fails past the client's retries."""
+
+    async def step_rubric(self, question, history, *, tool_calls, max_tool_calls, ctx=None):  # noqa: ANN001, ANN201
+        from arbor.llm.base import JudgeOutcome
+
+        return JudgeOutcome(None, "InvalidOutput: no rubric items", 3, False)
+
+
+def _guided(tok: Any, search: BM25Search, tmp_path: Path, judge_cls: type, **overrides: Any) -> tuple:
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", **overrides})
+    judge = judge_cls(cfg.judge, home=tmp_path)
+    loop = _loop(tok, search)
+    engine = ScriptedEngine(loop, cfg)
+    guide = make_guide(cfg, judge)
+    s = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    guide.run(engine, [s], [(0, 0)])
+    return s, guide.drain_records(), engine.calls, [c["role"] for c in judge.drain_calls()]
+
+
+def test_a_failed_verification_or_rubric_leaves_the_step_as_unverified_or_unguided(
+        tok: Any, search: BM25Search, tmp_path: Path) -> None:
+    """Issue 31 item 4: a verification that fails for good is no rejection: the proposed action stands, with no
+    retry, exactly as under inject-only guidance, and the step is recorded as unverified (passed None, the error).
+    A rubric call that fails for good leaves the step unguided: nothing is placed or verified, and the answer is
+    the unguided policy's, token for token."""
+    # the working verifier rejects the off-target first search (score 0.4 <= tau) and the retry replaces it
+    _, ok_rows, _, _ = _guided(tok, search, tmp_path / "ok", RulesJudge)
+    assert ok_rows[0]["passed"] is False and ok_rows[0]["retried"] is True
+    down, rows, calls, roles = _guided(tok, search, tmp_path / "down", VerifierDown)
+    inject, _, inject_calls, _ = _guided(tok, search, tmp_path / "inject", RulesJudge, **{"guidance.verify": False})
+    assert down.text == inject.text and down.response_ids == inject.response_ids
+    assert down.search_queries[0] == "weather today" and calls == inject_calls == len(rows)  # no retry turn
+    assert all(r["passed"] is None and r["verify_score"] is None and not r["retried"] for r in rows)
+    assert all(r["verify_error"] == "RateLimitError" and r["rubric"] for r in rows)
+    assert roles.count("step_rubric") == len(rows)
+    # a rubric writer that fails: the unguided policy's trajectory, no verification call
+    unguided_loop = _loop(tok, search)
+    engine = ScriptedEngine(unguided_loop, load_config("tiny-cpu"))
+    bare = unguided_loop.start("q1", QUESTION, ["Delina"], seed=3)
+    while not bare.done:
+        unguided_loop.advance([bare], engine.complete([unguided_loop.next_request(bare)], temperature=1.0,
+                                                      stop_strings=unguided_loop.stop_strings))
+    no_rubric, rows, calls, roles = _guided(tok, search, tmp_path / "writer", WriterDown)
+    assert no_rubric.text == bare.text and no_rubric.prompt_ids == bare.prompt_ids
+    assert no_rubric.response_ids == bare.response_ids and "Step rubric" not in no_rubric.text
+    assert all(r["rubric"] is None and r["rubric_error"].startswith("InvalidOutput") and r["passed"] is None
+               and not r["retried"] and r["verify_error"] is None for r in rows)
+    assert "step_verify" not in roles and calls == engine.calls == len(rows)

@@ -210,3 +210,120 @@ def test_trainer_takes_lagged_reflections_and_refuses_stale_rollouts(tiny_dir: P
         tr.train_step([traj(3, 0, i, 1, float(i % 2)) for i in range(4)], 3)
     with pytest.raises(AssertionError, match="policy version"):  # a reflection two steps old
         tr.train_step([traj(3, 0, i, 2, float(i % 2)) for i in range(4)] + [traj(1, REFLECTION_GROUP, 0, 0, 0.5)], 3)
+
+
+# ---------------------------------------------------------------------------------------------- issue 31 item 4
+REFLECTIONS = ["<reflection_rubrics>\nCritical requirement: the founder of Zorblat Mills.\n</reflection_rubrics>\n"
+               "<reflection_takeaways>\n1. Search the mill's name first.\n</reflection_takeaways>",
+               "<reflection_rubrics>\nPitfalls: stopping early.\n</reflection_rubrics>\n"
+               "<reflection_takeaways>\n1. Check the last result.\n</reflection_takeaways>",
+               "I would search again."]  # no blocks: an invalid candidate
+
+
+class ReflectingEngine:
+    """The policy's place in reflection: candidate i of each reflected query writes REFLECTIONS[i]."""
+
+    policy_version = 0
+
+    def __init__(self, tokenizer) -> None:  # noqa: ANN001
+        self.tokenizer = tokenizer
+
+    def complete(self, requests, *, temperature: float, stop_strings: list[str]):  # noqa: ANN201, ANN001
+        from arbor.tasks.agent import Generation, encode_text
+
+        out = []
+        for i, _ in enumerate(requests):
+            ids = encode_text(self.tokenizer, REFLECTIONS[i % len(REFLECTIONS)])
+            out.append(Generation(ids, [-0.5] * len(ids), "stop"))
+        return out
+
+
+def _grading_judge(fail: bool):  # noqa: ANN202
+    """The rules judge for the stage roles; its reflection grades fixed by hand, or a call failed for good."""
+    from arbor.llm.base import JudgeOutcome
+    from arbor.llm.rules import RulesJudge
+
+    class Grades(RulesJudge):
+        async def reflection_grades(self, question, golds, trajectory, graded, candidates,  # noqa: ANN001, ANN201
+                                    *, ctx=None):  # noqa: ANN001
+            if fail:
+                return JudgeOutcome(None, "InvalidOutput: 2 grades for 3 candidates", 3, False)
+            return JudgeOutcome([ReflectionGrade(1.0, 1.0, 1.0), ReflectionGrade(0.5, 0.5, 0.5),
+                                 ReflectionGrade(1.0, 1.0, 1.0)], None, 1, False)
+
+    return Grades
+
+
+def _reflect_step(home: Path, tiny_dir: Path,
+                  fail: bool) -> tuple[list[dict], list[dict], list[dict], list[Trajectory], RubricEM]:
+    """Step 1 of a RubricEM run through the real stages (score with the rules stage judge, induce, shape) on one
+    group of three staged trajectories: (reflections, bank rows, shaped trajectory rows, step 2's lagged
+    reflections, the method)."""
+    from arbor.config import load_config
+    from arbor.tasks.agent import tokenize_trajectory
+    from arbor.tasks.format import RUBRICEM, check_format
+    from arbor.tasks.policy import load_tokenizer
+    from arbor.tasks.reward import token_f1
+    from arbor.tasks.stages import StageStore
+    from arbor.tasks.step import RunState
+
+    cfg = load_config("tiny-cpu", {"run.method": "rubricem", "rollout.protocol": "rubricem", "run.run_id": "r",
+                                   "rubricem.reflection_samples": 3})
+    tok = load_tokenizer(tiny_dir, cfg.policy)
+    q = "Who founded Zorblat Mills?"
+    trajs = []
+    for i, text in enumerate([GOLD, GOLD.replace("{Quenby Arl}", "{Arl Mills}"),
+                              GOLD.replace("Zorblat Mills founder", "mills")]):
+        p, r, m = tokenize_trajectory(tok, q, text, protocol=RUBRICEM)
+        fmt = check_format(text, protocol=RUBRICEM)
+        f1 = token_f1(fmt.answer, ["Quenby Arl"])
+        trajs.append(Trajectory("r", 1, 0, i, "q1", q, ["Quenby Arl"], prompt_ids=p, response_ids=r, loss_mask=m,
+                                rollout_logprobs=[0.0] * len(r), text=text, format_valid=fmt.valid, answer=fmt.answer,
+                                f1=f1, base_reward=f1))
+    store = StageStore("r", home)
+    store.commit(1, "rollout", {"rollouts": [t.to_row() for t in trajs]})
+    state = RunState(cfg=cfg, run_id="r", home=home, store=store, questions=[], engine=ReflectingEngine(tok),
+                     trainer=None, judge=_grading_judge(fail)(cfg.judge, home=home), memory=None,
+                     embed=None)  # type: ignore[arg-type]
+    with state:
+        store.commit(1, "score", state.score(1, trajs))
+        store.commit(1, "induce", state.induce(1, trajs))
+        store.commit(1, "shape", state.shape(1, trajs, [], []))
+        lagged = state.method.train_batch(state, 2, [])  # what step 2 trains on besides its own rollouts
+        out = store.load(1, "induce", ("reflections", "rubric_bank"))
+        return (out["reflections"], out["rubric_bank"], store.load(1, "shape", ("trajectories",))["trajectories"],
+                lagged, state.method)  # type: ignore[return-value]
+
+
+def test_a_failed_reflection_grading_gives_its_candidates_no_gradient_and_the_bank_nothing(
+        tiny_dir: Path, tmp_path: Path) -> None:
+    """Issue 31 item 4: when the reflection-grade call fails for good every candidate's utility is 0, so the
+    candidate group has zero variance (all advantages 0; the trainer drops it) and nothing enters the bank; the
+    same candidates graded give u = 1, 0.5, 0 and advantages +1, 0, -1. The task group's stage credit comes from
+    the score stage and is the same either way."""
+    ok_refl, ok_bank, ok_shaped, ok_lagged, m = _reflect_step(tmp_path / "ok", tiny_dir, fail=False)
+    bad_refl, bad_bank, bad_shaped, bad_lagged, _ = _reflect_step(tmp_path / "bad", tiny_dir, fail=True)
+    cfg = m.cfg
+
+    def advantages(cands: list[Trajectory]) -> list[float]:
+        adv = m.token_advantages(cands, [c.base_reward for c in cands], [c.group for c in cands], cfg.train)
+        return [float(a[0]) for a in adv]
+
+    # graded: u = 0.4 + 0.3 + 0.3 = 1; 0.5 (0.4 + 0.3 + 0.3) = 0.5; the third has no blocks: 0 whatever its grade.
+    # Mean 0.5, sample std 0.5: A = +1, 0, -1; the best (candidate 0) enters the bank.
+    assert [r["utility"] for r in ok_refl] == pytest.approx([1.0, 0.5, 0.0])
+    assert [r["chosen"] for r in ok_refl] == [True, False, False] and len(ok_bank) == 1
+    assert [c.sample for c in ok_lagged] == [0, 1, 2]
+    assert advantages(ok_lagged) == pytest.approx([1.0, 0.0, -1.0], abs=1e-5)
+    # failed: every utility 0 (none chosen, the bank untouched), recorded with the call's error
+    assert [r["utility"] for r in bad_refl] == [0.0, 0.0, 0.0] and not any(r["chosen"] for r in bad_refl)
+    assert bad_bank == [] and all(r["judge_error"].startswith("InvalidOutput") for r in bad_refl)
+    assert all(r["judge_error"] is None for r in ok_refl)
+    assert bad_lagged == []  # a zero-variance reflection group is not trained on
+    bad_cands = [Trajectory.from_row(r) for r in bad_refl]
+    assert advantages(bad_cands) == [0.0, 0.0, 0.0]  # and, were it trained, it would carry no gradient
+    # the policy's own credit: stage scores and R_total of the task group as when the reflection was graded
+    key = lambda r: r["traj_id"]  # noqa: E731
+    assert [(r["stage_starts"], r["stage_rewards"], r["shaped_reward"]) for r in sorted(bad_shaped, key=key)] == \
+        [(r["stage_starts"], r["stage_rewards"], r["shaped_reward"]) for r in sorted(ok_shaped, key=key)]
+    assert len({tuple(r["stage_rewards"]) for r in ok_shaped}) > 1  # the group's stages do tell them apart

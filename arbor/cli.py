@@ -7,6 +7,8 @@ flow machinery (Prefect, torch) or starts anything, and refuses bad input with e
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import sys
 import time
@@ -57,12 +59,21 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+_WRITERS = ("train", "guidance-train", "demo", "eval", "compare")  # the commands that store runs
+
+
 @app.callback()
 def _main(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print the version and exit")] = False,
 ) -> None:
     """ARBOR: RL for search agents with reusable process rubrics. Runs live in $ARBOR_HOME (default ./.arbor)."""
+    home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser()
+    if home.exists() and not home.is_dir():  # every command reads or writes under it (issue 35 item 5)
+        _fail(f"ARBOR_HOME={home} is a file, not a folder: point ARBOR_HOME at a folder (it is created if missing)")
+    if home.is_dir() and not os.access(home, os.W_OK | os.X_OK) and ctx.invoked_subcommand in _WRITERS:
+        _fail(f"ARBOR_HOME={home} is not writable here (a read-only workspace?): runs store every stage under it")
 
 
 def _me() -> str:
@@ -493,6 +504,17 @@ def eval_cmd(
 
         if problems := guidance_problems(cfg):
             raise ConfigError("; ".join(problems))
+        hub_id = checkpoint is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", checkpoint)  # the loader's to find
+        if checkpoint is not None and not hub_id and not Path(checkpoint).expanduser().exists():
+            raise ConfigError(f"checkpoint {checkpoint!r} does not exist (a checkpoint folder, e.g. "
+                              "ARBOR_HOME/checkpoints/RUN/step_000010/hf, or a model id in the local cache)")
+        from arbor.tasks.datasets import DatasetError, load_questions, split_spec
+
+        for split in splits or cfg.eval.splits:  # an unknown split or an unreadable file, before any model loads
+            try:
+                load_questions(split_spec(split), world=cfg.world)
+            except DatasetError as e:
+                raise ConfigError(f"--split {split}: {e}") from e
     except (ConfigError, EvalError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e

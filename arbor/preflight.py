@@ -116,10 +116,55 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
             from arbor.tasks.datasets import DatasetError, fields_of, read_questions
 
             try:  # every row, with the configured field mapping: a malformed one is named before anything starts
-                read_questions(_input_file(value, anchor), fields=fields_of(cfg.data))
+                questions = read_questions(_input_file(value, anchor), fields=fields_of(cfg.data))
             except DatasetError as e:
                 missing.append(f"{key}: {e}")
+            else:
+                missing += _overlong_questions(cfg, key, questions)
+        elif value and not is_named_set(value) and key == "search.corpus":
+            from arbor.tasks.search import SearchError, load_corpus
+
+            try:  # its first rows, as the run will read them (an empty or binary corpus failed minutes in)
+                load_corpus(_input_file(value, anchor), limit=10_000)
+            except SearchError as e:
+                missing.append(f"{key}: {e}")
     return missing
+
+
+def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str]:
+    """Questions whose prompt leaves no room for one turn in the context (issue 35 item 8: a 1.1 MB question was
+    accepted and the train stage then ran for minutes on a 250k-token prompt). A token is at least one byte, so a
+    question short in bytes fits without tokenising; only the long ones are tokenised, with the policy's own
+    tokenizer and chat template (for the tiny policy that builds it once, as the run would)."""
+    from arbor.tasks.format import get_protocol
+
+    room = cfg.rollout.max_context_tokens - min(cfg.rollout.max_new_tokens_per_turn, cfg.rollout.max_response_tokens)
+    system = cfg.rollout.system_prompt or get_protocol(cfg.rollout.protocol).system_prompt
+    overhead = len(system.encode("utf-8", "surrogatepass")) + 64  # the template's own tokens, generously
+    long = [q for q in questions if len(q.question.encode("utf-8", "surrogatepass")) + overhead > room]
+    if not long:
+        return []
+    from transformers.utils import logging as hf_logging
+
+    from arbor.paths import arbor_home
+    from arbor.tasks.agent import build_prompt_ids
+    from arbor.tasks.policy import load_tokenizer, policy_source
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the refusal is one line, even when the tiny policy is built first
+    try:
+        tokenizer = load_tokenizer(policy_source(cfg.policy, arbor_home()), cfg.policy)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    over = [(q.question_id, n) for q in long if (n := len(build_prompt_ids(tokenizer, q.question, system))) > room]
+    if not over:
+        return []
+    qid, n = over[0]
+    return [f"{key}: question {qid} has a {n}-token prompt, over the {room} tokens that leave one turn in the "
+            f"context (rollout.max_context_tokens {cfg.rollout.max_context_tokens} minus a turn's "
+            f"{min(cfg.rollout.max_new_tokens_per_turn, cfg.rollout.max_response_tokens)})"
+            + (f"; {len(over) - 1} more question(s) too long" if len(over) > 1 else "")]
 
 
 def _sft_will_run(cfg: ArborConfig) -> bool:

@@ -19,9 +19,6 @@ from prefect import flow, get_run_logger
 from arbor.config import load_config
 from arbor.paths import arbor_home
 
-SPLIT_SPECS = {"bamboogle": "bench:bamboogle", "hotpotqa": "bench:hotpotqa", "musique": "bench:musique",
-               "2wiki": "bench:2wiki"}
-
 
 def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None,
              splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
@@ -30,7 +27,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     from arbor.llm import make_judge
     from arbor.llm.base import CallContext
     from arbor.storage.parquet import write_stage
-    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.datasets import load_questions, split_spec
     from arbor.tasks.evaluate import (
         SECOND_JUDGE_STAGE,
         evaluate_questions,
@@ -66,7 +63,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         engine = make_engine(cfg, policy, tok, search=search, home=home)
     else:
         engine = make_engine(cfg, search=search, home=home)
-    by_split = {s: load_questions(SPLIT_SPECS.get(s, s), world=cfg.world)[:limit] for s in splits}
+    by_split = {s: load_questions(split_spec(s), world=cfg.world)[:limit] for s in splits}
     guide = make_guide(cfg, judge, home=home, ctx=CallContext(run_id=rid, step=0, stage="eval-guided"))
     tag = guidance_tag(cfg.guidance) if guide is not None else None
     rows = evaluate_questions(engine, judge, by_split, runs=runs, seed=cfg.run.seed, run_id=rid, step=0,

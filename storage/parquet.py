@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from arbor.paths import arbor_home
 from arbor.storage.schemas import SchemaError, conform, schema_for
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")  # 128 characters: a path component with room for its suffixes
 
 
 def _home(home: str | os.PathLike[str] | None) -> str:

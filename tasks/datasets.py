@@ -129,6 +129,12 @@ def _row_to_question(row: Any, where: str, default_id: str, fields: Fields = Fie
     qid = next((v for k in ids if (v := field_value(row, k)) is not _MISSING and v is not None), default_id)
     if not isinstance(qid, (str, int)):
         raise DatasetError(f"{where}: field '{'/'.join(ids)}' (the id) must be a string or integer")
+    for text in (q, *golds, str(qid)):
+        try:  # JSON can spell a lone surrogate (\\ud800), which no tokenizer or Parquet file takes
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise DatasetError(f"{where}: {text[max(0, e.start - 20):e.start]!r}... holds a lone surrogate "
+                               f"(\\u{ord(text[e.start]):04x}), which is not text") from e
     return Question(str(qid), q.strip(), [g.strip() for g in golds])
 
 
@@ -177,15 +183,21 @@ def read_questions(path: str | Path, id_prefix: str | None = None, fields: Field
         for i, row in enumerate(rows, 1):
             out.append(_row_to_question(row, f"{path}: row {i}", f"{prefix}-{i}", fields))
     else:
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DatasetError(f"{path}:{i}: not valid JSON: {e.msg}") from e
-                out.append(_row_to_question(row, f"{path}:{i}", f"{prefix}-{i}", fields))
+        i = 0
+        try:
+            with open(path, encoding="utf-8") as f:
+                for i, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise DatasetError(f"{path}:{i}: not valid JSON: {e.msg}") from e
+                    out.append(_row_to_question(row, f"{path}:{i}", f"{prefix}-{i}", fields))
+        except UnicodeDecodeError as e:
+            raise DatasetError(f"{path}:{i + 1}: not UTF-8 text (a binary file?)") from e
+    if not out:
+        raise DatasetError(f"{path}: holds no questions")
     seen: dict[str, int] = {}
     for n, q in enumerate(out, 1):
         if q.question_id in seen:
@@ -322,6 +334,15 @@ def _offline_split() -> dict[str, tuple[Question, ...]]:
 
 
 # ----------------------------------------------------------------------------------------------- named specs
+
+
+EVAL_SPLITS = {"bamboogle": "bench:bamboogle", "hotpotqa": "bench:hotpotqa", "musique": "bench:musique",
+               "2wiki": "bench:2wiki"}  # `arbor eval --split NAME`: the paper's benchmark names
+
+
+def split_spec(name: str) -> str:
+    """The dataset spec of an ``arbor eval --split`` value: a benchmark name, else the value as a spec or path."""
+    return EVAL_SPLITS.get(name, name)
 
 
 def load_questions(spec: str, *, size: int | None = None, seed: int = 0,

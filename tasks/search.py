@@ -88,8 +88,9 @@ def _check_row(row: Any, where: str, index: int) -> Passage:
     return Passage(str(doc_id), title, text)
 
 
-def load_corpus(path: str | Path) -> list[Passage]:
-    """Read a corpus file (JSONL or Parquet, rows ``{id?, title, text}``); bad rows raise naming file and line."""
+def load_corpus(path: str | Path, limit: int | None = None) -> list[Passage]:
+    """Read a corpus file (JSONL or Parquet, rows ``{id?, title, text}``); bad rows raise naming file and line.
+    ``limit``: stop after that many passages (the preflight's look at a corpus it will read in full later)."""
     path = Path(path)
     if not path.exists():
         raise SearchError(f"corpus file not found: {path}")
@@ -97,18 +98,28 @@ def load_corpus(path: str | Path) -> list[Passage]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.read_table(path).to_pylist()):
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+            raise SearchError(f"{path}: not a readable Parquet file: {e}") from e
+        for i, row in enumerate(table.slice(0, limit).to_pylist()):
             out.append(_check_row(row, f"{path}: row {i + 1}", i))
     else:
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise SearchError(f"{path}:{i + 1}: not valid JSON: {e}") from e
-                out.append(_check_row(row, f"{path}:{i + 1}", len(out)))
+        i = -1
+        try:
+            with open(path, encoding="utf-8") as f:
+                for i, line in enumerate(f):
+                    if limit is not None and len(out) >= limit:
+                        break
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise SearchError(f"{path}:{i + 1}: not valid JSON: {e}") from e
+                    out.append(_check_row(row, f"{path}:{i + 1}", len(out)))
+        except UnicodeDecodeError as e:
+            raise SearchError(f"{path}:{i + 2}: not UTF-8 text (a binary file?)") from e
     if not out:
         raise SearchError(f"{path}: the corpus is empty")
     ids = [p.doc_id for p in out]

@@ -73,6 +73,72 @@ def test_bad_input_exits_2_at_once_with_one_line(user, args: list[str], named: l
     assert not (cwd / "home" / "catalog.duckdb").exists()
 
 
+BINARY = bytes(range(256)) * 8
+FILES = {  # what the cases below write into the working directory
+    "empty.jsonl": b"", "blank.jsonl": b"  \n\n", "binary.jsonl": BINARY,
+    "surrogate.jsonl": b'{"question": "born in \\ud800 where?", "answer": "x"}\n',
+    "corpus.jsonl": b"\n \n", "badplug.py": b"raise RuntimeError('boom at import')\n",
+    "sleepplug.py": b"import time\ntime.sleep(600)\n",
+}
+BAD_FILES = [  # issue 35 items 5 and 8: each once a traceback, most of them after the flow had started
+    (["train", "--set", "data.train=empty.jsonl"], ["data.train", "empty.jsonl: holds no questions"]),
+    (["train", "--set", "data.train=blank.jsonl"], ["data.train", "blank.jsonl: holds no questions"]),
+    (["train", "--set", "data.train=binary.jsonl"], ["data.train", "binary.jsonl:1: not UTF-8"]),
+    (["train", "--set", "data.train=surrogate.jsonl"], ["surrogate.jsonl:1", "lone surrogate", "\\ud800"]),
+    (["train", "--set", "search.corpus=corpus.jsonl"], ["search.corpus", "the corpus is empty"]),
+    (["train", "--set", "search.corpus=binary.jsonl"], ["search.corpus", "binary.jsonl:1: not UTF-8"]),
+    (["train", "--run-id", "r" * 300], ["run id", "{0,127}"]),  # was `File name too long` from the lock file
+    (["train", "--set", "run.method=badplug:Method"], ["run.method", "RuntimeError: boom at import"]),
+    (["train", "--set", "run.method=sleepplug:Method"], ["run.method", "still importing after 1 s"]),
+    (["eval", "--split", "nosuch"], ["--split nosuch", "neither a named split"]),
+    (["eval", "/no/such/checkpoint"], ["'/no/such/checkpoint' does not exist"]),
+]
+
+
+@pytest.mark.parametrize(("args", "named"), BAD_FILES, ids=[" ".join(a)[:60] for a, _ in BAD_FILES])
+def test_bad_files_and_plugins_exit_2_at_once_with_one_line(user, args: list[str], named: list[str]) -> None:
+    cwd, env = user
+    for name, data in FILES.items():
+        (cwd / name).write_bytes(data)
+    env = {**env, "PYTHONPATH": str(cwd), "ARBOR_PLUGIN_IMPORT_TIMEOUT_S": "1"}
+    before = {p: p.stat().st_mtime_ns for p in (cwd / "home").rglob("*")}
+    t0 = time.perf_counter()
+    out = subprocess.run([ARBOR, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    wall = time.perf_counter() - t0
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
+    assert all(name in lines[0] for name in named), lines[0]
+    assert wall < 3.0, f"{wall:.1f} s"
+    assert not (cwd / "prefect").exists(), "Prefect was started"
+    assert {p: p.stat().st_mtime_ns for p in (cwd / "home").rglob("*") if p in before} == before  # nothing changed
+    assert not any("run" in p.name and p.name != "runs" and p not in before for p in (cwd / "home").rglob("*"))
+
+
+def test_a_question_too_long_for_the_context_is_refused_naming_it(user) -> None:
+    """Issue 35 item 8: a 1.1 MB question was accepted and the train stage ran for minutes on its 250k-token
+    prompt. Only long questions are tokenised, with the policy's tokenizer (the tiny one is built first, so this
+    case is not held to the 3 s of the others)."""
+    cwd, env = user
+    (cwd / "long.jsonl").write_text('{"question": "short?", "answer": "a"}\n'
+                                    + json.dumps({"question": "who " * 280_000, "answer": "x"}) + "\n")
+    out = subprocess.run([ARBOR, "train", "--set", "data.train=long.jsonl"], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=120)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert "question long-2 has a 2802" in lines[0] and "over the 1792 tokens" in lines[0], lines[0]
+    assert not (cwd / "prefect").exists()
+
+
+def test_arbor_home_that_is_a_file_is_refused(user) -> None:
+    cwd, env = user
+    (cwd / "afile").write_text("x")
+    out = subprocess.run([ARBOR, "runs"], cwd=cwd, env={**env, "ARBOR_HOME": str(cwd / "afile")},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        f"error: ARBOR_HOME={cwd / 'afile'} is a file, not a folder: point ARBOR_HOME at a folder (it is created "
+        "if missing)"], out.stderr[-3000:]
+
+
 def test_validation_imports_neither_prefect_nor_torch(user) -> None:
     """The refusals above come before the flow machinery is imported (what keeps them well under 3 s)."""
     cwd, env = user

@@ -78,7 +78,11 @@ def test_one_step_of_each_method_with_the_real_judge(name: str, llama_judge: str
     for c in sent:  # every attempt in the ledger; the last one decides the call
         assert len(c["attempt_errors"]) == c["attempts"] and c["attempt_errors"][-1] == c["error"]
     valid = sum(c["error"] is None for c in sent)
-    roles = sorted({c["role"] for c in sent})
-    print(f"\n{name}: {len(sent)} judge calls ({', '.join(roles)}), {valid} valid ({valid / len(sent):.0%}), "
+    # the share of each role's signal that came from the judge (a valid answer) and from a fallback (a failed
+    # call, filled neutrally by the method): issue 31 item 6's per-method report, printed with `pytest -s`
+    per_role = {r: (sum(c["error"] is None for c in sent if c["role"] == r), sum(c["role"] == r for c in sent))
+                for r in sorted({c["role"] for c in sent})}
+    print(f"\n{name}: {len(sent)} judge calls, {valid} valid ({valid / len(sent):.0%}), "
           f"{sum(c['attempts'] for c in sent) - len(sent)} retries, "
-          f"{sum(c['latency_s'] or 0.0 for c in sent):.1f} s of judging")
+          f"{sum(c['latency_s'] or 0.0 for c in sent):.1f} s of judging; from the judge / fallback per role: "
+          + ", ".join(f"{r} {v}/{n - v}" for r, (v, n) in per_role.items()))

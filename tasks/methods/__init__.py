@@ -86,13 +86,17 @@ def resolve_method(spec: str) -> type[Method]:
     if not IMPORT_PATH.match(target):
         raise MethodError(f"run.method: unknown method {spec!r}; known: {', '.join(method_names())}, "
                           "or a subclass of arbor.tasks.methods.base.Method as 'pkg.module:ClassName'")
-    from arbor.tasks.methods.base import Method  # the interface imports torch: only once a method is needed
+    from arbor.plugins import import_bounded
 
     module, _, attr = target.partition(":")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise MethodError(f"run.method: cannot import {spec!r}: {e}") from e
+    try:  # a built-in is ours; a user's module may fail at import in any way, or hang (issue 35 items 5 and 8)
+        obj = getattr(importlib.import_module(module) if spec in BUILTIN else import_bounded(module), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - any failure of user code at import is reported the same way
+        raise MethodError(f"run.method: cannot import {spec!r} ({type(e).__name__}: {e})") from e
+    from arbor.tasks.methods.base import Method  # the interface imports torch: only once a method is needed
+
     if not (isinstance(obj, type) and issubclass(obj, Method)):
         raise MethodError(f"run.method: {spec!r} is not a subclass of arbor.tasks.methods.base.Method")
     return obj

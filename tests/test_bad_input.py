@@ -226,3 +226,47 @@ def test_train_reports_next_steps_and_runs_tells_running_from_killed(prefect_har
         proc.wait()
     assert proc.returncode == -9
     assert _statuses(env, tmp_path) == {"done": "completed", "live": "crashed"}
+
+
+def _processes_with(home: Path) -> set[int]:
+    """Live processes whose environment names this workspace (a run, its temporary Prefect server, the watchdog)."""
+    mark = f"ARBOR_HOME={home}".encode()
+    out = set()
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and mark in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                out.add(int(entry))
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="the watchdog reads /proc (Linux)")
+def test_a_sigkilled_train_leaves_no_temporary_prefect_server_behind(tmp_path: Path) -> None:
+    """Issue 35 item 5: SIGKILLed, `arbor train` used to leave Prefect's temporary server running under PID 1 for
+    minutes. The watchdog it starts stops every process the run had started, within seconds."""
+    from arbor.storage.liveness import read_owner
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k not in QUIET}  # no API URL: the run starts its own server
+    env.update(ARBOR_HOME=str(home), PREFECT_HOME=str(tmp_path / "prefect"))
+    log = tmp_path / "live.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([ARBOR, "train", "--run-id", "live", "--set", "run.steps=50",
+                                 "--set", "run.sft_warm_start=false"], cwd=tmp_path, env=env, stdout=fh,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while read_owner("live", home) is None:  # the flow is running, so its API server is up
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        started = _processes_with(home) - {proc.pid}
+        assert len(started) >= 2, started  # the temporary server and the watchdog, at least
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30  # a 1 s look, then SIGTERM, and SIGKILL 5 s later for what ignored it
+    while (left := _processes_with(home)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left if Path(f"/proc/{p}").exists()]

@@ -248,6 +248,27 @@ def guidance_problems(cfg: ArborConfig) -> list[str]:
     return out
 
 
+def endpoint_problem(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why nothing can answer at ``url`` (no host and port, a name that does not resolve, a refused or timed-out
+    TCP connection), or None. Only the connection is tried: what the server says is the judge's business (issue 35
+    item 5: a dead judge endpoint ran the flow for 36 s and ended in a traceback)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return f"{url} has no valid port"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{url} is not an http(s) URL"
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout_s):
+            return None
+    except OSError as e:
+        return f"nothing answers at {url} ({e.strerror or type(e).__name__})"
+
+
 def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str] | None = None) -> list[str]:
     """Everything missing for ``cfg`` on this machine (empty list: good to go)."""
     env = dict(os.environ) if env is None else env
@@ -285,6 +306,9 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     if cfg.judge.backend == "openai":
         if not cfg.judge.base_url:
             missing.append("judge.base_url: the openai judge needs an OpenAI-compatible endpoint URL")
+        elif problem := endpoint_problem(cfg.judge.base_url):
+            missing.append(f"judge.base_url: {problem} (start the judge's server, e.g. `arbor judge serve`, or fix "
+                           "the URL)")
         if not env.get(cfg.judge.api_key_env):
             missing.append(f"judge.api_key_env: environment variable {cfg.judge.api_key_env} is not set")
     if cfg.search.backend == "http" and not cfg.search.url:

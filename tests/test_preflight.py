@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -43,9 +44,18 @@ def test_openai_judge_without_key_or_url() -> None:
     missing = check(cfg, gpu_count=0, env={})
     assert any("judge.base_url" in m for m in missing)
     assert any("ARBOR_TEST_KEY" in m for m in missing)
-    ok = load_config("tiny-cpu", {"judge.backend": "openai", "judge.api_key_env": "ARBOR_TEST_KEY",
-                                  "judge.base_url": "http://127.0.0.1:9/v1"})
-    assert check(ok, gpu_count=0, env={"ARBOR_TEST_KEY": "x"}) == []
+    with socket.socket() as listening:  # something answers at the URL: nothing is missing
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}/v1"
+        ok = load_config("tiny-cpu", {"judge.backend": "openai", "judge.api_key_env": "ARBOR_TEST_KEY",
+                                      "judge.base_url": url})
+        assert check(ok, gpu_count=0, env={"ARBOR_TEST_KEY": "x"}) == []
+    # issue 35 item 5: the same port closed is a dead endpoint, named before anything starts
+    [dead] = check(ok, gpu_count=0, env={"ARBOR_TEST_KEY": "x"})
+    assert dead.startswith(f"judge.base_url: nothing answers at {url} (Connection refused)"), dead
+    bad = load_config("tiny-cpu", {"judge.backend": "openai", "judge.base_url": "127.0.0.1:8000/v1"})
+    assert any("is not an http(s) URL" in m for m in check(bad, gpu_count=0, env={}))
 
 
 def test_missing_or_broken_input_files_are_named(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

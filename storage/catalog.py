@@ -128,13 +128,26 @@ def _rewrite_schema_files(home: Path) -> None:
         _atomic_write_parquet(empty_table(table), posixpath.join(table_dir(table, home), "_schema.parquet"))
 
 
-def _create_views(con: duckdb.DuckDBPyConnection, home: Path, sql_dir: Path) -> None:
-    """(Re-)create every view; a view may use others, so retry failures until no more progress is made."""
+def unreadable_view(table: str, home: Path, error: str) -> str:
+    """The DDL of a stored table's view when a file under it cannot be read (issue 35 item 2: after a workspace
+    moved, one truncated file failed the catalog's rebuild and so every query, ``select 1`` included). The view
+    keeps the table's columns (its ``_schema.parquet``), so views over it and queries naming its columns still
+    bind; reading it raises DuckDB's own error, which names the file."""
+    message = f"table {table}: {error.splitlines()[0]}".replace("'", "''")
+    schema = posixpath.join(table_dir(table, home), "_schema.parquet").replace("'", "''")
+    return (f"create or replace view {table} as with failed as materialized (select error('{message}') as e) "
+            f"select s.* from read_parquet('{schema}') s, failed")
+
+
+def _create_views(con: duckdb.DuckDBPyConnection, home: Path, sql_dir: Path) -> list[str]:
+    """(Re-)create every view; a view may use others, so retry failures until no more progress is made. A stored
+    table whose files cannot be read gets ``unreadable_view``; returns those tables."""
     pending = _ddl_files(sql_dir)
     existing = [r[0] for r in con.execute(
         "select view_name from duckdb_views() where not internal and database_name = current_database()").fetchall()]
     for v in existing:
         con.execute(f'drop view if exists "{v}" cascade')
+    broken: list[str] = []
     while pending:
         failed: list[tuple[Path, Exception]] = []
         for p in pending:
@@ -143,8 +156,16 @@ def _create_views(con: duckdb.DuckDBPyConnection, home: Path, sql_dir: Path) -> 
             except duckdb.Error as e:
                 failed.append((p, e))
         if len(failed) == len(pending):
-            raise CatalogError("; ".join(f"{p}: {e}" for p, e in failed))
+            tables = [(p, e) for p, e in failed if p.parent.name == "tables" and p.stem in TABLES
+                      and isinstance(e, (duckdb.InvalidInputException, duckdb.IOException))]
+            if not tables:
+                raise CatalogError("; ".join(f"{p}: {e}" for p, e in failed))
+            for p, e in tables:  # a data file, not the DDL, is at fault: the others stay queryable
+                con.execute(unreadable_view(p.stem, home, str(e)))
+                broken.append(p.stem)
+            failed = [(p, e) for p, e in failed if (p, e) not in tables]
         pending = [p for p, _ in failed]
+    return broken
 
 
 def ensure_catalog(home: str | os.PathLike[str] | None = None, *, sql_dir: Path = SQL_DIR) -> int:
@@ -186,8 +207,10 @@ def ensure_catalog(home: str | os.PathLike[str] | None = None, *, sql_dir: Path 
                 con.execute("rollback")
                 raise CatalogError(f"migration {p} failed: {e}") from e
         _rewrite_schema_files(home_p)  # the declared schemas may have changed with the code
-        _create_views(con, home_p, sql_dir)
-        con.execute("insert or replace into catalog_meta values ('fingerprint', ?), ('home', ?)", [fp, home_p.as_posix()])
+        broken = _create_views(con, home_p, sql_dir)
+        # with a table unreadable, no fingerprint: the next connection rebuilds, so a repaired file is seen again
+        con.execute("insert or replace into catalog_meta values ('fingerprint', ?), ('home', ?)",
+                    ["" if broken else fp, home_p.as_posix()])
         return target
     finally:
         con.close()

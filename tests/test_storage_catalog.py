@@ -168,3 +168,25 @@ def test_files_from_an_older_schema_read_new_columns_as_null(tmp_path):
     assert rows == [{"step": 1, "role": None, "cost_usd": 0.5, "cache_hit": None},
                     {"step": 2, "role": "pairwise", "cost_usd": 0.25, "cache_hit": None}]
     assert read_stage("judge_calls", run_id="r", step=1, stage="score", home=tmp_path)[0]["role"] is None
+
+
+def test_a_moved_workspace_with_one_unreadable_file_keeps_every_other_table(tmp_path):
+    """Issue 35 item 2: after a move, one truncated Parquet file failed the catalog's rebuild, and with it every
+    query, `select 1` included. Now only the table holding it fails, naming the file; a repaired file is seen."""
+    old = tmp_path / "old"
+    write_stage("steps", [{"loss": 1.0}], run_id="r", step=1, stage="train", home=old)
+    write_stage("steps", [{"loss": 2.0}], run_id="r", step=2, stage="train", home=old)
+    write_stage("judge_calls", [{"role": "pairwise", "attempts": 1}], run_id="r", step=1, stage="score", home=old)
+    ensure_catalog(old)
+    new = tmp_path / "new"
+    shutil.move(old, new)
+    [bad] = [p for p in (new / "data" / "steps").rglob("*.parquet") if "step=000002" in str(p)]
+    good = bad.read_bytes()
+    bad.write_bytes(good[: len(good) // 2])
+    assert query("select 1 as one", home=new).to_pylist() == [{"one": 1}]
+    assert query("select count(*) as n from judge_calls", home=new).to_pylist() == [{"n": 1}]
+    assert REQUIRED - {"steps"} <= _names(new)
+    with pytest.raises(SqlError, match=f"table steps: .*{bad.name}"):
+        query("select loss from steps", home=new)
+    bad.write_bytes(good)  # repaired: the catalog was left unfingerprinted, so the next reader rebuilds it
+    assert sorted(query("select loss from steps", home=new).column("loss").to_pylist()) == [1.0, 2.0]

@@ -298,9 +298,29 @@ def train_cmd(
     from arbor.flows.train import arbor_train
 
     t0 = time.perf_counter()
-    rid = arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None, run_id=resume or run_id,
-                      resume=resume is not None)
+    try:
+        rid = arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None, run_id=resume or run_id,
+                          resume=resume is not None)
+    except Exception as e:  # noqa: BLE001 - the flow's log above holds the traceback; the last line says what now
+        name = resume or run_id
+        typer.echo(f"error: {f'run {name}' if name else 'the run'} stopped: {_cause(e)}; what was stored is kept: "
+                   f"fix that and resume it with `{_me()} train --resume {name or 'RUN'}`"
+                   + ("" if name else f" (`{_me()} runs` lists RUN)"), err=True)
+        raise typer.Exit(1) from None
     _next_steps(rid, home, time.perf_counter() - t0)
+
+
+def _cause(e: BaseException) -> str:
+    """One line on why a run stopped: the environment's failures in words (issue 35 item 4), anything else as
+    its type and first line."""
+    import errno
+
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"the disk is full ({e.strerror}: {e.filename})"
+    if isinstance(e, OSError) and e.errno == errno.EROFS:
+        return f"the workspace is on a read-only file system ({e.strerror}: {e.filename})"
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 @app.command("guidance-train")

@@ -7,11 +7,13 @@ leaves the stage "not done"; re-running it replaces its files (idempotent, never
 
 Fault injection for tests and drills (``ARBOR_FAULT=STEP:STAGE[:MODE]``): MODE ``raise`` (default) raises after the
 stage computed but before it committed; ``kill`` SIGKILLs the process there; ``kill-mid`` is honoured by stages that
-call ``fault_point(step, stage, "mid")`` halfway through their work.
+call ``fault_point(step, stage, "mid")`` halfway through their work; ``enospc`` / ``erofs`` raise there the
+``OSError`` a full disk / a read-only file system gives a writer.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -52,6 +54,9 @@ def fault_point(step: int, stage: str, where: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if mode == "raise":
             raise InjectedFault(f"injected fault at step {step}, stage {stage!r}")
+        if mode in ("enospc", "erofs"):
+            code = errno.ENOSPC if mode == "enospc" else errno.EROFS
+            raise OSError(code, os.strerror(code), f"<injected at step {step}, stage {stage}>")
 
 
 class StageStore:

@@ -270,3 +270,28 @@ def test_a_sigkilled_train_leaves_no_temporary_prefect_server_behind(tmp_path: P
     while (left := _processes_with(home)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left if Path(f"/proc/{p}").exists()]
+
+
+def test_a_full_disk_mid_run_ends_in_one_line_and_the_run_resumes(prefect_harness, tmp_path: Path) -> None:
+    """Issue 35 item 4: a disk that fills during a run ended in a traceback. The OS error a full disk gives a
+    writer (injected where step 1's training commits) now ends the run with one last line naming the cause and
+    the resume command; the run is marked failed, and the resume finishes it."""
+    from prefect.settings import PREFECT_API_URL
+
+    home = tmp_path / "home"
+    env = {**os.environ, "ARBOR_HOME": str(home), "PREFECT_API_URL": str(PREFECT_API_URL.value()),
+           "ARBOR_FAULT": "1:train:enospc"}
+    tiny = [f"--set={s}" for s in ("run.steps=1", "run.sft_warm_start=false", "rollout.batch_size=2", "rollout.k=2",
+                                   "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=16")]
+    full = subprocess.run([ARBOR, "train", "--run-id", "full", *tiny], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert full.stderr.splitlines()[-1] == (
+        "error: run full stopped: the disk is full (No space left on device: <injected at step 1, stage train>); "
+        f"what was stored is kept: fix that and resume it with `{ARBOR} train --resume full`"), full.stderr[-3000:]
+    assert _statuses({**env, "ARBOR_FAULT": ""}, tmp_path) == {"full": "failed"}
+    env.pop("ARBOR_FAULT")
+    again = subprocess.run([ARBOR, "train", "--resume", "full"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert _statuses(env, tmp_path) == {"full": "completed"}

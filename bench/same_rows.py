@@ -71,6 +71,15 @@ def rows(table: str, run_id: str, home: Path, leave_out: frozenset[str] = frozen
     return sorted(out)
 
 
+def tables_of(homes: dict[str, Path]) -> list[str]:
+    """TABLES, then every other stored table either run wrote (a method's own: stage scores, reflections, mu's
+    labels, guided steps, ...), except the stage log, which holds only times and statuses."""
+    from arbor.storage.schemas import TABLES as KNOWN
+
+    written = {d.name for h in homes.values() for d in (h / "data").glob("*") if d.is_dir()}
+    return [*TABLES, *sorted((written & set(KNOWN)) - set(TABLES) - {"stage_runs", "runs"})]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", required=True, help="the git commit (or branch) to compare against")
@@ -97,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
                 homes = {name: Path(tmp) / f"home-{name}" for name in ("ref", "tree")}
                 train(old, homes["ref"], m, sets, args.profile)
                 train(ROOT, homes["tree"], m, sets, args.profile)
-                for t in TABLES:
+                for t in tables_of(homes):
                     a, b = rows(t, m, homes["ref"], leave_out), rows(t, m, homes["tree"], leave_out)
                     same = a == b
                     differ += not same
-                    print(f"{m:10s} {t:19s} {len(a):4d} rows at {args.ref}, {len(b):4d} here: "
+                    print(f"{m:10s} {t:22s} {len(a):4d} rows at {args.ref}, {len(b):4d} here: "
                           f"{'same' if same else 'DIFFERENT'}", flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], capture_output=True)

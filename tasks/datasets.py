@@ -33,6 +33,7 @@ from typing import Any
 
 from arbor.config.data import DataConfig
 from arbor.config.world import WorldConfig
+from arbor.jsonl import jsonl_rows
 from arbor.paths import DATA_DIR, PROJECT_ROOT
 from arbor.seeding import derive_seed
 from arbor.tasks.reward import normalize_answer
@@ -183,19 +184,8 @@ def read_questions(path: str | Path, id_prefix: str | None = None, fields: Field
         for i, row in enumerate(rows, 1):
             out.append(_row_to_question(row, f"{path}: row {i}", f"{prefix}-{i}", fields))
     else:
-        i = 0
-        try:
-            with open(path, encoding="utf-8") as f:
-                for i, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DatasetError(f"{path}:{i}: not valid JSON: {e.msg}") from e
-                    out.append(_row_to_question(row, f"{path}:{i}", f"{prefix}-{i}", fields))
-        except UnicodeDecodeError as e:
-            raise DatasetError(f"{path}:{i + 1}: not UTF-8 text (a binary file?)") from e
+        for i, row in jsonl_rows(path, DatasetError):
+            out.append(_row_to_question(row, f"{path}:{i}", f"{prefix}-{i}", fields))
     if not out:
         raise DatasetError(f"{path}: holds no questions")
     seen: dict[str, int] = {}

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from arbor.config.search import SearchConfig
 from arbor.config.world import WorldConfig
+from arbor.jsonl import jsonl_rows
 from arbor.paths import PROJECT_ROOT
 from arbor.plugins import PluginError, check_signature, load_plugin
 
@@ -105,21 +106,10 @@ def load_corpus(path: str | Path, limit: int | None = None) -> list[Passage]:
         for i, row in enumerate(table.slice(0, limit).to_pylist()):
             out.append(_check_row(row, f"{path}: row {i + 1}", i))
     else:
-        i = -1
-        try:
-            with open(path, encoding="utf-8") as f:
-                for i, line in enumerate(f):
-                    if limit is not None and len(out) >= limit:
-                        break
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise SearchError(f"{path}:{i + 1}: not valid JSON: {e}") from e
-                    out.append(_check_row(row, f"{path}:{i + 1}", len(out)))
-        except UnicodeDecodeError as e:
-            raise SearchError(f"{path}:{i + 2}: not UTF-8 text (a binary file?)") from e
+        for i, row in jsonl_rows(path, SearchError):
+            if limit is not None and len(out) >= limit:
+                break
+            out.append(_check_row(row, f"{path}:{i}", len(out)))
     if not out:
         raise SearchError(f"{path}: the corpus is empty")
     ids = [p.doc_id for p in out]

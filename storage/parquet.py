@@ -131,7 +131,7 @@ def read_stage(
 def _read_file(table: str, path: str) -> pa.Table:
     """Read one file and bring it to the current schema (columns added since it was written become null)."""
     schema = schema_for(table)
-    tbl = pq.read_table(path)
+    tbl = pq.ParquetFile(path).read()  # not pq.read_table: its dataset layer imports pandas (~1 s of every CLI call)
     cols = [
         tbl.column(f.name).cast(f.type) if f.name in tbl.column_names else pa.nulls(tbl.num_rows, f.type)
         for f in schema

@@ -72,6 +72,13 @@ def test_every_single_bit_flip_of_a_stored_stage_is_caught(arbor_home: Path) -> 
     path.write_bytes(good[:-10])
     with pytest.raises(StageCorrupt, match=f"{len(good) - 10} bytes, {len(good)} recorded"):
         store.load(1, "score", ("rubric_activations",))
+    import pyarrow.parquet as pq
+
+    path.write_bytes(good)
+    table = pq.read_table(path)  # a valid Parquet file that lost a column (read back as nulls without the check)
+    pq.write_table(table.drop_columns([table.column_names[-1]]), path)
+    with pytest.raises(StageCorrupt, match="stage 'score' of step 1 of run 'r1' is damaged"):
+        store.load(1, "score", ("rubric_activations",))
     path.unlink()
     with pytest.raises(StageCorrupt, match="is missing"):
         store.run(1, "score", ("rubric_activations",), lambda: {})  # a done stage is loaded, so it is checked

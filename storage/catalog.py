@@ -135,8 +135,8 @@ def unreadable_view(table: str, home: Path, error: str) -> str:
     bind; reading it raises DuckDB's own error, which names the file."""
     message = f"table {table}: {error.splitlines()[0]}".replace("'", "''")
     schema = posixpath.join(table_dir(table, home), "_schema.parquet").replace("'", "''")
-    return (f"create or replace view {table} as with failed as materialized (select error('{message}') as e) "
-            f"select s.* from read_parquet('{schema}') s, failed")
+    ddl = (SQL_DIR / "unreadable_table.sql").read_text()
+    return ddl.replace("{{table}}", table).replace("{{message}}", message).replace("{{schema}}", schema)
 
 
 def _create_views(con: duckdb.DuckDBPyConnection, home: Path, sql_dir: Path) -> list[str]:

@@ -138,7 +138,8 @@ def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str
     tokenizer and chat template (for the tiny policy that builds it once, as the run would)."""
     from arbor.tasks.format import get_protocol
 
-    room = cfg.rollout.max_context_tokens - min(cfg.rollout.max_new_tokens_per_turn, cfg.rollout.max_response_tokens)
+    turn = min(cfg.rollout.max_new_tokens_per_turn, cfg.rollout.max_response_tokens)
+    room = cfg.rollout.max_context_tokens - turn
     system = cfg.rollout.system_prompt or get_protocol(cfg.rollout.protocol).system_prompt
     overhead = len(system.encode("utf-8", "surrogatepass")) + 64  # the template's own tokens, generously
     long = [q for q in questions if len(q.question.encode("utf-8", "surrogatepass")) + overhead > room]
@@ -162,8 +163,7 @@ def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str
         return []
     qid, n = over[0]
     return [f"{key}: question {qid} has a {n}-token prompt, over the {room} tokens that leave one turn in the "
-            f"context (rollout.max_context_tokens {cfg.rollout.max_context_tokens} minus a turn's "
-            f"{min(cfg.rollout.max_new_tokens_per_turn, cfg.rollout.max_response_tokens)})"
+            f"context (rollout.max_context_tokens {cfg.rollout.max_context_tokens} minus a turn's {turn})"
             + (f"; {len(over) - 1} more question(s) too long" if len(over) > 1 else "")]
 
 

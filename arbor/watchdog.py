@@ -53,7 +53,7 @@ def descendants(root: int) -> dict[int, int]:
 def stop(seen: dict[int, int], grace_s: float = GRACE_S) -> list[int]:
     """SIGTERM every process of ``seen`` that is still the same process, SIGKILL those alive after ``grace_s``;
     return the pids signalled."""
-    alive = [pid for pid, start in seen.items() if (st := _stat(pid)) is not None and st[1] == start]
+    alive = [pid for pid, start in seen.items() if _same(pid, start)]
     for pid in alive:
         try:
             os.kill(pid, signal.SIGTERM)

@@ -532,7 +532,7 @@ def eval_cmd(
 
         for split in splits or cfg.eval.splits:  # an unknown split or an unreadable file, before any model loads
             try:
-                load_questions(split_spec(split), world=cfg.world)
+                load_questions(split_spec(split), config=cfg)
             except DatasetError as e:
                 raise ConfigError(f"--split {split}: {e}") from e
     except (ConfigError, EvalError) as e:

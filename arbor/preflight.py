@@ -193,6 +193,11 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
         from arbor.llm import load_judge_plugin
 
         checks.append(lambda: load_judge_plugin(cfg.judge.backend))
+    named = [s for s in (cfg.data.train, cfg.data.eval, cfg.search.corpus, cfg.sft.data) if s and is_named_set(s)]
+    if named:  # a data source's module (tasks.sources), imported as the run will
+        from arbor.tasks.sources import find_source
+
+        checks += [lambda s=s: find_source(s.removeprefix("synth:").partition(":")[0]) for s in named]
     for load in checks:
         try:
             load()

@@ -176,8 +176,8 @@ def model_main(args: argparse.Namespace) -> None:
     r = cfg.rollout
     model, tokenizer = load_policy(src, args.dtype, args.device, home=home, policy_cfg=cfg.policy)
     batches = args.batch or [8, 16]
-    questions = load_questions("world:eval", world=cfg.world)[: max(batches)]
-    search = make_search(cfg.search, home=home, world=cfg.world)
+    questions = load_questions("world:eval", config=cfg)[: max(batches)]
+    search = make_search(cfg.search, home=home, config=cfg)
     engine = TransformersEngine(cfg, model, tokenizer, search)
     base = engine.loop
     engine.loop = CapSearchLoop(tokenizer, search, base.budgets, system_prompt=base.system_prompt,

@@ -56,14 +56,14 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     write_stage("runs", [{"run_id": rid, "profile": cfg.run.profile, "method": "eval", "seed": cfg.run.seed,
                           "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": None}],
                 run_id=rid, step=0, stage="run", home=home)
-    search = make_search(cfg.search, home=home, world=cfg.world)
+    search = make_search(cfg.search, home=home, config=cfg)
     if cfg.rollout.engine == "transformers":
         src = checkpoint or cfg.run.start_checkpoint or policy_source(cfg.policy, home)  # tiny: its shape
         policy, tok = load_policy(src, cfg.policy.dtype, home=home, policy_cfg=cfg.policy)
         engine = make_engine(cfg, policy, tok, search=search, home=home)
     else:
         engine = make_engine(cfg, search=search, home=home)
-    by_split = {s: load_questions(split_spec(s), world=cfg.world)[:limit] for s in splits}
+    by_split = {s: load_questions(split_spec(s), config=cfg)[:limit] for s in splits}
     guide = make_guide(cfg, judge, home=home, ctx=CallContext(run_id=rid, step=0, stage="eval-guided"))
     tag = guidance_tag(cfg.guidance) if guide is not None else None
     rows = evaluate_questions(engine, judge, by_split, runs=runs, seed=cfg.run.seed, run_id=rid, step=0,

@@ -80,8 +80,8 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     def branch() -> dict[str, list[dict[str, Any]]]:
         policy_path = Path(checkpoint) if checkpoint else start_checkpoint(cfg, home)
         policy, tok = load_policy(policy_path, cfg.policy.dtype, home=home)
-        engine = make_engine(cfg, policy, tok, search=make_search(cfg.search, home=home, world=cfg.world), home=home)
-        questions = load_questions(cfg.data.train, size=g.branch_questions, seed=cfg.run.seed, world=cfg.world)
+        engine = make_engine(cfg, policy, tok, search=make_search(cfg.search, home=home, config=cfg), home=home)
+        questions = load_questions(cfg.data.train, size=g.branch_questions, seed=cfg.run.seed, config=cfg)
         return {"branch_points": collect_branch_points(engine, questions[: g.branch_questions], cfg, run_id=rid,
                                                        seed=cfg.run.seed)}
 

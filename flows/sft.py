@@ -21,6 +21,7 @@ from prefect import flow, get_run_logger
 
 from arbor.config import ArborConfig, load_config
 from arbor.paths import arbor_home, resolve_home_path
+from arbor.tasks.sources import spec_source
 
 
 def sft_key(cfg: ArborConfig) -> str:
@@ -35,22 +36,25 @@ def sft_key(cfg: ArborConfig) -> str:
         parts["system_prompt"] = cfg.rollout.system_prompt
     if cfg.rollout.protocol != "arbor":  # the rows' tags and the built-in prompt; arbor keeps the earlier keys
         parts["protocol"] = cfg.rollout.protocol
-    if "world:" in f"{cfg.sft.data} {cfg.data.train} {cfg.search.corpus}":  # only then: other keys stay as they were
-        from arbor.tasks.world import WORLD_VERSION
-
-        parts["world"] = {**cfg.world.model_dump(mode="json"), "generator": WORLD_VERSION}
+    for spec in (cfg.sft.data, cfg.data.train, cfg.search.corpus):  # a source's key, only when a spec names it
+        named = spec.removeprefix("synth:")  # synth:<set> synthesises from <set>
+        if (found := spec_source(named)) and found[0].key:
+            parts[named.partition(":")[0]] = found[0].key(cfg)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
-    """The SFT JSONL: a user's file, data synthesised from a named question split (``synth:offline:train``), or the
-    synthetic world's gold trajectories (``world:train``, ``tasks.world``)."""
+    """The SFT JSONL: a user's file, data synthesised from a named question split (``synth:offline:train``), or a
+    registered source's own data (``<prefix>:<name>``, ``tasks.sources``)."""
     spec = cfg.sft.data
-    if spec.startswith("world:"):
-        from arbor.tasks.world import build_world_sft_data
+    if not spec.startswith("synth:") and (found := spec_source(spec)):
+        source, name = found
+        if source.sft_data is None:
+            from arbor.tasks.sft_data import SFTDataError
 
+            raise SFTDataError(f"sft.data {spec!r}: the source {spec.partition(':')[0]!r} serves no SFT data")
         out = home / "sft" / f"data-{key}.jsonl"
-        return out if out.exists() else build_world_sft_data(cfg, out, home=home, split=spec.removeprefix("world:"))
+        return out if out.exists() else source.sft_data(name, cfg, out, home)
     if not spec.startswith("synth:"):
         path = Path(spec).expanduser()
         if not path.exists():
@@ -64,7 +68,7 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
     if out.exists():
         return out
     if split == "train":  # the run's own training questions (data.train, data.train_size, run.seed)
-        questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, world=cfg.world,
+        questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, config=cfg,
                                    fields=fields_of(cfg.data))
         questions = questions[: cfg.sft.questions] if cfg.sft.questions else questions
     else:

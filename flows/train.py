@@ -155,9 +155,9 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     run_id = cfg.run.run_id
     assert run_id is not None
     store = StageStore(run_id, home)
-    questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, world=cfg.world,
+    questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, config=cfg,
                                fields=fields_of(cfg.data))
-    search = make_search(cfg.search, home=home, world=cfg.world)
+    search = make_search(cfg.search, home=home, config=cfg)
     start = start_checkpoint(cfg, home)
     trainer = make_trainer(cfg, start, home, run_id)
     servers: list[Any] = []

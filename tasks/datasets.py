@@ -10,9 +10,8 @@ Named specs for ``load_questions``:
   (a seeded 2,000-question sample of it, as the paper samples 2K QA examples).
 - ``bench:hotpotqa``, ``bench:2wiki``, ``bench:musique``, ``bench:bamboogle`` (the ARPO test splits) and
   ``bench:local`` (= ``offline:heldout``: the benchmark questions answerable from the local corpus).
-- ``world:train`` / ``world:eval``: the synthetic multi-hop world's questions (``tasks.world``; sizes, seed and mix
-  from the ``world`` config section, passed as ``world=cfg.world``); eval questions only involve entities that no
-  train question mentions. Their corpus is ``search.corpus: world:corpus``.
+- ``<prefix>:<name>`` of a registered source (``tasks.sources``: an ``arbor.sources`` entry point or
+  ``register_source``): the source's questions, given the run's config (``config=cfg``).
 - anything else is a path: a JSONL or Parquet file, or a Hugging Face ``save_to_disk`` folder, with fields
   ``question`` and ``answer | answers | golden_answers`` (Search-R1 / FlashRAG) by default, or where
   ``data.question_field`` / ``data.answer_field`` / ``data.id_field`` say (dotted paths, e.g. verl's
@@ -31,12 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbor.config import ArborConfig
 from arbor.config.data import DataConfig
-from arbor.config.world import WorldConfig
 from arbor.jsonl import jsonl_rows
 from arbor.paths import DATA_DIR, PROJECT_ROOT
 from arbor.seeding import derive_seed
 from arbor.tasks.reward import normalize_answer
+from arbor.tasks.sources import known_sources, spec_source
 
 BENCHMARKS = ("hotpotqa", "2wiki", "musique", "bamboogle")
 OFFLINE_FILES = {
@@ -326,6 +326,7 @@ def _offline_split() -> dict[str, tuple[Question, ...]]:
 # ----------------------------------------------------------------------------------------------- named specs
 
 
+SHIPPED_KINDS = ("offline", "arpo", "bench")  # named splits of the shipped data; any other prefix is a source's
 EVAL_SPLITS = {"bamboogle": "bench:bamboogle", "hotpotqa": "bench:hotpotqa", "musique": "bench:musique",
                "2wiki": "bench:2wiki"}  # `arbor eval --split NAME`: the paper's benchmark names
 
@@ -335,21 +336,31 @@ def split_spec(name: str) -> str:
     return EVAL_SPLITS.get(name, name)
 
 
-def load_questions(spec: str, *, size: int | None = None, seed: int = 0,
-                   world: WorldConfig | None = None, fields: Fields = Fields()) -> list[Question]:
+def load_questions(spec: str, *, size: int | None = None, seed: int = 0, config: ArborConfig | None = None,
+                   fields: Fields = Fields()) -> list[Question]:
     """Resolve a named split (module docstring) or a file path; ``size``: a seeded sample of that many.
 
-    ``world``: the run's ``WorldConfig`` for ``world:*`` specs (default: the section's defaults); ``fields``: where
-    a user's file keeps its question, answers and id (``fields_of(cfg.data)``)."""
-    kind, _, name = spec.partition(":")
-    if kind == "world" and name:
-        from arbor.tasks.world import WorldError, load_world_questions
-
+    ``config``: the run's config, handed to a registered source (default: the defaults); ``fields``: where a user's
+    file keeps its question, answers and id (``fields_of(cfg.data)``)."""
+    found = None if spec.partition(":")[0] in SHIPPED_KINDS else spec_source(spec)
+    if found is None:
+        qs = _shipped_or_file(spec, fields)
+    elif found[0].questions is None:
+        raise DatasetError(f"question set {spec!r}: the source {spec.partition(':')[0]!r} serves no questions")
+    else:
         try:
-            qs = load_world_questions(name, world)
-        except WorldError as e:
+            qs = found[0].questions(found[1], config or ArborConfig())
+        except DatasetError:
+            raise
+        except ValueError as e:  # a source's own error, its message kept (it names the config key)
             raise DatasetError(str(e)) from e
-    elif kind == "offline" and name:
+    return sample_questions(qs, size, seed) if size is not None else qs
+
+
+def _shipped_or_file(spec: str, fields: Fields) -> list[Question]:
+    """A shipped named split (``SHIPPED_KINDS``), else a file or folder."""
+    kind, _, name = spec.partition(":")
+    if kind == "offline" and name:
         split = _offline_split()
         if name not in split:
             raise DatasetError(f"unknown split {spec!r} (known: {', '.join('offline:' + k for k in split)})")
@@ -370,9 +381,10 @@ def load_questions(spec: str, *, size: int | None = None, seed: int = 0,
             path = PROJECT_ROOT / path
         if not path.exists():
             raise DatasetError(f"question set {spec!r} is neither a named split (offline:train, offline:eval, "
-                               f"arpo:train2k, bench:hotpotqa, ...) nor an existing file or folder")
+                               f"arpo:train2k, bench:hotpotqa, ...), nor a registered source's set (known sources: "
+                               f"{known_sources()}), nor an existing file or folder")
         qs = read_questions(path, fields=fields)
-    return sample_questions(qs, size, seed) if size is not None else qs
+    return qs
 
 
 def fields_of(data: DataConfig) -> Fields:

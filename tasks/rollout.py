@@ -624,7 +624,7 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
     if search is None:
         from arbor.tasks.search import make_search
 
-        search = make_search(cfg.search, home=home or arbor_home(), world=cfg.world)
+        search = make_search(cfg.search, home=home or arbor_home(), config=cfg)
     if cfg.rollout.engine == "transformers":
         if policy is None or tokenizer is None:
             from arbor.tasks.policy import load_policy, policy_source

@@ -5,8 +5,8 @@
 - ``bm25``: bm25s over a local corpus file (JSONL or Parquet rows ``{id?, title, text}``); the index is built once
   and stored under ``{home}/cache/bm25/<corpus hash>/``. Default corpus: ``data/corpus/wiki_passages.jsonl``, the
   deduplicated Wikipedia paragraphs of the shipped offline HotpotQA / MuSiQue / 2Wiki files (``build_corpus``).
-  ``search.corpus: world:corpus`` is the synthetic world's passages (``tasks.world``, config section ``world``),
-  written once into ``{home}/world/``, content-addressed by the world's config.
+  ``search.corpus: <prefix>:<name>`` is the corpus file of a registered source (``tasks.sources``), which the
+  source writes under ``{home}`` from the run's config.
 - ``http``: a retriever service with Search-R1's ``/retrieve`` interface.
 - ``web``: a Serper-style web search API (the paper searched Google, 10 results per query); key from the env.
 - ``CachedSearch``: (backend, query, k) -> hits as one JSON file each under ``{home}/cache/search/``, written to a
@@ -27,14 +27,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from arbor.config import ArborConfig
 from arbor.config.search import SearchConfig
-from arbor.config.world import WorldConfig
 from arbor.jsonl import jsonl_rows
 from arbor.paths import PROJECT_ROOT
 from arbor.plugins import PluginError, check_signature, load_plugin
+from arbor.tasks.sources import spec_source
 
 BM25_TOKENIZER = "bm25s-0.3:lower,stopwords=en,no-stemmer"  # part of the index cache key
-WORLD_CORPUS = "world:corpus"  # search.corpus value: the synthetic world's passages (tasks.world)
 
 
 class SearchError(RuntimeError):
@@ -333,20 +333,26 @@ def resolve_path(path: str | Path) -> Path:
     return p if p.is_absolute() or p.exists() else PROJECT_ROOT / p
 
 
-def make_search(cfg: SearchConfig, *, home: str | Path, world: WorldConfig | None = None) -> SearchBackend:
+def corpus_path(spec: str, *, home: Path, config: ArborConfig | None = None) -> Path:
+    """The corpus file of ``search.corpus``: a registered source's corpus (given ``config``, default: the
+    defaults), else a path (``resolve_path``)."""
+    found = spec_source(spec)
+    if found is None:
+        return resolve_path(spec)
+    source, name = found
+    if source.corpus is None:
+        raise SearchError(f"search.corpus {spec!r}: the source {spec.partition(':')[0]!r} serves no corpus")
+    return source.corpus(name, config or ArborConfig(), home)
+
+
+def make_search(cfg: SearchConfig, *, home: str | Path, config: ArborConfig | None = None) -> SearchBackend:
     """The backend named by ``cfg.backend``, behind the persistent cache at ``{home}/cache/search/``.
 
-    ``world``: the run's ``world`` section, read when ``cfg.corpus`` is ``world:corpus`` (default: its defaults)."""
+    ``config``: the run's config, handed to the source of a named ``cfg.corpus`` (``corpus_path``)."""
     home = Path(home)
     backend: SearchBackend
     if cfg.backend == "bm25":
-        if cfg.corpus == WORLD_CORPUS:
-            from arbor.tasks.world import world_corpus_path
-
-            corpus = world_corpus_path(world or WorldConfig(), home)
-        else:
-            corpus = resolve_path(cfg.corpus)
-        backend = BM25Search(corpus, cache_dir=home / "cache" / "bm25")
+        backend = BM25Search(corpus_path(cfg.corpus, home=home, config=config), cache_dir=home / "cache" / "bm25")
     elif cfg.backend == "http":
         if not cfg.url:
             raise SearchError("search.url: the http backend needs the retriever's URL")

@@ -143,7 +143,7 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
 
     if search is None:
         from arbor.tasks.search import make_search
-        search = make_search(cfg.search, home=home, world=cfg.world)
+        search = make_search(cfg.search, home=home, config=cfg)
     rows = synthesize(questions if questions is not None else load_questions(spec), search, seed=seed, top_k=cfg.search.top_k,
                       max_result_chars=cfg.search.max_result_chars, max_searches=max(1, cfg.rollout.max_searches),
                       variants=cfg.sft.variants, protocol=get_protocol(cfg.rollout.protocol))

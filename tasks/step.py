@@ -225,7 +225,7 @@ class RunState:
         from arbor.tasks.datasets import fields_of, load_questions
         from arbor.tasks.evaluate import evaluate_questions
 
-        questions = load_questions(self.cfg.data.eval, world=self.cfg.world,
+        questions = load_questions(self.cfg.data.eval, config=self.cfg,
                                    fields=fields_of(self.cfg.data))[: self.cfg.run.eval_size]
         rows = evaluate_questions(self.engine, self.judge, {self.cfg.data.eval: questions},
                                   runs=self.cfg.run.eval_runs, seed=self.seed, run_id=self.run_id, step=step,

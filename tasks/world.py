@@ -16,10 +16,13 @@ The world is generated from ``WorldConfig`` alone (seeded, no downloads, byte-id
 - an entity split: each type's entities are divided into train and eval; relations never cross the split, so a
   ``world:eval`` question only involves entities (both hops) that no ``world:train`` question or SFT row mentions.
 
-It plugs into the existing layers: ``load_questions("world:train" | "world:eval", world=cfg.world)``,
-``search.corpus: world:corpus`` (``world_corpus_path``: a JSONL corpus written once into ``{home}/world/``,
-content-addressed by the world's config) and ``sft.data: world:train`` (``build_world_sft_data``: gold trajectories
-rendered with the real search backend, a configurable share with one process flaw each).
+It is a data source (``tasks.sources``), ``SOURCE``, declared under the prefix ``world`` in pyproject.toml's
+``arbor.sources`` entry points and found by the loaders like any user's source: ``data.train`` / ``data.eval``
+``world:train`` | ``world:eval`` (``load_questions(spec, config=cfg)``), ``search.corpus: world:corpus``
+(``world_corpus_path``: a JSONL corpus written once into ``{home}/world/``, content-addressed by the world's config)
+and ``sft.data: world:train`` (``build_world_sft_data``: gold trajectories rendered with the real search backend, a
+configurable share with one process flaw each). Its key (the ``world`` section and ``WORLD_VERSION``) joins the SFT
+checkpoint's key whenever a spec names the world.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from arbor.config import ArborConfig
 from arbor.config.world import WorldConfig
 from arbor.seeding import derive_seed
 from arbor.tasks.format import ARBOR, TagProtocol, get_protocol
+from arbor.tasks.sources import Source
 
 WORLD_VERSION = 3  # part of every world key and world SFT key: bump it when the generator's output changes
+WORLD_CORPUS = "world:corpus"  # search.corpus value: the world's passages
 SPLITS = ("train", "eval")
 KINDS = ("one_hop", "bridge", "comparison")
 ENTITY_TYPES = ("person", "city", "film", "company")
@@ -580,7 +586,7 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
                          split: str = "train") -> Path:
     """``sft.data: world:train``: gold trajectories for the first ``sft.questions`` world training questions
     (``sft.variants`` each), searched with the run's backend over the world corpus; JSONL at ``out_path``."""
-    from arbor.tasks.search import WORLD_CORPUS, make_search
+    from arbor.tasks.search import make_search
     from arbor.tasks.sft_data import SFTDataError, write_jsonl
 
     if split != "train":
@@ -589,7 +595,7 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
         raise SFTDataError(f"sft.data=world:train needs search.backend=bm25 and search.corpus={WORLD_CORPUS} (got "
                            f"{cfg.search.backend}, {cfg.search.corpus}): the results must come from the world")
     if search is None:
-        search = make_search(cfg.search, home=home, world=cfg.world)
+        search = make_search(cfg.search, home=home, config=cfg)
     questions = world_questions(cfg.world, split)[: cfg.sft.questions or None]
     rows = synthesize_world(questions, search, cfg.world, seed=cfg.run.seed, top_k=cfg.search.top_k,
                             max_result_chars=cfg.search.max_result_chars,
@@ -599,3 +605,24 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
         from arbor.tasks.reflection import reflection_sft_rows
         rows += reflection_sft_rows(rows, cfg.sft.reflections, cfg.run.seed, cfg.rollout.protocol)
     return write_jsonl(rows, out_path)
+
+
+# ------------------------------------------------------------------------------------------------ the source
+
+
+def _corpus(name: str, cfg: ArborConfig, home: Path) -> Path:
+    if f"world:{name}" != WORLD_CORPUS:
+        raise WorldError(f"search.corpus: unknown world corpus 'world:{name}' (known: {WORLD_CORPUS})")
+    return world_corpus_path(cfg.world, home)
+
+
+def _sft_key(cfg: ArborConfig) -> dict[str, Any]:
+    return {**cfg.world.model_dump(mode="json"), "generator": WORLD_VERSION}
+
+
+SOURCE = Source(  # pyproject.toml: [project.entry-points."arbor.sources"] world = "arbor.tasks.world:SOURCE"
+    questions=lambda name, cfg: load_world_questions(name, cfg.world),
+    corpus=_corpus,
+    sft_data=lambda name, cfg, out, home: build_world_sft_data(cfg, out, home=home, split=name),
+    key=_sft_key,
+)

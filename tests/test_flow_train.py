@@ -349,10 +349,10 @@ def test_search_r1_protocol_one_step(tmp_path: Path, prefect_harness) -> None:
     cfg = load_config("tiny-world")
     data = tmp_path / "world_eval_flashrag.jsonl"  # FlashRAG / Search-R1 rows: id, question, golden_answers
     data.write_text("".join(json.dumps({"id": q.question_id, "question": q.question, "golden_answers": list(q.golds)})
-                            + "\n" for q in load_questions("world:eval", world=cfg.world)[:8]))
+                            + "\n" for q in load_questions("world:eval", config=cfg)[:8]))
     home = tmp_path / "home"
     os.environ["ARBOR_HOME"] = str(home)
-    with retriever(make_search(cfg.search, home=home, world=cfg.world)) as server:
+    with retriever(make_search(cfg.search, home=home, config=cfg)) as server:
         from arbor.flows.train import arbor_train
 
         arbor_train(profile="tiny-world", run_id="r1", overrides={

@@ -55,6 +55,8 @@ def test_wheel_holds_one_namespace_and_its_data(wheel: Path) -> None:
         missing = [str(p.relative_to(PROJECT_ROOT)) for p in files
                    if f"{packaged}{str(p)[len(str(source)):]}" not in names]
         assert not missing, f"not in the wheel: {missing[:5]}"
+    entry_points = _only([n for n in names if n.endswith(".dist-info/entry_points.txt")])
+    assert "world = arbor.tasks.world:SOURCE" in zipfile.ZipFile(wheel).read(entry_points).decode()  # tasks.sources
 
 
 @pytest.mark.slow

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from arbor.config import ConfigError, load_config
+from arbor.config import ArborConfig, ConfigError, load_config
 from arbor.config.search import SearchConfig
 from arbor.config.world import WorldConfig
 from arbor.tasks.datasets import DatasetError, load_questions
 from arbor.tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
-from arbor.tasks.search import WORLD_CORPUS, bm25_tokenize, format_results, load_corpus, make_search
+from arbor.tasks.search import bm25_tokenize, format_results, load_corpus, make_search
 from arbor.tasks.world import (
+    WORLD_CORPUS,
     Entity,
     World,
     WorldError,
@@ -29,6 +30,7 @@ from arbor.tasks.world import (
 )
 
 SMALL = WorldConfig(people=40, cities=12, films=40, companies=16, train_questions=120, eval_questions=40)
+SMALL_RUN = ArborConfig(world=SMALL)  # what the loaders get: the run's whole config
 TOP_K, MAX_CHARS = 3, 200  # the tiny-cpu search budget
 
 
@@ -47,7 +49,7 @@ def search(tmp_path_factory):
     """The real BM25 backend over the default world's corpus (no result cache)."""
     home = tmp_path_factory.mktemp("world_home")
     cfg = SearchConfig(corpus=WORLD_CORPUS, top_k=TOP_K, max_result_chars=MAX_CHARS, cache=False)
-    return make_search(cfg, home=home, world=WorldConfig())
+    return make_search(cfg, home=home)  # no config: the world's defaults
 
 
 @pytest.fixture(scope="module")
@@ -280,11 +282,11 @@ def test_load_questions_world_splits_through_the_public_api() -> None:
     default = WorldConfig()
     train, eval_ = load_questions("world:train"), load_questions("world:eval")
     assert (len(train), len(eval_)) == (default.train_questions, default.eval_questions)
-    small = load_questions("world:train", world=SMALL)
-    assert len(small) == SMALL.train_questions and len(load_questions("world:eval", world=SMALL)) == 40
+    small = load_questions("world:train", config=SMALL_RUN)
+    assert len(small) == SMALL.train_questions and len(load_questions("world:eval", config=SMALL_RUN)) == 40
     q = small[0]
     assert q.question_id == "world-train-0000" and q.source.startswith("world:") and q.support and q.golds
-    assert len(load_questions("world:train", world=SMALL, size=10, seed=1)) == 10
+    assert len(load_questions("world:train", config=SMALL_RUN, size=10, seed=1)) == 10
     assert not {x.question_id for x in train} & {x.question_id for x in eval_}
     with pytest.raises(DatasetError, match="world:eval"):
         load_questions("world:test")
@@ -292,7 +294,7 @@ def test_load_questions_world_splits_through_the_public_api() -> None:
 
 def test_world_corpus_through_make_search(tmp_path: Path) -> None:
     cfg = SearchConfig(corpus=WORLD_CORPUS, top_k=3, cache=False)
-    backend = make_search(cfg, home=tmp_path, world=SMALL)
+    backend = make_search(cfg, home=tmp_path, config=SMALL_RUN)
     path = world_corpus_path(SMALL, tmp_path)
     assert path.parent == tmp_path / "world" and backend.corpus_path == path
     passages = load_corpus(path)
@@ -318,7 +320,7 @@ def test_world_that_cannot_be_generated_is_refused_naming_its_key() -> None:
     with pytest.raises(ConfigError, match="world.colour"):
         load_config("tiny-cpu", {"world.colour": 1})
     with pytest.raises(DatasetError, match="world.eval_questions"):
-        load_questions("world:eval", world=SMALL.model_copy(update={"eval_questions": 5000}))
+        load_questions("world:eval", config=ArborConfig(world=SMALL.model_copy(update={"eval_questions": 5000})))
     with pytest.raises(WorldError, match="world.cities"):
         build_world(WorldConfig(cities=4, eval_share=0.1))
     with pytest.raises(WorldError, match="world.people"):

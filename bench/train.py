@@ -49,6 +49,7 @@ from arbor.config import load_config  # noqa: E402
 from arbor.tasks.losses import group_advantages, policy_loss  # noqa: E402
 from arbor.tasks.train import PolicyHead, Trainer, make_micro, synchronize  # noqa: E402
 from arbor.tasks.types import Trajectory  # noqa: E402
+from arbor.tasks.update import policy_update  # noqa: E402
 
 TINY = dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
@@ -269,7 +270,7 @@ def bench_model_mode(model_dir: Path, lora: bool, steps: int, home: Path, micro_
         if name == "arbor":
             obj = Trainer(cfg, model_dir, home)
             info["init"] = time.perf_counter() - t0
-            return obj, lambda batch, step: obj.train_step(batch, step)
+            return obj, lambda batch, step: obj.train_step(policy_update(batch, step, cfg), step)
         obj = BareLoop(model_dir, cfg)
         info["params"], info["trainable"] = n_parameters(obj.model), sum(p.numel() for p in obj.params)
         return obj, lambda batch, step: obj.step(batch)
@@ -465,7 +466,8 @@ def main() -> int:
 
     overrides = {"run.run_id": "bench", "train.micro_batch_tokens": 10**9, "train.zero_stage": 2,
                  "train.bf16": gpu, "train.gradient_checkpointing": gpu, "train.entropy_diagnostic": False}
-    tr = Trainer(load_config("tiny-cpu", overrides), model_dir, tmp / "home")
+    bench_cfg = load_config("tiny-cpu", overrides)
+    tr = Trainer(bench_cfg, model_dir, tmp / "home")
     ref = TorchLoop(model_dir, make_batch(shape["vocab_size"], groups, k, prompt, response, 0), device, gpu)
     # interleave DeepSpeed and plain steps (after one warm-up step each) and keep the fastest of each: on a shared
     # machine the minimum is the least noisy estimate
@@ -474,7 +476,7 @@ def main() -> int:
     tokens = 0.0
     for step in range(1, args.steps + 2):
         batch = make_batch(shape["vocab_size"], groups, k, prompt, response, tr.policy_version)
-        tr.train_step(batch, step)
+        tr.train_step(policy_update(batch, step, bench_cfg), step)
         t_ref = ref.step()
         if step == 1:
             continue

@@ -121,6 +121,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
 
     # ---- GRPO: sample, score, train; replays stored updates after the latest checkpoint
     from arbor.tasks.train import Trainer
+    from arbor.tasks.update import policy_update
 
     n_updates = total_updates(len(kept), g.batch_points, g.epochs)
     gcfg = generator_config(cfg, rid, n_updates)
@@ -142,7 +143,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
             return {"generator_samples": rows, "judge_calls": judge.drain_calls()}
 
         rows = stage(u, "sample", "generator_samples", sample)
-        metrics = trainer.train_step(update_batch(rows, question_of), u)  # replayed after the latest checkpoint
+        metrics = trainer.train_step(policy_update(update_batch(rows, question_of), u, gcfg), u)  # plain GRPO
         mean_reward = sum(float(r["reward"]) for r in rows) / max(1, len(rows))
         rewards.append(mean_reward)
         store.commit(u, "train", {"steps": [{

@@ -40,8 +40,10 @@ from arbor.flows.progress import RunProgress
 from arbor.paths import arbor_home, resolve_home_path
 from arbor.storage.liveness import Heartbeat
 from arbor.storage.lock import run_lock
+from arbor.tasks.methods import make_method
 from arbor.tasks.stages import StageStore
 from arbor.tasks.step import STAGES, RunState, rebuild_memory, timed_stage
+from arbor.tasks.types import LossSettings
 
 
 def new_run_id(profile: str) -> str:
@@ -159,7 +161,8 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
                                fields=fields_of(cfg.data))
     search = make_search(cfg.search, home=home, config=cfg)
     start = start_checkpoint(cfg, home)
-    trainer = make_trainer(cfg, start, home, run_id)
+    method = make_method(cfg)
+    trainer = make_trainer(cfg, start, home, method.loss_settings(cfg.train))
     servers: list[Any] = []
     if cfg.rollout.engine == "transformers":
         policy, tokenizer = load_policy(start, cfg.policy.dtype, home=home, policy_cfg=cfg.policy)
@@ -184,7 +187,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     memory = rebuild_memory(cfg, store, cfg.run.steps)
     state = RunState(cfg=cfg, run_id=run_id, home=home, store=store, questions=questions, engine=engine,
                      trainer=trainer, judge=judge, memory=memory, embed=_lazy_embedder(cfg.memory.embedder),
-                     servers=servers)
+                     servers=servers, method=method)
     try:
         restore_policy(state)
     except BaseException:
@@ -198,20 +201,17 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     return state
 
 
-def make_trainer(cfg: ArborConfig, start: Path, home: Path, run_id: str) -> Any:
+def make_trainer(cfg: ArborConfig, start: Path, home: Path, loss: LossSettings) -> Any:
     """In-process DeepSpeed on CPU; under DeepSpeed's launcher (a supervised process group) on GPUs or when
-    ``train.service`` is set — the flow drives it step by step through ``tasks.trainer_service``'s channel."""
+    ``train.service`` is set — the flow drives it step by step through ``tasks.trainer_service``'s channel. Either
+    way it is a pure update worker: ``loss`` is the method's clip and KL term, each step's update is sent to it."""
     if cfg.train.num_gpus > 0 or cfg.train.hostfile or cfg.train.service:
-        from arbor.storage.parquet import stage_path
         from arbor.tasks.trainer_service import RemoteTrainer
 
-        def batch_path(step: int) -> Path:
-            return Path(stage_path("trajectories", run_id=run_id, step=step, stage="shape", home=home))
-
-        return RemoteTrainer(cfg, start, home, batch_path)
+        return RemoteTrainer(cfg, start, home, loss)
     from arbor.tasks.train import Trainer
 
-    return Trainer(cfg, start, home)
+    return Trainer(cfg, start, home, loss)
 
 
 def _lazy_embedder(name: str) -> Any:
@@ -245,7 +245,7 @@ def restore_policy(state: RunState) -> None:
         if engine_at == step - 1 and not synced:
             state.sync_weights()
             synced = True
-        state.trainer.train_step(state.train_batch(step), step)
+        state.trainer.train_step(state.update_batch(step), step)
         if engine_at is None or step <= engine_at:
             state.trainer.maybe_save(step)
         step += 1

@@ -40,7 +40,8 @@ from arbor.tasks.memory import RubricMemory, group_info_from_rows
 from arbor.tasks.methods import make_method
 from arbor.tasks.methods.base import Method
 from arbor.tasks.stages import Rows, StageStore
-from arbor.tasks.types import Trajectory
+from arbor.tasks.types import Trajectory, UpdateBatch
+from arbor.tasks.update import policy_update
 from arbor.tasks.weight_sync import sync_policy
 
 T = TypeVar("T")
@@ -70,10 +71,11 @@ class RunState:
     stage_seconds: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> stage -> seconds
     last_train_metrics: dict[str, float] = field(default_factory=dict)
     stream_stats: StreamStats | None = None  # the step's streamed judging (None: not streamed, or resumed after it)
-    method: Method = field(init=False)  # the configured one (``run.method``)
+    method: Method = None  # type: ignore[assignment]  # the configured one (``run.method``; None: built here)
 
     def __post_init__(self) -> None:
-        self.method = make_method(self.cfg)
+        if self.method is None:
+            self.method = make_method(self.cfg)
         self.method.restore(self)  # its own state (SS-GRPO's stage buffer) from the stored stages
 
     @property
@@ -201,15 +203,18 @@ class RunState:
     def consolidate(self, step: int) -> dict[str, Rows]:
         return self.method.consolidate(self, step)
 
-    def train_batch(self, step: int) -> list[Trajectory]:
-        """What the trainer updates on at ``step``: the shaped rollouts and what the method adds
-        (``Method.train_batch``); a resumed run replays the same batch."""
-        return self.method.train_batch(self, step, self.trajectories(step, "shape", "trajectories"))
+    def update_batch(self, step: int, trajs: list[Trajectory] | None = None) -> UpdateBatch:
+        """What the trainer updates on at ``step`` (``tasks.update.policy_update``): the shaped rollouts (default:
+        the stored ones, so a resumed run replays the same update) and what the method adds
+        (``Method.train_batch``), with the method's group choice, per-token advantages and KL coefficient."""
+        shaped = self.trajectories(step, "shape", "trajectories") if trajs is None else trajs
+        return policy_update(self.method.train_batch(self, step, shaped), step, self.cfg, self.method,
+                             source=self.cfg.run.method)
 
     def train(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """One GRPO / DAPO update on the shaped batch (plus the method's additions, ``Method.train_batch``); the
         step's metrics row (the stage's artifact) describes the shaped rollouts."""
-        metrics = self.trainer.train_step(self.method.train_batch(self, step, trajs), step)
+        metrics = self.trainer.train_step(self.update_batch(step, trajs), step)
         self.last_train_metrics = metrics
         return {"steps": [self.step_row(step, trajs, metrics)]}
 

@@ -1,13 +1,13 @@
-"""GRPO / DAPO policy optimisation on a real DeepSpeed engine (paper App. B.2; issue 6 §2-§4).
+"""The policy update on a real DeepSpeed engine: GRPO with TIS, DAPO's clip-higher (paper App. B.2; issue 6 §2-§4).
 
-One ``Trainer.train_step(batch, step)`` per rollout step:
-  1. (optional) overlong penalty; the method keeps its groups (``Method.select_groups``: DAPO drops zero-variance);
-  2. per-token advantages from the shaped rewards (``Method.token_advantages``; GRPO broadcasts A_i of
-     ``tasks.losses.group_advantages`` to every token);
-  3. pi_old: log-probs of the response tokens under the current weights at the rollout temperature (no grad);
-  4. ``updates_per_batch`` optimizer updates: each mini-batch is packed by token count into padded micro-batches,
+The trainer is a pure update worker (issue 32 item 2): ``Trainer.train_step(update, step)`` takes an
+``UpdateBatch`` the controller built (``tasks.update.policy_update``: kept trajectories, per-token advantages, the
+KL coefficient, each trajectory's version lag) and returns metrics. It knows no method. One step:
+  1. every trajectory must come from the policy version it claims (weight sync), then
+  2. pi_old: log-probs of the response tokens under the current weights at the rollout temperature (no grad);
+  3. ``updates_per_batch`` optimizer updates: each mini-batch is packed by token count into padded micro-batches,
      gradients accumulate over them, DeepSpeed clips and steps once per mini-batch;
-  5. policy_version += 1 (the flow then syncs weights to the rollout engine and tags new rollouts with it).
+  4. policy_version += 1 (the flow then syncs weights to the rollout engine and tags new rollouts with it).
 
 CPU (CI): one process, DeepSpeed's CPU accelerator, ZeRO-2 (ZeRO-3 in tests), fp32. GPUs: ``deepspeed`` launcher,
 ZeRO-3, bf16 (see ``tasks/trainer_service.py``, ``docs/gpu.md``).
@@ -32,16 +32,9 @@ from arbor.paths import PROJECT_ROOT, arbor_home
 from arbor.seeding import derive_seed
 from arbor.tasks import checkpoint as ckpt
 from arbor.tasks.lora import add_lora
-from arbor.tasks.losses import (
-    LossOut,
-    overlong_penalty,
-    policy_loss,
-    token_entropy,
-    token_logprobs,
-    zero_variance_groups,
-)
-from arbor.tasks.methods import make_method
-from arbor.tasks.types import Trajectory
+from arbor.tasks.losses import LossOut, policy_loss, token_entropy, token_logprobs
+from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
+from arbor.tasks.update import check_token_advantages, grpo_loss_settings
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -360,36 +353,17 @@ def check_trajectory(t: Trajectory) -> None:
         )
 
 
-def check_token_advantages(batch: list[Trajectory], adv: list[torch.Tensor], method: str) -> None:
-    """A method's ``token_advantages`` must give one value per response token of every trajectory."""
-    if len(adv) != len(batch):
-        raise ValueError(f"method {method}: token_advantages returned {len(adv)} vectors for {len(batch)} trajectories")
-    for t, a in zip(batch, adv, strict=True):
-        if a.ndim != 1 or a.shape[0] != len(t.response_ids):
-            raise ValueError(f"method {method}: token_advantages for {t.traj_id} has shape {tuple(a.shape)}, "
-                             f"expected ({len(t.response_ids)},): one advantage per response token")
-
-
-def reward_of(t: Trajectory) -> float:
-    """R_i: the shaped reward (eq. 4) when shaping ran, else the base reward."""
-    return float(t.shaped_reward if t.shaped_reward is not None else t.base_reward)
-
-
 # ---------------------------------------------------------------------------------------------- trainer
-def overlap_lag(overlap: str, step: int) -> int:
-    """Versions the rollouts of ``step`` lag the trainer (issue 19): under ``run.overlap=one-step`` step N's rollouts
-    (N >= 2) were sampled with policy N-2 while step N-1 trained, one version behind; on-policy: none."""
-    return 1 if overlap == "one-step" and step >= 2 else 0
-
-
 class Trainer:
     """A DeepSpeed engine over the policy with GRPO/DAPO steps, checkpoints and a policy version.
 
-    ``Trainer(cfg, model_path, home)``: ``model_path`` is an HF directory (the start checkpoint: SFT output or the
-    tiny policy). Checkpoints go to ``cfg.checkpoint.dir`` or ``{home}/checkpoints/{run_id}``.
+    ``Trainer(cfg, model_path, home, loss)``: ``model_path`` is an HF directory (the start checkpoint: SFT output or
+    the tiny policy); ``loss`` the run's clip and KL reference as the controller decided them (default: the
+    configured ones, plain GRPO). Checkpoints go to ``cfg.checkpoint.dir`` or ``{home}/checkpoints/{run_id}``.
     """
 
-    def __init__(self, cfg: ArborConfig, model_path: str | Path, home: str | Path | None = None) -> None:
+    def __init__(self, cfg: ArborConfig, model_path: str | Path, home: str | Path | None = None,
+                 loss: LossSettings | None = None) -> None:
         init_single_process_env()
         self.cfg = cfg
         self.tc = cfg.train
@@ -397,9 +371,9 @@ class Trainer:
         self.home = Path(home) if home is not None else arbor_home()
         self.run_id = cfg.run.run_id or "default"
         self.ckpt_root = ckpt.run_checkpoint_root(cfg, self.home)
-        self.method = make_method(cfg)
+        self.loss = loss or grpo_loss_settings(self.tc)
         self.eps_low = self.tc.eps_clip_low
-        self.eps_high = self.method.eps_clip_high(self.tc)
+        self.eps_high = self.loss.eps_clip_high
         self.ds_config = deepspeed_config(
             zero_stage=self.tc.zero_stage, bf16=self.tc.bf16, grad_clip=self.tc.grad_clip,
             extra=merge(read_deepspeed_json(self.tc.deepspeed_config), self.tc.deepspeed),
@@ -415,7 +389,7 @@ class Trainer:
             total_steps=total_updates, temperature=scoring_temperature(cfg.rollout.temperature),
         )
         self.device = self.engine.device
-        self.kl_coef, self.kl_reference = self.method.kl(self.tc)
+        self.kl_coef, self.kl_reference = self.loss.kl_coef, self.loss.kl_reference
         self.ref_engine = self._reference_engine() if self.kl_coef > 0 and self.kl_reference == "frozen" else None
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -483,52 +457,36 @@ class Trainer:
         return mine + [[] for _ in range(n - len(mine))]
 
     # ------------------------------------------------------------------ the step
-    def train_step(self, batch: list[Trajectory], step: int) -> dict[str, float]:
-        """One RL step on a rollout batch produced by ``self.policy_version``; returns the step's metrics."""
-        if not batch:
-            raise ValueError(f"step {step}: empty batch")
+    def train_step(self, update: UpdateBatch, step: int) -> dict[str, float]:
+        """One RL step on the controller's ``update`` (``tasks.update.policy_update``); returns the step's metrics
+        (the controller's ``update.metrics`` first)."""
         if step <= self.step:
             raise ValueError(f"step {step}: already trained up to step {self.step}")
-        for t in batch:
+        batch = update.trajectories
+        if len(update.versions_behind) != len(batch):
+            raise ValueError(f"step {step}: {len(update.versions_behind)} version lags for {len(batch)} trajectories")
+        for t, behind in zip(batch, update.versions_behind, strict=True):
             check_trajectory(t)
-            # a method may train on trajectories sampled ``lag`` steps earlier (RubricEM's reflections, App. D.2):
-            # they carry that step's version, and TIS weighs them by pi_old / pi_behaviour
-            lag = self.method.policy_lag(t)
-            want = self.policy_version - lag - (overlap_lag(self.cfg.run.overlap, step) if t.step == step else 0)
-            if t.policy_version != want or (lag and t.step != step - lag):
+            if t.policy_version != self.policy_version - behind:
                 raise AssertionError(
                     f"step {step}: trajectory {t.traj_id} was generated by policy version {t.policy_version}, "
                     f"the trainer is at version {self.policy_version} (weight sync missed?)"
                 )
         tc = self.tc
-        self.kl_coef = self.method.kl_coef_at(step, tc)  # a method may switch its KL term by phase (ARCO)
-        metrics: dict[str, float] = {}
-        rewards = [reward_of(t) for t in batch]
-        if tc.overlong_penalty:
-            max_len = self.cfg.rollout.max_response_tokens
-            rewards = [r + overlong_penalty(len(t.response_ids), max_len, tc.overlong_buffer)
-                       for r, t in zip(rewards, batch, strict=True)]
-        groups = [t.group for t in batch]
-        metrics["n_groups"] = float(len(set(groups)))
-        metrics["zero_var_groups"] = float(len(zero_variance_groups(rewards, groups)))
-        keep, chosen = self.method.select_groups(rewards, groups)
-        metrics.update(chosen)
-        if len(keep) < len(batch):
-            batch = [batch[i] for i in keep]
-            rewards = [rewards[i] for i in keep]
-            groups = [groups[i] for i in keep]
+        self.kl_coef = update.kl_coef  # a method may switch its KL term by phase (ARCO)
+        metrics: dict[str, float] = dict(update.metrics)
         lengths = [len(t.response_ids) for t in batch]
         metrics["n_trajectories"] = float(len(batch))
         metrics["mean_response_tokens"] = float(sum(lengths) / max(1, len(lengths)))
         metrics["max_response_tokens"] = float(max(lengths, default=0))
-        if not batch:  # the method dropped every group (DAPO): no update, but the version still advances with the step
+        if not batch:  # the controller kept no group (DAPO): no update, but the version still advances with the step
             self.step = step
             self.policy_version += 1
             metrics.update(policy_version=float(self.policy_version), loss=0.0, grad_norm=0.0, updates=0.0)
             return metrics
 
-        adv = self.method.token_advantages(batch, rewards, groups, tc)
-        check_token_advantages(batch, adv, self.cfg.run.method)
+        adv = update.advantages
+        check_token_advantages(batch, adv, "the update batch")
         self.engine.train()  # Qwen3 has no dropout; train mode keeps gradient checkpointing active
         t0 = time.perf_counter()
         logp_old = self.logprobs(batch)  # pi_old: the weights at the start of the step

@@ -6,6 +6,8 @@ On several GPUs / nodes the trainer runs under DeepSpeed's launcher (``deepspeed
 Control channel (a directory shared with the flow; on several nodes it must be on a filesystem rank 0 sees)::
 
     config.json          the run's ArborConfig (written by the client before launch)
+    loss.json            the method's clip and KL term (``LossSettings``; the trainer builds no method)
+    updates/step_*.parquet  each step's ``UpdateBatch`` (``write_update``), kept until a checkpoint covers it
     cmd/{seq:06d}.json   commands, written by the flow (temporary name + os.replace), seq = 1, 2, 3, ...
     resp/{seq:06d}.json  answers, written by rank 0 after every rank executed the command
     heartbeat.json       {pid, step, policy_version, time}, refreshed while idle
@@ -13,7 +15,7 @@ Control channel (a directory shared with the flow; on several nodes it must be o
 
 Commands (``op`` plus arguments) and answers (always ``ok``; ``error`` when not ok):
     ping                                   -> step, policy_version
-    train        step, batch (Parquet)     -> metrics           (rows are Trajectory.to_row() dicts)
+    train        step, update (Parquet)    -> metrics           (``write_update``: trajectories + advantages)
     save         step?, metrics?           -> path              (atomic checkpoint + retention)
     load_latest                            -> step (null: none) (then the flow replays later steps with train)
     export_hf    path                      -> path, policy_version   (save-and-restart weight sync)
@@ -34,11 +36,14 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from arbor.config import ArborConfig
 from arbor.tasks.checkpoint import checkpoint_due
+from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
+from arbor.tasks.update import grpo_loss_settings
 
 POLL_S = 0.02
 
@@ -88,15 +93,46 @@ def build_launch_command(
 
 
 # ---------------------------------------------------------------------------------------------- server side
-def read_batch(path: str | Path) -> list[Any]:
+UPDATE_COLUMNS = ("advantages", "advantage_dtype", "versions_behind")
+
+
+def write_update(update: UpdateBatch, path: str | Path) -> Path:
+    """The controller's ``UpdateBatch`` as one Parquet file (written atomically): a row per trajectory
+    (``Trajectory.to_row()``) with its per-token advantages and version lag; the KL coefficient and the
+    controller's metrics in the file's metadata. Advantages are stored as float64, which holds every float32
+    and float64 value exactly, with their dtype, so the trainer applies bit for bit what the controller computed."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from arbor.tasks.types import Trajectory
+    rows = [{**t.to_row(), "advantages": a.tolist(), "advantage_dtype": str(a.dtype).removeprefix("torch."),
+             "versions_behind": v}
+            for t, a, v in zip(update.trajectories, update.advantages, update.versions_behind, strict=True)]
+    table = pa.Table.from_pylist(rows).replace_schema_metadata({
+        "arbor.kl_coef": repr(float(update.kl_coef)), "arbor.metrics": json.dumps(update.metrics)})
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, p)
+    return p
+
+
+def read_update(path: str | Path) -> UpdateBatch:
+    """``write_update``'s file back as an ``UpdateBatch``."""
+    import pyarrow.parquet as pq
+    import torch
 
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"batch {p}: no such Parquet file")
-    return [Trajectory.from_row(r) for r in pq.read_table(p).to_pylist()]
+        raise FileNotFoundError(f"update {p}: no such Parquet file")
+    table = pq.read_table(p)
+    meta = table.schema.metadata or {}
+    rows = table.to_pylist()
+    return UpdateBatch(
+        trajectories=[Trajectory.from_row({k: v for k, v in r.items() if k not in UPDATE_COLUMNS}) for r in rows],
+        advantages=[torch.tensor(r["advantages"], dtype=getattr(torch, r["advantage_dtype"])) for r in rows],
+        versions_behind=[int(r["versions_behind"]) for r in rows],
+        kl_coef=float(meta[b"arbor.kl_coef"]), metrics=json.loads(meta[b"arbor.metrics"]))
 
 
 def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -105,8 +141,8 @@ def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:
     if op == "ping":
         return {"step": trainer.step, "policy_version": trainer.policy_version}
     if op == "train":
-        metrics = trainer.train_step(read_batch(cmd["batch"]), int(cmd["step"]))
-        trainer.data_position = {"step": int(cmd["step"]), "batch": str(cmd["batch"])}
+        metrics = trainer.train_step(read_update(cmd["update"]), int(cmd["step"]))
+        trainer.data_position = {"step": int(cmd["step"]), "update": str(cmd["update"])}
         return {"metrics": metrics, "policy_version": trainer.policy_version}
     if op == "save":
         path = trainer.save_checkpoint(cmd.get("step"), cmd.get("metrics"))
@@ -135,7 +171,8 @@ def serve(channel: Path, model_path: Path, home: Path) -> int:
 
     init_single_process_env()
     cfg = ArborConfig.model_validate_json((channel / "config.json").read_text())
-    trainer = Trainer(cfg, model_path, home)
+    loss = LossSettings(**json.loads((channel / "loss.json").read_text()))
+    trainer = Trainer(cfg, model_path, home, loss)
     rank, world = trainer.rank, trainer.world
     cmd_dir, resp_dir = channel / "cmd", channel / "resp"
     seq = 0
@@ -187,8 +224,9 @@ class TrainerService:
     """Start, drive and supervise the trainer process group from the flow."""
 
     def __init__(self, cfg: ArborConfig, model_path: str | Path, home: str | Path, channel: str | Path,
-                 *, python: str = sys.executable) -> None:
+                 loss: LossSettings | None = None, *, python: str = sys.executable) -> None:
         self.cfg = cfg
+        self.loss = loss or grpo_loss_settings(cfg.train)
         self.model_path = Path(model_path)
         self.home = Path(home)
         self.channel = Path(channel)
@@ -207,6 +245,7 @@ class TrainerService:
             for f in d.glob("*.json"):
                 f.unlink()
         (self.channel / "config.json").write_text(self.cfg.to_json())
+        write_json_atomic(self.channel / "loss.json", asdict(self.loss))
         argv, env = self.command()
         log = open(self.channel / "service.log", "ab")  # noqa: SIM115 - owned by the child process
         self.proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
@@ -253,7 +292,7 @@ class TrainerService:
 
     def restart_and_replay(self, batches_after: Callable[[int | None], list[tuple[int, str]]]) -> int | None:
         """Supervision: relaunch, load the latest complete checkpoint, replay the training stage of every later
-        step from its stored batch (``batches_after(step)`` -> [(step, parquet path), ...]). Returns the last
+        step from its stored update (``batches_after(step)`` -> [(step, parquet path), ...]). Returns the last
         step trained (or the checkpoint's step when nothing was replayed)."""
         self.kill()
         self.start()
@@ -262,7 +301,7 @@ class TrainerService:
             raise RuntimeError(f"load_latest failed: {answer['error']}")
         step = answer["step"]
         for s, path in batches_after(step):
-            r = self.call("train", step=s, batch=str(path))
+            r = self.call("train", step=s, update=str(path))
             if not r["ok"]:
                 raise RuntimeError(f"replay of step {s} failed: {r['error']}")
             step = s
@@ -273,18 +312,17 @@ class TrainerService:
 class RemoteTrainer:
     """The flow's view of a trainer running under DeepSpeed's launcher: the in-process ``Trainer``'s interface
     (``train_step``, ``maybe_save``, ``load_latest``, ``policy_version``) over the control channel, with
-    supervision: if the process group dies, it is restarted from the latest checkpoint and the stored batches
-    after it are replayed (``batch_path(step)`` gives the Parquet file of a step's shaped trajectories)."""
+    supervision: if the process group dies, it is restarted from the latest checkpoint and the updates sent
+    after it are replayed (``update_path(step)``: kept in the channel until a checkpoint covers the step)."""
 
-    def __init__(self, cfg: ArborConfig, model_path: str | Path, home: str | Path,
-                 batch_path: Callable[[int], Path], max_restarts: int = 3) -> None:
+    def __init__(self, cfg: ArborConfig, model_path: str | Path, home: str | Path, loss: LossSettings | None = None,
+                 max_restarts: int = 3) -> None:
         rid = cfg.run.run_id or "default"
         self.cfg = cfg
         self.model_path = Path(model_path)
-        self.batch_path = batch_path
         self.max_restarts = max_restarts
         self.restarts = 0
-        self.service = TrainerService(cfg, model_path, home, Path(home) / "trainer" / rid)
+        self.service = TrainerService(cfg, model_path, home, Path(home) / "trainer" / rid, loss)
         self.service.start()
         self.step = 0
         self.policy_version = 0
@@ -303,18 +341,23 @@ class RemoteTrainer:
                 raise RuntimeError(f"trainer '{op}' failed: {answer.get('error')}")
             return answer
 
-    def _batches_after(self, ckpt: int | None) -> list[tuple[int, str]]:
-        """The stored batches of the steps trained after checkpoint ``ckpt`` (replayed after a restart)."""
-        return [(s, str(self.batch_path(s))) for s in range((ckpt or 0) + 1, self.step + 1)]
+    def update_path(self, step: int) -> Path:
+        return self.service.channel / "updates" / f"step_{step:06d}.parquet"
 
-    def train_step(self, batch: list[Any], step: int) -> dict[str, float]:
-        answer = self._call("train", step=step, batch=str(self.batch_path(step)))
+    def _batches_after(self, ckpt: int | None) -> list[tuple[int, str]]:
+        """The updates of the steps trained after checkpoint ``ckpt`` (replayed after a restart)."""
+        return [(s, str(self.update_path(s))) for s in range((ckpt or 0) + 1, self.step + 1)]
+
+    def train_step(self, update: UpdateBatch, step: int) -> dict[str, float]:
+        answer = self._call("train", step=step, update=str(write_update(update, self.update_path(step))))
         self.step, self.policy_version = step, int(answer["policy_version"])
         return dict(answer["metrics"])
 
     def maybe_save(self, step: int, metrics: dict[str, float] | None = None) -> None:
         if checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
             self._call("save", step=step, metrics=metrics or {})
+            for s in range(1, step + 1):  # a restart now replays only the updates after this checkpoint
+                self.update_path(s).unlink(missing_ok=True)
 
     def load_latest(self) -> int | None:
         answer = self._call("load_latest")

@@ -180,3 +180,28 @@ class StepLabel:
     criteria: tuple[str, ...]
     scores: tuple[float, ...]
 
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The policy loss's fixed choices for a whole run, decided by the controller (the method) and handed to the
+    trainer when it is built (issue 32 item 2): the upper PPO clip and the KL term's initial coefficient and
+    reference (``frozen``: the start checkpoint, loaded once more; ``old``: pi_old)."""
+
+    eps_clip_high: float
+    kl_coef: float
+    kl_reference: Literal["old", "frozen"]
+
+
+@dataclass
+class UpdateBatch:
+    """One policy update as the controller sends it to the trainer (issue 32 item 2): the trajectories to train on
+    (tokens, loss masks, behaviour log-probs, their policy versions), one advantage per response token of
+    each, how many policy versions behind the trainer each was sampled, and this update's KL coefficient.
+    ``metrics``: the controller's figures about the choice (groups, groups kept), returned with the trainer's."""
+
+    trajectories: list[Trajectory]
+    advantages: list[Any]  # torch.Tensor, one value per response token
+    versions_behind: list[int]
+    kl_coef: float
+    metrics: dict[str, float] = field(default_factory=dict)

@@ -4,9 +4,11 @@
                  the base reward, anchor selection, group statistics
     storage      Parquet stage store, DuckDB catalog, SQL
     judges       llm/: the OpenAI-compatible and rules judges, prompts
-    environment  tasks/: search, datasets, agent loop, rollout engines, policy, losses, rubric memory, shaping
-    methods      tasks/methods/, the stages (tasks/step.py, tasks/stages.py), the trainers (RL, SFT, ARCO's
-                 rubric model), preflight
+    environment  tasks/: search, datasets, agent loop, rollout engines, policy, losses, rubric memory, shaping,
+                 the stage store (tasks/stages.py), the update a controller sends (tasks/update.py)
+    training     the trainers (RL, SFT, ARCO's rubric model) and the trainer service: pure update workers that
+                 know no method (issue 32 item 2)
+    methods      tasks/methods/, the step's stages (tasks/step.py), preflight
     flows        flows/: Prefect flows
     cli          arbor/cli.py
 
@@ -29,8 +31,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("storage", ("arbor.storage",)),
     ("judges", ("arbor.llm",)),
     ("environment", ("arbor.tasks",)),
-    ("methods", ("arbor.tasks.methods", "arbor.tasks.step", "arbor.tasks.stages", "arbor.tasks.train",
-                 "arbor.tasks.trainer_service", "arbor.tasks.sft", "arbor.tasks.rubric_model", "arbor.preflight")),
+    ("training", ("arbor.tasks.train", "arbor.tasks.trainer_service", "arbor.tasks.sft", "arbor.tasks.rubric_model")),
+    ("methods", ("arbor.tasks.methods", "arbor.tasks.step", "arbor.preflight")),
     ("flows", ("arbor.flows",)),
     ("cli", ("arbor.cli",)),
 ]
@@ -82,6 +84,7 @@ def test_layer_of_by_hand() -> None:
     assert LAYERS[layer_of("arbor.tasks.format")][0] == "base"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.memory")][0] == "environment"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.methods.arbor")][0] == "methods"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.trainer_service")][0] == "training"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.cli")][0] == "cli"  # type: ignore[index]
     assert layer_of("torch") is None and layer_of("tasks.format") is None  # source folder names are not modules
 

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from arbor.config import load_config
+from arbor.config import ArborConfig, load_config
 from arbor.tasks import checkpoint as ckpt
+from arbor.tasks.methods import make_method
 from arbor.tasks.train import Trainer, pack_by_tokens, scoring_temperature
 from arbor.tasks.types import Trajectory
+from arbor.tasks.update import policy_update
 
 VOCAB = 64
 
@@ -55,12 +58,28 @@ def make_batch(step: int, version: int, n_groups: int = 2, k: int = 4, seed: int
     return out
 
 
-def make_trainer(model_dir: Path, home: Path, **overrides: object) -> Trainer:
+class Driven:
+    """A ``Trainer`` driven as the pipeline drives it (issue 32 item 2): the run's method decides each update
+    (``tasks.update.policy_update``) and its loss settings; the trainer only applies them."""
+
+    def __init__(self, cfg: ArborConfig, model_dir: Path, home: Path) -> None:
+        self.cfg, self.method = cfg, make_method(cfg)
+        self.trainer = Trainer(cfg, model_dir, home, self.method.loss_settings(cfg.train))
+
+    def train_step(self, batch: list[Trajectory], step: int) -> dict[str, float]:
+        update = policy_update(batch, step, self.cfg, self.method, source=self.cfg.run.method)
+        return self.trainer.train_step(update, step)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.trainer, name)
+
+
+def make_trainer(model_dir: Path, home: Path, **overrides: object) -> Any:
     cfg = load_config("tiny-cpu", {"run.run_id": "t", "train.lr": 1e-3, **overrides})
-    return Trainer(cfg, model_dir, home)
+    return Driven(cfg, model_dir, home)
 
 
-def params(tr: Trainer) -> dict[str, torch.Tensor]:
+def params(tr: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in tr.state_dict_for_sync().items()}
 
 

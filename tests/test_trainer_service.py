@@ -5,15 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from arbor.config import load_config
-from arbor.tasks.trainer_service import TrainerService, build_launch_command
+from arbor.tasks.trainer_service import TrainerService, build_launch_command, read_update, write_update
 from arbor.tasks.types import Trajectory
+from arbor.tasks.update import policy_update
 
 
 def test_launch_command_cpu_and_gpu() -> None:
@@ -32,7 +31,7 @@ def test_launch_command_cpu_and_gpu() -> None:
     assert argv[:3] == ["deepspeed", "--hostfile", "/etc/hosts.ds"] and "--num_gpus" not in argv
 
 
-def write_batch(path: Path, step: int, version: int) -> Path:
+def _trajectories(step: int, version: int) -> list[Trajectory]:
     g = torch.Generator().manual_seed(step)
     rows = []
     for s in range(4):
@@ -41,9 +40,13 @@ def write_batch(path: Path, step: int, version: int) -> Path:
                        response_ids=torch.randint(1, 64, (6,), generator=g).tolist(), loss_mask=[1, 1, 0, 0, 1, 1],
                        rollout_logprobs=[-4.0, -4.0, 0.0, 0.0, -4.0, -4.0], base_reward=float(s % 2),
                        policy_version=version)
-        rows.append(t.to_row())
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
+        rows.append(t)
+    return rows
+
+
+def write_batch(path: Path, step: int, version: int) -> Path:
+    """A plain GRPO update of four trajectories of ``version``, as the controller sends it (``write_update``)."""
+    return write_update(policy_update(_trajectories(step, version), step, load_config("tiny-cpu")), path)
 
 
 def test_service_trains_saves_dies_and_resumes(tmp_path: Path) -> None:
@@ -58,14 +61,14 @@ def test_service_trains_saves_dies_and_resumes(tmp_path: Path) -> None:
     svc.start()
     try:
         assert svc.call("ping", timeout_s=300) == {"ok": True, "step": 0, "policy_version": 0}
-        r = svc.call("train", step=1, batch=str(b1))
+        r = svc.call("train", step=1, update=str(b1))
         assert r["ok"], r
         assert r["policy_version"] == 1 and r["metrics"]["loss_tokens"] == 16
         # a bad command answers ok=false and the service keeps serving
-        bad = svc.call("train", step=2, batch=str(b1))  # batch of version 0, trainer at version 1
+        bad = svc.call("train", step=2, update=str(b1))  # batch of version 0, trainer at version 1
         assert not bad["ok"] and "policy version 0" in bad["error"]
         assert svc.call("save", step=1)["ok"]
-        r2 = svc.call("train", step=2, batch=str(b2))
+        r2 = svc.call("train", step=2, update=str(b2))
         assert r2["ok"]
         assert svc.call("export_hf", path=str(tmp_path / "uninterrupted"))["ok"]
 
@@ -91,3 +94,18 @@ def test_service_trains_saves_dies_and_resumes(tmp_path: Path) -> None:
     got = load_file(Path(out["path"]) / "model.safetensors")
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_update_file_round_trips_exactly(tmp_path: Path) -> None:
+    """What the service applies is bit for bit what the controller computed: float32 GRPO advantages and float64
+    ones of another estimator keep their values and dtypes; the KL coefficient, lags and metrics come back."""
+    update = policy_update(_trajectories(3, 2), 3, load_config("tiny-cpu"))
+    update.advantages[1] = update.advantages[1].double() / 3.0  # a float64 vector with a non-terminating value
+    update.kl_coef, update.versions_behind[0] = 0.1 + 0.2, 1
+    got = read_update(write_update(update, tmp_path / "u" / "step_000003.parquet"))
+    assert [t.to_row() for t in got.trajectories] == [t.to_row() for t in update.trajectories]
+    assert [a.dtype for a in got.advantages] == [torch.float32, torch.float64, torch.float32, torch.float32]
+    assert all(torch.equal(a, b) for a, b in zip(got.advantages, update.advantages, strict=True))
+    assert got.kl_coef == 0.1 + 0.2 and got.versions_behind == [1, 0, 0, 0]
+    assert got.metrics == update.metrics == {"n_groups": 1.0, "zero_var_groups": 0.0}
+    assert not list((tmp_path / "u").glob(".*.tmp"))  # written atomically

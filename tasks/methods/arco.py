@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -33,7 +33,7 @@ from arbor.tasks import arco
 from arbor.tasks.checkpoint import checkpoint_due, run_checkpoint_root
 from arbor.tasks.methods.base import Method, Rows, StepResources
 from arbor.tasks.stages import fault_point
-from arbor.tasks.types import StepLabel, Trajectory
+from arbor.tasks.types import LossSettings, StepLabel, Trajectory
 
 
 @dataclass
@@ -242,8 +242,8 @@ class ARCO(Method):
         return {"mu_loss": rows[0].get("loss") if rows else None}
 
     # ------------------------------------------------------------------------------------------ train
-    def kl(self, train: TrainConfig) -> tuple[float, str]:
-        return self.cfg.arco.kl_coef_dense, "frozen"
+    def loss_settings(self, train: TrainConfig) -> LossSettings:
+        return replace(super().loss_settings(train), kl_coef=self.cfg.arco.kl_coef_dense, kl_reference="frozen")
 
     def kl_coef_at(self, step: int, train: TrainConfig) -> float:
         return self.cfg.arco.kl_coef_dense if step >= self.dense_start_step else 0.0

@@ -16,10 +16,10 @@ in the decisions, each a hook with a do-nothing default, so plain GRPO (``tasks.
     consolidate      memory maintenance after shaping (ARBOR: abstraction into common rubrics)
     shape            R_total per trajectory (default: eq. 3/4 with ``rubric_scores``; SS-GRPO: stage returns)
     select_groups    which trajectories the trainer keeps (DAPO: drops zero-variance groups)
-    eps_clip_high    the upper PPO clip (DAPO: clip-higher)
     token_advantages one advantage per response token (GRPO: the group advantage A_i broadcast; a method with
                      stage- or turn-level credit returns different values along one trajectory)
-    kl               the KL coefficient and its reference (``old``: pi_old; ``frozen``: the start checkpoint)
+    loss_settings    the upper PPO clip and the KL term's coefficient and reference (DAPO: clip-higher; ``old``:
+                     pi_old, ``frozen``: the start checkpoint), fixed when the trainer is built
     kl_coef_at       the coefficient at one step (ARCO: 0 in its sparse phase)
     after_train      once a step's policy update is committed (ARCO: mu's checkpoint with the policy's)
     step_metrics     the method's columns of the ``steps`` row (ARCO: mu's loss)
@@ -48,10 +48,10 @@ from arbor.config.memory import MemoryConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import Judge
 from arbor.tasks.datasets import Question, batch_for_step
-from arbor.tasks.losses import group_advantages
 from arbor.tasks.memory import RubricMemory
 from arbor.tasks.shaping import shape_group
-from arbor.tasks.types import Trajectory
+from arbor.tasks.types import LossSettings, Trajectory
+from arbor.tasks.update import grpo_loss_settings, grpo_token_advantages
 
 Rows = list[dict[str, Any]]
 T = TypeVar("T")
@@ -174,16 +174,14 @@ class Method:
         reflections: 1). The trainer refuses a trajectory whose policy version does not match."""
         return 0
 
-    def eps_clip_high(self, train: TrainConfig) -> float:
-        return train.eps_clip_high
-
-    def kl(self, train: TrainConfig) -> tuple[float, str]:
-        """(coefficient, reference) of the loss's KL term: ``train.kl_coef`` against ``train.kl_reference``."""
-        return train.kl_coef, train.kl_reference
+    def loss_settings(self, train: TrainConfig) -> LossSettings:
+        """The run's upper PPO clip and KL term, fixed when the trainer is built (default: the configured ones;
+        DAPO: clip-higher; SS-GRPO, ARCO: a KL term against the frozen start checkpoint)."""
+        return grpo_loss_settings(train)
 
     def kl_coef_at(self, step: int, train: TrainConfig) -> float:
-        """The KL coefficient of ``step``'s update (default: ``kl``'s, every step)."""
-        return self.kl(train)[0]
+        """The KL coefficient of ``step``'s update (default: ``loss_settings``', every step)."""
+        return self.loss_settings(train).kl_coef
 
     def after_train(self, run: StepResources, step: int, metrics: dict[str, float]) -> None:
         """Called once ``step``'s train stage is committed, beside the policy's checkpoint (not on a replay)."""
@@ -200,5 +198,4 @@ class Method:
                          train: TrainConfig) -> list[Tensor]:
         """One float32 advantage per response token of each trajectory (masked tokens are ignored by the loss).
         GRPO: A_i = (R_i - mean_g) / (std_g + eps) on every token (App. B.2)."""
-        adv = group_advantages(rewards, groups, norm=train.adv_norm, eps=train.adv_eps)
-        return [adv[i].expand(len(t.response_ids)) for i, t in enumerate(batch)]
+        return grpo_token_advantages(batch, rewards, groups, train)

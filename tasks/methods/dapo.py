@@ -8,12 +8,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from arbor.config.train import TrainConfig
 from arbor.tasks.datasets import Question, resample_questions
 from arbor.tasks.losses import dynamic_sampling_filter, dynamic_sampling_refill
 from arbor.tasks.methods.base import Method, StepResources
-from arbor.tasks.types import Trajectory
+from arbor.tasks.types import LossSettings, Trajectory
 
 
 class DAPO(Method):
@@ -45,8 +46,8 @@ class DAPO(Method):
                                 max_rounds=self.cfg.train.dapo_max_resample_rounds)
         return extra
 
-    def eps_clip_high(self, train: TrainConfig) -> float:
-        return train.dapo_eps_clip_high
+    def loss_settings(self, train: TrainConfig) -> LossSettings:
+        return replace(super().loss_settings(train), eps_clip_high=train.dapo_eps_clip_high)
 
     def select_groups(self, rewards: Sequence[float], groups: Sequence[int]) -> tuple[list[int], dict[str, float]]:
         keep, dropped = dynamic_sampling_filter(rewards, groups)

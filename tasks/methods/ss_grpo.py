@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from torch import Tensor
@@ -45,7 +46,7 @@ from arbor.tasks.stagewise import (
     stage_segments,
     stage_token_bounds,
 )
-from arbor.tasks.types import RubricGrade, StageRubric, StageRubricDraft, Trajectory
+from arbor.tasks.types import LossSettings, RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 
 def neutral_grades(per_traj: Sequence[Sequence[RubricGrade] | None], n_rubrics: int) -> list[float] | None:
@@ -188,8 +189,8 @@ class SSGRPO(Method):
         return {"trajectories": out, "judge_calls": [], "draft_scores": []}
 
     # ------------------------------------------------------------------------------------------ train
-    def kl(self, train: TrainConfig) -> tuple[float, str]:
-        return self.cfg.rubricem.kl_coef, "frozen"
+    def loss_settings(self, train: TrainConfig) -> LossSettings:
+        return replace(super().loss_settings(train), kl_coef=self.cfg.rubricem.kl_coef, kl_reference="frozen")
 
     def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                          train: TrainConfig) -> list[Tensor]:

@@ -251,10 +251,10 @@ def _redo(cfg: Any, resume: str | None, spec: str, home: Path) -> None:
     step_text, _, stage = spec.partition(":")
     if not step_text.isdigit() or not stage:
         raise ConfigError(f"--redo {spec}: expected STEP:STAGE, e.g. --redo 3:shape")
-    from arbor.tasks.step import STAGES
+    from arbor.tasks.methods import resolve_method
 
     try:
-        gone = discard_from(resume, int(step_text), stage, STAGES, home)
+        gone = discard_from(resume, int(step_text), stage, resolve_method(cfg.run.method).stage_names(), home)
     except ValueError as e:
         raise ConfigError(f"--redo {spec}: {e}") from e
     from arbor.tasks.checkpoint import discard_from as discard_checkpoints

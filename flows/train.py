@@ -1,7 +1,7 @@
 """``arbor-train``: the RL loop as a Prefect flow (DESIGN §1, paper §3 and App. B.2).
 
-Each step runs the stages of ``tasks.step`` as Prefect tasks (``score-step3``). A stage task takes the run's
-resources and the references of the stages it reads, commits its tables to the Parquet stage store keyed by
+Each step runs the stage graph the run's method declares (``Method.stages``, issue 32) as Prefect tasks
+(``score-step3``). A stage task takes the run's resources, commits its tables to the Parquet stage store keyed by
 (run_id, step, stage), and returns a ``StageRef`` to them. Its Prefect cache key is that same triple: a stage that
 completed in an earlier attempt of the run shows as Cached and is not run again; the cache record is written only
 after the stage store committed, and a stage the store does not hold is always recomputed (``refresh_cache``), so
@@ -9,13 +9,15 @@ the store stays the source of truth that SQL reads.
 
 Running the flow again with the same run id (``arbor train --resume RUN_ID``, the deployment with ``run_id``, or
 Retry on a flow run in the Prefect UI: a run started without ``run_id`` takes its id from the Prefect flow run)
-loads completed stages, rebuilds the rubric memory from its events, restarts the policy from its latest
-checkpoint and replays the training stages stored after it. The flow run is named after the run id.
+loads completed stages, lets the method rebuild its state (ARBOR: the rubric memory from its events), restarts
+the policy from its latest checkpoint and replays the training stages stored after it. The flow run is named after
+the run id.
 
-Retries: ``rollout``, ``shape`` and ``eval`` are retried once in place (their inputs are stored and nothing of
-theirs is stored before their commit). The memory stages (``score``, ``retire``, ``induce``, ``consolidate``)
-and ``train`` are not: they change in-process state (the rubric memory, the optimizer) before they commit, so a
-failure there fails the flow run, and the next attempt rebuilds that state from the store.
+Retries: a stage declares them (``Stage.retries``). ``rollout``, ``shape`` and ``eval`` are retried once in place
+(their inputs are stored and nothing of theirs is stored before their commit). ARBOR's memory stages (``score``,
+``retire``, ``induce``, ``consolidate``) and ``train`` are not: they change in-process state (the rubric memory,
+the optimizer) before they commit, so a failure there fails the flow run, and the next attempt rebuilds that state
+from the store.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from arbor.paths import arbor_home, resolve_home_path
 from arbor.storage.liveness import Heartbeat
 from arbor.storage.lock import run_lock
 from arbor.tasks.methods import make_method
+from arbor.tasks.methods.base import Stage
 from arbor.tasks.stages import StageStore
-from arbor.tasks.step import STAGES, RunState, rebuild_memory, timed_stage
+from arbor.tasks.step import RunState, timed_stage
 from arbor.tasks.types import LossSettings
 
 
@@ -143,8 +146,8 @@ def start_checkpoint(cfg: ArborConfig, home: Path) -> Path:
 
 
 def open_run(cfg: ArborConfig, home: Path) -> RunState:
-    """Build engines, judge and trainer; restore the policy and the rubric memory from stored artifacts. The
-    returned ``RunState`` is a context manager that stops what it started."""
+    """Build engines, judge, method and trainer; restore the policy and the method's state from stored artifacts.
+    The returned ``RunState`` is a context manager that stops what it started."""
     from arbor.llm import make_judge
     from arbor.preflight import require
     from arbor.tasks.datasets import fields_of, load_questions
@@ -184,9 +187,8 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
 
         judge = StreamedJudge(judge)
     engine.guide = make_guide(cfg, judge, home=home)  # guidance.mode=co-react: guided training rollouts
-    memory = rebuild_memory(cfg, store, cfg.run.steps)
     state = RunState(cfg=cfg, run_id=run_id, home=home, store=store, questions=questions, engine=engine,
-                     trainer=trainer, judge=judge, memory=memory, embed=_lazy_embedder(cfg.memory.embedder),
+                     trainer=trainer, judge=judge, embed=_lazy_embedder(cfg.memory.embedder),
                      servers=servers, method=method)
     try:
         restore_policy(state)
@@ -266,16 +268,7 @@ def lagged_engine_version(state: RunState) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------------ tasks
-STAGE_TABLES: dict[str, tuple[str, ...]] = {
-    "rollout": ("rollouts",),  # + guided_steps and judge_calls under guidance.mode=co-react
-    "score": ("rubric_events", "rubric_activations", "judge_calls"),
-    "retire": ("rubric_events",),
-    "induce": ("rubric_events", "judge_calls", "draft_scores"),
-    "shape": ("trajectories", "judge_calls", "draft_scores"),
-    "consolidate": ("rubric_events", "rubric_sources", "judge_calls"),
-    "train": ("steps",),
-    "eval": ("eval_results", "judge_calls"),
-}
+EVAL = Stage("eval", ("eval_results", "judge_calls"), retries=1)  # every run.eval_every steps, any method
 
 
 @dataclass(frozen=True)
@@ -296,104 +289,66 @@ def stage_cache_key(ctx: TaskRunContext, params: dict[str, Any]) -> str:
 STAGE_CACHE = CachePolicy.from_cache_key_fn(stage_cache_key)
 
 
-def stage_tables(run: RunState, stage: str) -> tuple[str, ...]:
-    """The tables a stage stores: every method's, plus what the run's method adds (``Method.extra_tables``)."""
-    return STAGE_TABLES[stage] + run.method.extra_tables.get(stage, ())
-
-
-def _stage(run: RunState, step: int, stage: str, compute: Callable[[], dict[str, Any]]) -> StageRef:
+def _stage(run: RunState, step: int, stage: Stage, compute: Callable[[], dict[str, Any]]) -> StageRef:
     if run.progress is not None:
-        run.progress.stage_started(step, stage)
-    tables = stage_tables(run, stage)
-    run.store.run(step, stage, tables, timed_stage(run, step, stage, compute))
-    return StageRef(run.run_id, step, stage, tables)
+        run.progress.stage_started(step, stage.name)
+    run.store.run(step, stage.name, stage.tables, timed_stage(run, step, stage.name, compute))
+    return StageRef(run.run_id, step, stage.name, stage.tables)
 
 
 def _rows(run: RunState, ref: StageRef, table: str) -> list[dict[str, Any]]:
     return run.store.load(ref.step, ref.stage, (table,))[table]
 
 
-@task(name="rollout", retries=1, retry_delay_seconds=2, cache_policy=STAGE_CACHE, persist_result=True)
-def rollout_task(run: RunState, step: int) -> StageRef:
-    return _stage(run, step, "rollout", lambda: run.rollout(step))
-
-
-@task(name="score", cache_policy=STAGE_CACHE, persist_result=True)
-def score_task(run: RunState, step: int, rollout: StageRef) -> StageRef:
-    return _stage(run, step, "score", lambda: run.score(step, run.trajectories(step, rollout.stage, "rollouts")))
-
-
-@task(name="retire", cache_policy=STAGE_CACHE, persist_result=True)
-def retire_task(run: RunState, step: int, score: StageRef) -> StageRef:
-    return _stage(run, step, "retire", lambda: run.retire(step))
-
-
-@task(name="induce", cache_policy=STAGE_CACHE, persist_result=True)
-def induce_task(run: RunState, step: int, rollout: StageRef, retire: StageRef) -> StageRef:
-    return _stage(run, step, "induce", lambda: run.induce(step, run.trajectories(step, rollout.stage, "rollouts")))
-
-
-@task(name="shape", retries=1, retry_delay_seconds=2, cache_policy=STAGE_CACHE, persist_result=True)
-def shape_task(run: RunState, step: int, rollout: StageRef, score: StageRef, induce: StageRef) -> StageRef:
-    return _stage(run, step, "shape", lambda: run.shape(
-        step, run.trajectories(step, rollout.stage, "rollouts"), _rows(run, score, "rubric_activations"),
-        _rows(run, induce, "draft_scores")))
-
-
-@task(name="consolidate", cache_policy=STAGE_CACHE, persist_result=True)
-def consolidate_task(run: RunState, step: int, induce: StageRef, shape: StageRef) -> StageRef:
-    return _stage(run, step, "consolidate", lambda: run.consolidate(step))
-
-
-@task(name="train", cache_policy=STAGE_CACHE, persist_result=True)
-def train_task(run: RunState, step: int, shape: StageRef, consolidate: StageRef) -> StageRef:
-    """One policy update (``run_step`` then checkpoints and syncs the weights). A stored train stage was already
-    replayed into the trainer by ``restore_policy``: it is loaded, not trained again."""
-    return _stage(run, step, "train", lambda: run.train(step, run.trajectories(step, shape.stage, "trajectories")))
+@task(name="stage", cache_policy=STAGE_CACHE, persist_result=True)
+def stage_task(run: RunState, step: int, stage: Stage) -> StageRef:
+    """One stage of the method's graph (the task is renamed after it: ``score``, ...). A stored train stage was
+    already replayed into the trainer by ``restore_policy``: it is loaded, not trained again."""
+    return _stage(run, step, stage, lambda: run.compute(stage.name, step))
 
 
 @task(name="eval", retries=1, retry_delay_seconds=2, cache_policy=STAGE_CACHE, persist_result=True)
 def eval_task(run: RunState, step: int) -> StageRef:
-    return _stage(run, step, "eval", lambda: run.evaluate(step))
+    return _stage(run, step, EVAL, lambda: run.evaluate(step))
 
 
-def call_stage(t: Task[..., StageRef], run: RunState, step: int, *inputs: StageRef) -> StageRef:
-    """Run a stage task as ``{stage}-step{step}``; a stage the store does not hold is recomputed even when Prefect
-    holds a record of it (the store is the source of truth), one it holds is Cached."""
-    return _configured(t, run, step)(quote(run), step, *inputs)
+def call_stage(stage: Stage, run: RunState, step: int) -> StageRef:
+    """Run a stage as the Prefect task ``{stage}-step{step}``; a stage the store does not hold is recomputed even
+    when Prefect holds a record of it (the store is the source of truth), one it holds is Cached."""
+    if stage.name == "eval":
+        return _configured(eval_task, stage, run, step)(quote(run), step)
+    return _configured(stage_task, stage, run, step)(quote(run), step, stage)
 
 
-def submit_stage(t: Task[..., StageRef], run: RunState, step: int, *inputs: StageRef) -> Any:
+def submit_stage(stage: Stage, run: RunState, step: int) -> Any:
     """``call_stage`` on the flow's task runner (a worker thread): returns its future."""
-    return _configured(t, run, step).submit(quote(run), step, *inputs)
+    return _configured(stage_task, stage, run, step).submit(quote(run), step, stage)
 
 
-def _configured(t: Task[..., StageRef], run: RunState, step: int) -> Task[..., StageRef]:
-    fresh = not run.store.done(step, t.name)
+def _configured(t: Task[..., StageRef], stage: Stage, run: RunState, step: int) -> Task[..., StageRef]:
+    fresh = not run.store.done(step, stage.name)
     keys = STAGE_CACHE.configure(key_storage=str(run.home / "prefect" / "stage-cache"))
-    return t.with_options(task_run_name=f"{t.name}-step{step}", cache_policy=keys, refresh_cache=fresh)
+    return t.with_options(name=stage.name, task_run_name=f"{stage.name}-step{step}", cache_policy=keys,
+                          refresh_cache=fresh, retries=stage.retries, retry_delay_seconds=2 if stage.retries else 0)
 
 
 def run_step(run: RunState, step: int) -> dict[str, Any]:
-    """One RL step: the stages of ``tasks.step.STAGES`` in order; returns the step's metrics row.
+    """One RL step: the stages of the method's graph in order; returns the step's metrics row.
 
     ``run.overlap=one-step`` (issue 19): step N+1's rollout is submitted to the task runner when step N's judging
     is done and runs, with the engine's weights of step N-1, while step N trains; the weights are synced once both
     have finished. A resumed run replays the same schedule (``restore_policy``)."""
     run.stage_seconds.pop(step - 2, None)
-    rollout = call_stage(rollout_task, run, step)
-    score = call_stage(score_task, run, step, rollout)
-    retire = call_stage(retire_task, run, step, score)
-    induce = call_stage(induce_task, run, step, rollout, retire)
-    shape = call_stage(shape_task, run, step, rollout, score, induce)
-    consolidate = call_stage(consolidate_task, run, step, induce, shape)
+    *before, train = run.method.stages
+    for stage in before:
+        call_stage(stage, run, step)
     run.end_judging(step)
     trained = run.store.done(step, "train")  # then restore_policy replayed it
     ahead = None
     if run.cfg.run.overlap == "one-step" and step < run.cfg.run.steps:
-        ahead = submit_stage(rollout_task, run, step + 1)
+        ahead = submit_stage(run.method.stages[0], run, step + 1)
     try:
-        train = call_stage(train_task, run, step, shape, consolidate)
+        ref = call_stage(train, run, step)
     finally:
         if ahead is not None:  # never leave a rollout running on weights about to change
             ahead.result()
@@ -404,8 +359,8 @@ def run_step(run: RunState, step: int) -> dict[str, Any]:
         run.sync_weights()
     every = run.cfg.run.eval_every
     if every and step % every == 0:
-        call_stage(eval_task, run, step)
-    metrics = _rows(run, train, "steps")[0]
+        call_stage(EVAL, run, step)
+    metrics = _rows(run, ref, "steps")[0]
     publish_step(run, step, metrics)
     return metrics
 
@@ -421,11 +376,11 @@ def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
     for e in sorted(events, key=lambda e: e["seq"]):
         lines.append("| {seq} | {event} | {rubric_id} | {title} | {variance} | {pearson} | {n_r} | {rho_r} | {reason} |".format(
             **{k: ("" if v is None else (f"{v:.3f}" if isinstance(v, float) else v)) for k, v in e.items()}))
-    pool = ", ".join(f"{r.rubric_id} {r.title}" for r in state.memory.pool) or "(empty)"
+    pool = state.method.summary().get("pool")
     key = f"{state.run_id}-step-{step}".lower().replace("_", "-").replace(".", "-")
     try:
         create_markdown_artifact(key=f"rubrics-{key}", markdown=f"## Step {step} rubric events\n\n"
-                                 + "\n".join(lines) + f"\n\n**Common pool:** {pool}\n")
+                                 + "\n".join(lines) + (f"\n\n**Common pool:** {pool}\n" if pool else "\n"))
         row = {k: (v if isinstance(v, int | float | str) or v is None else str(v)) for k, v in metrics.items()}
         create_table_artifact(key=f"metrics-{key}", table=[row])
     except Exception as e:  # noqa: BLE001 - artifacts are a view; never fail a step for them
@@ -479,7 +434,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 Tracker(rid, home, tracking=cfg.tracking, config=cfg.model_dump(mode="json")) as tracker:
             run.progress, run.on_progress = progress, progress.calls
             if cfg.run.eval_every and cfg.run.eval_at_start:  # the start point of every learning curve
-                call_stage(eval_task, run, 0)
+                call_stage(EVAL, run, 0)
                 tracker.log(0, tracked_metrics(run, 0))
             for step in range(1, cfg.run.steps + 1):
                 t0 = time.perf_counter()
@@ -487,10 +442,12 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 progress.step_done()
                 tracker.log(step, {**grouped_metrics(m), **tracked_metrics(run, step)})
                 tracker.log_samples(step, sample_rows(run, step, cfg.tracking.samples_per_step))
+                pool = run.method.summary().get("rubric/pool_size")
                 logger.info(
-                    "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f, pool %d (%.1f s)", step,
+                    "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f%s (%.1f s)", step,
                     cfg.run.steps, m["mean_base_reward"], m["mean_total_reward"], m["format_valid_rate"],
-                    m["zero_var_base"], m["zero_var_total"], len(run.memory.pool), time.perf_counter() - t0,
+                    m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
+                    time.perf_counter() - t0,
                 )
     except BaseException:
         store.record(0, "run", "failed", started, time.time())
@@ -503,7 +460,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
     return rid
 
 
-__all__ = ["arbor_train", "run_step", "prepare_run", "open_run", "STAGES"]
+__all__ = ["arbor_train", "run_step", "prepare_run", "open_run"]
 
 if __name__ == "__main__":  # pragma: no cover
     arbor_train(profile=os.environ.get("ARBOR_PROFILE", "tiny-cpu"))

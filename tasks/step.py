@@ -1,22 +1,20 @@
 """One RL step of ``arbor-train``, stage by stage (DESIGN §1; paper §3, App. B.2).
 
+The run's method declares the step's stage graph (``Method.stages``, issue 32): the pipeline's ``rollout``,
+``shape`` and ``train`` and the stages it adds between them. ARBOR's:
+
     rollout ─► score ─► retire ─► induce ─► shape ─► consolidate ─► train
     (K per     (active    (n_r >     (anchors,  (eq. 3/4)  (every        (GRPO / DAPO,
      prompt,    commons,   kappa,     drafts,              K_consol      checkpoint,
      base       sparse     rho_r <    admission            drafts)       weight sync)
      reward)    judging)   rho_min)   eq. 2)
 
-Retirement is decided at the end of the step's scoring (issue 3), before consolidation, so a retiring rubric
-frees its slot instead of a live one being replaced at capacity (DESIGN §1 draws it after consolidation; the
-memory records either order, and this one wastes no capacity).
+Every stage returns the rows of its declared tables; ``tasks.stages.StageStore`` turns it into an artifact keyed by
+(run, step, stage): a stage found complete is loaded, never recomputed. State a method keeps between steps (ARBOR's
+rubric memory) lives in the method and is rebuilt from the stored stages by ``Method.restore``.
 
-Every stage is a method that returns the rows of its tables; ``tasks.stages.StageStore`` turns it into an artifact
-keyed by (run, step, stage): a stage found complete is loaded, never recomputed. The rubric memory is mutated only
-by score / induce / consolidate / retire, each through the ``RubricMemory`` calls of its phase, so on resume the
-memory is rebuilt from the stored events of completed stages (``RubricMemory.from_events``).
-
-What each stage decides belongs to the run's method (``tasks.methods``: arbor, grpo, dapo, rar, no-memory, or a
-user's own class); this module owns what every method shares: batches, storage, shaping, training, metrics.
+This module owns what every method shares: batches, storage, the pipeline's stages, the update sent to the
+trainer, metrics.
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ from arbor.llm.stream import StreamedJudge, StreamStats
 from arbor.storage.parquet import read_stage
 from arbor.tasks.datasets import Question
 from arbor.tasks.group_stats import classify_group
-from arbor.tasks.memory import RubricMemory, group_info_from_rows
 from arbor.tasks.methods import make_method
-from arbor.tasks.methods.base import Method
+from arbor.tasks.methods.base import PIPELINE_STAGES, Method, check_stages
 from arbor.tasks.stages import Rows, StageStore
 from arbor.tasks.types import Trajectory, UpdateBatch
 from arbor.tasks.update import policy_update
@@ -46,14 +43,11 @@ from arbor.tasks.weight_sync import sync_policy
 
 T = TypeVar("T")
 
-STAGES = ("rollout", "score", "retire", "induce", "shape", "consolidate", "train")
-MEMORY_STAGES = ("score", "retire", "induce", "consolidate")
-
 
 @dataclass
 class RunState:
-    """Everything one run's steps share: config, stores, engines, judge, memory, and the processes the run started
-    (a supervised ``vllm serve``, a trainer service). A context manager: leaving it stops them."""
+    """Everything one run's steps share: config, stores, engines, judge, the method, and the processes the run
+    started (a supervised ``vllm serve``, a trainer service). A context manager: leaving it stops them."""
 
     cfg: ArborConfig
     run_id: str
@@ -63,7 +57,6 @@ class RunState:
     engine: Any  # tasks.rollout engine
     trainer: Any  # tasks.train.Trainer
     judge: Judge
-    memory: RubricMemory
     embed: Callable[[list[str]], Any]
     on_progress: Callable[[str, int, int], None] | None = None
     progress: Any = None  # flows.progress.RunProgress, when a flow shows one
@@ -76,7 +69,8 @@ class RunState:
     def __post_init__(self) -> None:
         if self.method is None:
             self.method = make_method(self.cfg)
-        self.method.restore(self)  # its own state (SS-GRPO's stage buffer) from the stored stages
+        check_stages(self.method.stages, self.cfg.run.method)
+        self.method.restore(self)  # its own state (ARBOR's memory, SS-GRPO's stage buffer) from the stored stages
 
     @property
     def seed(self) -> int:
@@ -184,24 +178,22 @@ class RunState:
         """After the step's last judging stage: the streaming figures of the step (unclaimed guesses dropped)."""
         self.stream_stats = self.judge.take_stats() if isinstance(self.judge, StreamedJudge) else None
 
-    def score(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+    def compute(self, stage: str, step: int) -> dict[str, Rows]:
+        """The rows of ``stage`` of ``step``: a pipeline stage (``rollout``, ``shape``, ``train``) or the method's
+        own hook of that name, given the step's rollouts (judge work a prefetch began is claimed there)."""
+        if stage == "rollout":
+            return self.rollout(step)
+        if stage == "train":
+            return self.train(step, self.trajectories(step, "shape", "trajectories"))
+        trajs = self.trajectories(step, "rollout", "rollouts")
         self.settle_judge()
-        return self.method.score(self, step, trajs)
+        if stage == "shape":  # R_total per trajectory, as the method shapes it (default: eq. 3/4)
+            return self.method.shape(self, step, trajs)
+        return getattr(self.method, stage)(self, step, trajs)
 
-    def retire(self, step: int) -> dict[str, Rows]:
-        return self.method.retire(self, step)
-
-    def induce(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
-        self.settle_judge()
-        return self.method.induce(self, step, trajs)
-
-    def shape(self, step: int, trajs: list[Trajectory], activations: Rows, draft_scores: Rows) -> dict[str, Rows]:
-        """R_total per trajectory, as the method shapes it (default: eq. 3/4, ``Method.shape``)."""
-        self.settle_judge()
-        return self.method.shape(self, step, trajs, activations, draft_scores)
-
-    def consolidate(self, step: int) -> dict[str, Rows]:
-        return self.method.consolidate(self, step)
+    def stage_names(self) -> tuple[str, ...]:
+        """The step's stages in order (the method's graph)."""
+        return self.method.stage_names()
 
     def update_batch(self, step: int, trajs: list[Trajectory] | None = None) -> UpdateBatch:
         """What the trainer updates on at ``step`` (``tasks.update.policy_update``): the shaped rollouts (default:
@@ -289,8 +281,9 @@ def stream_columns(stats: StreamStats | None) -> dict[str, Any]:
 
 
 def read_stage_rows(state: RunState, step: int, table: str) -> Rows:
+    """Every row of ``table`` the step's stages stored."""
     out: Rows = []
-    for stage in STAGES:
+    for stage in state.stage_names():
         out += read_stage(table, run_id=state.run_id, step=step, stage=stage, home=state.home) or []
     return out
 
@@ -309,7 +302,7 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
         events = read_stage_rows(state, step, "rubric_events")
         for kind in ("induced", "admitted", "consolidated", "retired"):
             out[f"rubric/{kind}"] = float(sum(e["event"] == kind for e in events))
-        out["rubric/pool_size"] = float(len(state.memory.pool))
+        out |= {k: float(v) for k, v in state.method.summary().items() if isinstance(v, int | float)}
     evals = read_stage("eval_results", run_id=state.run_id, step=step, stage="eval", home=state.home) or []
     for split in sorted({r["split"] for r in evals}):
         m = split_metrics([r for r in evals if r["split"] == split], split)  # strict pass@1, as `arbor eval` prints
@@ -339,30 +332,6 @@ def trajectories_from_rows(rows: Rows) -> list[Trajectory]:
     return sorted((Trajectory.from_row(r) for r in rows), key=lambda t: (t.group, t.sample))
 
 
-def rebuild_memory(cfg: ArborConfig, store: StageStore, upto_step: int) -> RubricMemory:
-    """The rubric memory from the stored events of every completed memory stage (resume, issue 7)."""
-    events: Rows = []
-    activations: Rows = []
-    sources: Rows = []
-    rollouts: Rows = []
-    partial_phase: str | None = None
-    for step in range(1, upto_step + 1):
-        if not store.done(step, "rollout"):
-            break
-        rollouts += store.load(step, "rollout", ("rollouts",))["rollouts"]
-        for stage in MEMORY_STAGES:
-            if not store.done(step, stage):
-                break
-            got = store.load(step, stage, ("rubric_events", "rubric_activations", "rubric_sources"))
-            events += got["rubric_events"]
-            activations += got["rubric_activations"]
-            sources += got["rubric_sources"]
-            partial_phase = stage
-    mem = RubricMemory.from_events(cfg.memory, events, activations, sources, group_info_from_rows(rollouts),
-                                   partial_phase=partial_phase)
-    return mem
-
-
 def timed_stage(state: RunState, step: int, stage: str,
                 fn: Callable[[], dict[str, Rows]]) -> Callable[[], dict[str, Rows]]:
     def run() -> dict[str, Rows]:
@@ -374,4 +343,4 @@ def timed_stage(state: RunState, step: int, stage: str,
     return run
 
 
-__all__ = ["STAGES", "RunState", "rebuild_memory", "trajectories_from_rows"]
+__all__ = ["PIPELINE_STAGES", "RunState", "trajectories_from_rows"]

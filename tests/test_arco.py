@@ -299,11 +299,10 @@ def _arco_step(home: Path, tiny: Path, judge_cls: type) -> tuple[dict, dict, dic
     store.commit(1, "rollout", {"rollouts": [t.to_row() for t in trajs]})
     state = RunState(cfg=cfg, run_id="r", home=home, store=store, questions=[], engine=None,
                      trainer=SimpleNamespace(model_path=str(tiny)), judge=judge_cls(cfg.judge, home=home),
-                     memory=None, embed=None)  # type: ignore[arg-type]
+                     embed=None)  # type: ignore[arg-type]
     with state:
-        store.commit(1, "score", state.score(1, trajs))
-        store.commit(1, "shape", state.shape(1, trajs, [], []))
-        store.commit(1, "consolidate", state.consolidate(1))
+        for stage in ("score", "shape", "consolidate"):
+            store.commit(1, stage, state.compute(stage, 1))
     return (store.load(1, "score", ("mu_scores",))["mu_scores"],
             store.load(1, "shape", ("turn_advantages",))["turn_advantages"],
             store.load(1, "consolidate", ("mu_updates",))["mu_updates"][0])

@@ -29,7 +29,7 @@ from flow_support import (
 
 from arbor.config import ArborConfig
 from arbor.tasks.stages import InjectedFault
-from arbor.tasks.step import STAGES
+from arbor.tasks.methods.arbor import Arbor
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ def test_two_step_run_satisfies_lifecycle_invariants(reference) -> None:
             assert t["shaped_reward"] == t["base_reward"] == -1.0
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", Arbor.stage_names())
 def test_resume_after_failure_in_each_stage(reference, sft_policy: Path, tmp_path: Path, stage: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     ref_home, _ = reference

@@ -284,12 +284,11 @@ def _reflect_step(home: Path, tiny_dir: Path,
     store = StageStore("r", home)
     store.commit(1, "rollout", {"rollouts": [t.to_row() for t in trajs]})
     state = RunState(cfg=cfg, run_id="r", home=home, store=store, questions=[], engine=ReflectingEngine(tok),
-                     trainer=None, judge=_grading_judge(fail)(cfg.judge, home=home), memory=None,
+                     trainer=None, judge=_grading_judge(fail)(cfg.judge, home=home),
                      embed=None)  # type: ignore[arg-type]
     with state:
-        store.commit(1, "score", state.score(1, trajs))
-        store.commit(1, "induce", state.induce(1, trajs))
-        store.commit(1, "shape", state.shape(1, trajs, [], []))
+        for stage in ("score", "induce", "shape"):
+            store.commit(1, stage, state.compute(stage, 1))
         lagged = state.method.train_batch(state, 2, [])  # what step 2 trains on besides its own rollouts
         out = store.load(1, "induce", ("reflections", "rubric_bank"))
         return (out["reflections"], out["rubric_bank"], store.load(1, "shape", ("trajectories",))["trajectories"],

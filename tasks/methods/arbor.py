@@ -8,8 +8,9 @@
     shape        R_total = R_base + lambda * centred, attenuated rubric term (eq. 3/4; ``tasks.shaping``)
     consolidate  every K_consol admitted drafts: LLM abstraction + embedding de-duplication (§3.3)
 
-The memory is changed only through ``RubricMemory`` calls of these stages; each returns the events it caused, so a
-resumed run rebuilds the memory from stored events (``tasks.step.rebuild_memory``).
+The method owns its ``RubricMemory`` (``self.memory``). It is changed only through the memory's calls in these
+stages; each returns the events it caused, so a resumed run rebuilds the memory from stored events
+(``rebuild_memory``, called by ``restore``).
 """
 
 from __future__ import annotations
@@ -17,21 +18,58 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from arbor.config import ArborConfig
 from arbor.llm.base import CallContext
 from arbor.tasks.induction import select_anchors
 from arbor.tasks.judge import GroupScoring
-from arbor.tasks.memory import Activation, DraftResult, Records, RubricMemory, load_pool_file
-from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
+from arbor.tasks.memory import (
+    Activation,
+    DraftResult,
+    Records,
+    RubricMemory,
+    group_info_from_rows,
+    load_pool_file,
+)
+from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
 from arbor.tasks.scoring import ScoringJob, score_jobs
-from arbor.tasks.stages import fault_point
+from arbor.tasks.stages import StageStore, fault_point
 from arbor.tasks.types import Rubric, Trajectory
 
+SCORE = Stage("score", ("rubric_events", "rubric_activations", "judge_calls"))
+RETIRE = Stage("retire", ("rubric_events",))
+INDUCE = Stage("induce", ("rubric_events", "judge_calls", "draft_scores"))
+CONSOLIDATE = Stage("consolidate", ("rubric_events", "rubric_sources", "judge_calls"))
+MEMORY_STAGES = ("score", "retire", "induce", "consolidate")  # the stages that change the memory, in step order
 
-def induce_drafts(run: StepResources, step: int, trajs: list[Trajectory]
+
+def rebuild_memory(cfg: ArborConfig, store: StageStore, upto_step: int) -> RubricMemory:
+    """The rubric memory from the stored events of every completed memory stage (resume, issue 7)."""
+    events: Rows = []
+    activations: Rows = []
+    sources: Rows = []
+    rollouts: Rows = []
+    partial_phase: str | None = None
+    for step in range(1, upto_step + 1):
+        if not store.done(step, "rollout"):
+            break
+        rollouts += store.load(step, "rollout", ("rollouts",))["rollouts"]
+        for stage in MEMORY_STAGES:
+            if not store.done(step, stage):
+                break
+            got = store.load(step, stage, ("rubric_events", "rubric_activations", "rubric_sources"))
+            events += got["rubric_events"]
+            activations += got["rubric_activations"]
+            sources += got["rubric_sources"]
+            partial_phase = stage
+    return RubricMemory.from_events(cfg.memory, events, activations, sources, group_info_from_rows(rollouts),
+                                    partial_phase=partial_phase)
+
+
+def induce_drafts(run: StepResources, step: int, trajs: list[Trajectory], existing: list[Rubric]
                   ) -> tuple[list[ScoringJob], list[Any], Rows]:
     """Contrastive induction on every group with correctness divergence (eq. 1, A.1), each draft scored on its
-    source group: (scoring jobs, their results, the ``draft_scores`` rows)."""
-    existing: list[Rubric] = list(run.memory.pool)  # E.1: the previously established (common) rubrics only
+    source group: (scoring jobs, their results, the ``draft_scores`` rows). ``existing``: the common rubrics the
+    induction prompt lists (E.1: the previously established ones only)."""
 
     async def induce_all() -> list[list[tuple[ScoringJob, GroupScoring]]]:
         return await asyncio.gather(*[induce_group(run, step, g, existing) for g in run.groups(trajs)])
@@ -65,6 +103,18 @@ async def induce_group(run: StepResources, step: int, g: list[Trajectory], exist
 
 class Arbor(Method):
     name = "arbor"
+    stages = (ROLLOUT, SCORE, RETIRE, INDUCE, SHAPE, CONSOLIDATE, TRAIN)
+
+    def __init__(self, cfg: ArborConfig) -> None:
+        super().__init__(cfg)
+        self.memory = RubricMemory(cfg.memory)  # rebuilt from the stored events by ``restore``
+
+    def restore(self, run: StepResources) -> None:
+        self.memory = rebuild_memory(self.cfg, run.store, self.cfg.run.steps)
+
+    def summary(self) -> dict[str, float | str]:
+        return {"rubric/pool_size": float(len(self.memory.pool)),
+                "pool": ", ".join(f"{r.rubric_id} {r.title}" for r in self.memory.pool) or "(empty)"}
 
     async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
         """Ahead of the stages (issue 19): the group's pairwise scoring by the rubrics ``score`` will activate, and
@@ -73,21 +123,21 @@ class Arbor(Method):
         re-induces in its stage and the guess is counted as wasted (``steps.prefetch_wasted_calls``)."""
         if run.judge_capped():
             return
-        active = run.memory.peek_active()
+        active = self.memory.peek_active()
         scoring = score_jobs(run.judge, [ScoringJob(group[0].group, r, group) for r in active], run_id=run.run_id,
                              seed=run.seed, step=step, stage="score")
         if self.cfg.memory.frozen:
             await scoring
             return
-        await asyncio.gather(scoring, induce_group(run, step, group, list(run.memory.pool)))
+        await asyncio.gather(scoring, induce_group(run, step, group, list(self.memory.pool)))
 
     def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Active selection (§3.4), sparse pairwise judging of every group, n_r / rho_r updates."""
         rec = Records()
         if step == 1 and self.cfg.memory.init_from:  # warm start from another run's exported pool (issue 7)
             src = self.cfg.memory.init_from
-            rec.extend(run.memory.load_pool(step, load_pool_file(src), source=src))
-        active, sel = run.memory.select_active(step)
+            rec.extend(self.memory.load_pool(step, load_pool_file(src), source=src))
+        active, sel = self.memory.select_active(step)
         rec.extend(sel)
         if active and run.judge_capped():
             active = []
@@ -101,41 +151,43 @@ class Arbor(Method):
         fault_point(step, "score", "mid")
         acts = [Activation(j.rubric.rubric_id, j.group, res, [t.f1 for t in j.trajectories])
                 for j, res in zip(jobs, results, strict=True)]
-        rec.extend(run.memory.apply_activations(step, acts))
+        rec.extend(self.memory.apply_activations(step, acts))
         return {"rubric_events": rec.events, "rubric_activations": rec.activations, "judge_calls": run.judge_rows()}
 
-    def retire(self, run: StepResources, step: int) -> dict[str, Rows]:
+    def retire(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """End of the step's scoring: retire rubrics with n_r > kappa or rho_r < rho_min (§3.3)."""
-        return {"rubric_events": run.memory.retire(step).events}
+        return {"rubric_events": self.memory.retire(step).events}
 
     def induce(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Drafts from contrastive anchors (eq. 1), admitted into the candidate set D by eq. 2."""
         if self.cfg.memory.frozen or run.judge_capped():
-            return super().induce(run, step, trajs)
-        jobs, results, draft_scores = induce_drafts(run, step, trajs)
+            return {"rubric_events": [], "judge_calls": [], "draft_scores": []}
+        jobs, results, draft_scores = induce_drafts(run, step, trajs, list(self.memory.pool))
         results_in = [
             DraftResult(j.rubric, j.group, j.trajectories[0].question_id, j.trajectories[0].question, res,
                         [t.f1 for t in j.trajectories])
             for j, res in zip(jobs, results, strict=True)
         ]
-        rec = run.memory.admit_drafts(step, results_in)
+        rec = self.memory.admit_drafts(step, results_in)
         return {"rubric_events": rec.events, "judge_calls": run.judge_rows(), "draft_scores": draft_scores}
 
-    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
-                      draft_scores: Rows) -> RubricScores:
-        """The active common rubrics' scores of each group (a failed activation counts as no score)."""
+    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory]) -> RubricScores:
+        """The active common rubrics' scores of each group, as the score stage stored them (a failed activation
+        counts as no score)."""
         out = RubricScores()
+        activations = run.store.load(step, "score", ("rubric_activations",))["rubric_activations"]
         for a in sorted(activations, key=lambda a: (a["group"], a["rubric_id"])):
             out.per_group.setdefault(a["group"], []).append(None if a["judge_error"] else a["scores"])
         return out
 
-    def consolidate(self, run: StepResources, step: int) -> dict[str, Rows]:
+    def consolidate(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Every K_consol admitted drafts: LLM abstraction + embedding de-dup, capacity, lineage (§3.3)."""
-        if not run.memory.consolidation_due() or run.judge_capped():
-            return super().consolidate(run, step)
-        out = run.run_async(run.judge.consolidate(run.memory.candidates_by_query(), run.memory.pool,
+        nothing: dict[str, Rows] = {"rubric_events": [], "rubric_sources": [], "judge_calls": []}
+        if not self.memory.consolidation_due() or run.judge_capped():
+            return nothing
+        out = run.run_async(run.judge.consolidate(self.memory.candidates_by_query(), self.memory.pool,
                                                   ctx=CallContext(run.run_id, step, "consolidate")))
         if out.value is None:  # the judge failed after retries: keep D, try again at the next step
-            return {**super().consolidate(run, step), "judge_calls": run.judge_rows()}
-        rec = run.memory.consolidate(step, out.value, run.embed)
+            return {**nothing, "judge_calls": run.judge_rows()}
+        rec = self.memory.consolidate(step, out.value, run.embed)
         return {"rubric_events": rec.events, "rubric_sources": rec.sources, "judge_calls": run.judge_rows()}

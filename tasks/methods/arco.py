@@ -31,7 +31,7 @@ from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.tasks import arco
 from arbor.tasks.checkpoint import checkpoint_due, run_checkpoint_root
-from arbor.tasks.methods.base import Method, Rows, StepResources
+from arbor.tasks.methods.base import ROLLOUT, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.stages import fault_point
 from arbor.tasks.types import LossSettings, StepLabel, Trajectory
 
@@ -66,8 +66,10 @@ def trajectory_steps(t: Trajectory, decode: Any, max_searches: int) -> list[Step
 
 class ARCO(Method):
     name = "arco"
-    extra_tables: ClassVar[dict[str, tuple[str, ...]]] = {"score": ("mu_scores",), "shape": ("turn_advantages",),
-                                                          "consolidate": ("mu_updates",)}
+    stages: ClassVar[tuple[Stage, ...]] = (
+        ROLLOUT, Stage("score", ("judge_calls", "mu_scores")), Stage("shape", ("trajectories", "turn_advantages"),
+                                                                     retries=1),
+        Stage("consolidate", ("mu_updates",)), TRAIN)
 
     def __init__(self, cfg: ArborConfig) -> None:
         super().__init__(cfg)
@@ -152,11 +154,10 @@ class ARCO(Method):
                     "judge_error": (got.error or f"{len(got.value or [])} labels for {len(ss)} steps")
                     if got is not None and not taught else None})
                 i += 1
-        return {"rubric_events": [], "rubric_activations": [], "judge_calls": run.judge_rows(), "mu_scores": rows}
+        return {"judge_calls": run.judge_rows(), "mu_scores": rows}
 
     # ------------------------------------------------------------------------------------------ shape
-    def shape(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
-              draft_scores: Rows) -> dict[str, Rows]:
+    def shape(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """R_total = R; each trajectory carries its turn starts and per-turn advantages to the trainer."""
         ac = self.cfg.arco
         by_traj: dict[str, list[dict[str, Any]]] = {}
@@ -186,11 +187,11 @@ class ARCO(Method):
                                   "kind": r["kind"], "bucket": r["bucket"], "step_score": r["step_score"],
                                   "reward_to_go": g, "baseline": bb, "advantage": a,
                                   "phase": "dense" if dense else "sparse", "outcome": t.base_reward})
-        return {"trajectories": out, "judge_calls": [], "draft_scores": [], "turn_advantages": turn_rows}
+        return {"trajectories": out, "turn_advantages": turn_rows}
 
     # ------------------------------------------------------------------------------------------ mu's update
-    def consolidate(self, run: StepResources, step: int) -> dict[str, Rows]:
-        return {"rubric_events": [], "rubric_sources": [], "judge_calls": [], "mu_updates": [self._update(run, step)]}
+    def consolidate(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+        return {"mu_updates": [self._update(run, step)]}
 
     def _update(self, run: StepResources, step: int) -> dict[str, Any]:
         """mu's update of ``step`` from what the score stage stored (the same on a replay)."""

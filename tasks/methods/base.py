@@ -1,20 +1,26 @@
-"""The method interface: what a training method decides at each stage of an RL step (issue 13, DESIGN §1).
+"""The method interface: the stages a training method runs in an RL step and its decisions (issues 13, 32; DESIGN §1).
 
-A step runs the same stages for every method (``tasks.step.STAGES``):
+A method declares its stage graph once (``Method.stages``): the pipeline's own stages (``rollout``, ``shape``,
+``train``) and, between them, the stages it adds, each with the tables it stores. Plain GRPO runs
+
+    rollout ─► shape ─► train
+
+and ARBOR (``tasks.methods.arbor``) adds its rubric memory's four:
 
     rollout ─► score ─► retire ─► induce ─► shape ─► consolidate ─► train
 
-The stage machinery (storage, resume, timing, metrics) belongs to ``tasks.step.RunState``; a ``Method`` only fills
-in the decisions, each a hook with a do-nothing default, so plain GRPO (``tasks.methods.grpo``) overrides nothing:
+The flow runs whatever graph the method declares; the stage machinery (storage, resume, timing, metrics) belongs
+to ``tasks.step.RunState``. A stage the method adds is a hook of the same name, ``hook(run, step, trajs)`` (trajs:
+the step's rollouts), returning the rows of its declared tables. The decisions inside the pipeline's stages are
+hooks with plain GRPO's defaults:
 
+    batch            the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)
     extra_rollouts   more groups after the batch's (DAPO's dynamic sampling)
     prefetch         a group's judge calls, made while other groups still roll out (ARBOR: scoring, induction)
-    score            judge work on the rollouts before shaping (ARBOR: the active common rubrics, eq. 2 stats)
-    retire           end-of-scoring memory changes (ARBOR: n_r > kappa or rho_r < rho_min)
-    induce           new rubric drafts from the rollouts (ARBOR, no-memory: contrastive induction, eq. 1)
     rubric_scores    per group, the rubric score vectors that eq. 3/4 shape the base reward with
-    consolidate      memory maintenance after shaping (ARBOR: abstraction into common rubrics)
     shape            R_total per trajectory (default: eq. 3/4 with ``rubric_scores``; SS-GRPO: stage returns)
+    train_batch      what the trainer gets besides the shaped rollouts (RubricEM: last step's reflections)
+    policy_lag       how many steps old a trajectory of the train batch may be (RubricEM's reflections: 1)
     select_groups    which trajectories the trainer keeps (DAPO: drops zero-variance groups)
     token_advantages one advantage per response token (GRPO: the group advantage A_i broadcast; a method with
                      stage- or turn-level credit returns different values along one trajectory)
@@ -23,16 +29,14 @@ in the decisions, each a hook with a do-nothing default, so plain GRPO (``tasks.
     kl_coef_at       the coefficient at one step (ARCO: 0 in its sparse phase)
     after_train      once a step's policy update is committed (ARCO: mu's checkpoint with the policy's)
     step_metrics     the method's columns of the ``steps`` row (ARCO: mu's loss)
-    batch            the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)
-    train_batch      what the trainer gets besides the shaped rollouts (RubricEM: last step's reflections)
-    policy_lag       how many steps old a trajectory of the train batch may be (RubricEM's reflections: 1)
-    restore          rebuild the method's own state from stored rows when a run (re)starts
-    extra_tables     tables the method adds to a stage's artifact (SS-GRPO: stage rubrics and scores in ``score``)
+    summary          what the step's log line and trackers show of the method's state (ARBOR: the common pool)
+    restore          rebuild the method's own state from stored rows when a run (re)starts (ARBOR: its memory)
 
-Every stage hook returns the rows of the stage's tables (``{table: rows}``); a table it does not fill is an empty
-list. Hooks get the run's resources (``StepResources``) and must draw any randomness from ``run.seed`` and the
-step, so a resumed stage reproduces the stored one. A method is a class; ``tasks.methods.resolve_method`` finds the
-built-ins by name and a user's own by import path (``pkg.module:MyMethod``); docs/methods.md has a worked example.
+The train-stage decisions run in the controller (``tasks.update.policy_update``): the trainer gets tensors and
+knows no method. Hooks get the run's resources (``StepResources``) and must draw any randomness from ``run.seed``
+and the step, so a resumed stage reproduces the stored one. A method is a class; ``tasks.methods.resolve_method``
+finds the built-ins by name and a user's own by import path (``pkg.module:MyMethod``); docs/methods.md has a
+worked example.
 """
 
 from __future__ import annotations
@@ -44,11 +48,9 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from torch import Tensor
 
 from arbor.config import ArborConfig
-from arbor.config.memory import MemoryConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import Judge
 from arbor.tasks.datasets import Question, batch_for_step
-from arbor.tasks.memory import RubricMemory
 from arbor.tasks.shaping import shape_group
 from arbor.tasks.types import LossSettings, Trajectory
 from arbor.tasks.update import grpo_loss_settings, grpo_token_advantages
@@ -68,7 +70,6 @@ class StepResources(Protocol):
     store: Any  # tasks.stages.StageStore: this run's stored stages (a method reads its own earlier rows)
     engine: Any  # a rollout engine: generate_groups(questions, k, seed, step, run_id=..., first_group=...)
     judge: Judge
-    memory: RubricMemory
     embed: Callable[[list[str]], Any]
 
     @property
@@ -87,21 +88,55 @@ class StepResources(Protocol):
     def scoring_progress(self, stage: str, total: int) -> Callable[[], None]: ...
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a step as a method declares it: its name (a hook of the method's, unless it is one of the
+    pipeline's ``PIPELINE_STAGES``), the tables its artifact holds, and how many times the flow retries it in place
+    (only a stage that changes no in-process state before its commit may be retried)."""
+
+    name: str
+    tables: tuple[str, ...]
+    retries: int = 0
+
+
+ROLLOUT = Stage("rollout", ("rollouts",), retries=1)
+SHAPE = Stage("shape", ("trajectories", "judge_calls", "draft_scores"), retries=1)
+TRAIN = Stage("train", ("steps",))
+PIPELINE_STAGES = ("rollout", "shape", "train")
+
+
+def check_stages(stages: Sequence[Stage], method: str) -> None:
+    """A stage graph starts with ``rollout``, shapes before it trains, ends with ``train``, names each stage once,
+    and every stored table is one the storage layer declares (``storage/schemas.py``)."""
+    from arbor.storage.schemas import TABLES
+
+    names = [s.name for s in stages]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method {method}: a stage is declared twice in {names}")
+    if not names or names[0] != "rollout" or names[-1] != "train" or "shape" not in names:
+        raise ValueError(f"method {method}: stages {names} must start with rollout, include shape and end with train")
+    unknown = sorted({t for s in stages for t in s.tables} - set(TABLES))
+    if unknown:
+        raise ValueError(f"method {method}: stage tables {unknown} are not declared in storage/schemas.py")
+
+
 @dataclass
 class RubricScores:
     """``rubric_scores``' answer: per group id, one score vector per rubric (None: that rubric failed for the
-    group), plus the judge calls and audit rows (``draft_scores``) the shape stage stores."""
+    group), the judge calls and audit rows (``draft_scores``) the shape stage stores, and the shaping variance
+    filter's delta_v (None: ``memory.delta_v``; RaR: 0, no filter)."""
 
     per_group: dict[int, list[Sequence[float | None] | None]] = field(default_factory=dict)
     judge_calls: Rows = field(default_factory=list)
     draft_scores: Rows = field(default_factory=list)
+    delta_v: float | None = None
 
 
 class Method:
     """Plain GRPO behaviour; a method overrides the hooks it changes (module docstring)."""
 
     name: ClassVar[str] = ""
-    extra_tables: ClassVar[dict[str, tuple[str, ...]]] = {}  # stage -> tables it also stores for this method
+    stages: ClassVar[tuple[Stage, ...]] = (ROLLOUT, SHAPE, TRAIN)  # the step's stage graph, in order
     requires: ClassVar[dict[str, object]] = {}  # dotted config key -> the value the method cannot run without
 
     def __init__(self, cfg: ArborConfig) -> None:
@@ -126,30 +161,17 @@ class Method:
         own order. Runs while other groups still roll out, so it must not change any state (the memory is read
         only). Default: nothing ahead; every call is made by its stage."""
 
-    def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
-        return {"rubric_events": [], "rubric_activations": [], "judge_calls": []}
-
-    def retire(self, run: StepResources, step: int) -> dict[str, Rows]:
-        return {"rubric_events": []}
-
-    def induce(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
-        return {"rubric_events": [], "judge_calls": [], "draft_scores": []}
-
-    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
-                      draft_scores: Rows) -> RubricScores:
+    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory]) -> RubricScores:
+        """The score vectors each group is shaped with; a method reads what its own stages stored for the step
+        (ARBOR: the score stage's activations). Default: none, R_total = R_base."""
         return RubricScores()
 
-    def shaping_delta_v(self, memory: MemoryConfig) -> float:
-        """delta_v of the shaping variance filter (§3.4)."""
-        return memory.delta_v
-
-    def shape(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
-              draft_scores: Rows) -> dict[str, Rows]:
+    def shape(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """R_total = R_base + lambda_ * centred, attenuated rubric term (eq. 3/4), per group, with the scores
         ``rubric_scores`` gives each group (none: R_total = R_base)."""
         m = self.cfg.memory
-        got = self.rubric_scores(run, step, trajs, activations, draft_scores)
-        delta_v = self.shaping_delta_v(m)
+        got = self.rubric_scores(run, step, trajs)
+        delta_v = m.delta_v if got.delta_v is None else got.delta_v
         out: Rows = []
         for g in run.groups(trajs):
             scores = got.per_group.get(g[0].group, [])
@@ -159,9 +181,6 @@ class Method:
                 t.shaped_reward = total
                 out.append(t.to_row())
         return {"trajectories": out, "judge_calls": got.judge_calls, "draft_scores": got.draft_scores}
-
-    def consolidate(self, run: StepResources, step: int) -> dict[str, Rows]:
-        return {"rubric_events": [], "rubric_sources": [], "judge_calls": []}
 
     # -------------------------------------------------------------------------------- the trainer's decisions
     def train_batch(self, run: StepResources, step: int, trajs: list[Trajectory]) -> list[Trajectory]:
@@ -189,6 +208,24 @@ class Method:
     def step_metrics(self, run: StepResources, step: int) -> dict[str, float | None]:
         """Columns the method adds to the step's ``steps`` row (declared in storage/schemas.py)."""
         return {}
+
+    def summary(self) -> dict[str, float | str]:
+        """The method's state after a step, for the log line and the trackers (numbers) and the step's Prefect
+        artifact (text). Default: nothing."""
+        return {}
+
+    @classmethod
+    def stage_names(cls) -> tuple[str, ...]:
+        return tuple(s.name for s in cls.stages)
+
+    @classmethod
+    def stage(cls, name: str) -> Stage:
+        """The declared stage ``name`` (``KeyError`` naming the graph if the method has none)."""
+        for s in cls.stages:
+            if s.name == name:
+                return s
+        raise KeyError(f"method {cls.name or cls.__qualname__} has no stage {name!r} (its stages: "
+                       f"{', '.join(cls.stage_names())})")
 
     def select_groups(self, rewards: Sequence[float], groups: Sequence[int]) -> tuple[list[int], dict[str, float]]:
         """Indices of the trajectories to train on, and metrics about the choice (default: all)."""

@@ -7,29 +7,30 @@ group that diverges in correctness is shaped (eq. 3/4) by the drafts induced fro
 from __future__ import annotations
 
 from arbor.tasks.methods.arbor import induce_drafts, induce_group
-from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
+from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
 from arbor.tasks.types import Trajectory
 
 
 class NoMemory(Method):
     name = "no-memory"
+    stages = (ROLLOUT, Stage("induce", ("judge_calls", "draft_scores")), SHAPE, TRAIN)
 
     async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
         """The group's induction and its drafts' scoring, ahead of ``induce`` (issue 19; the pool stays empty)."""
         if not (self.cfg.memory.frozen or run.judge_capped()):
-            await induce_group(run, step, group, list(run.memory.pool))
+            await induce_group(run, step, group, [])
 
     def induce(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         if self.cfg.memory.frozen or run.judge_capped():
-            return super().induce(run, step, trajs)
-        _jobs, _results, draft_scores = induce_drafts(run, step, trajs)
-        return {"rubric_events": [], "judge_calls": run.judge_rows(), "draft_scores": draft_scores}
+            return {"judge_calls": [], "draft_scores": []}
+        _jobs, _results, draft_scores = induce_drafts(run, step, trajs, [])  # no common pool, ever
+        return {"judge_calls": run.judge_rows(), "draft_scores": draft_scores}
 
-    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
-                      draft_scores: Rows) -> RubricScores:
-        """Each group's own drafts (a draft whose every edge failed has no scores and is left out)."""
+    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory]) -> RubricScores:
+        """Each group's own drafts, as the induce stage stored them (a draft whose every edge failed has no scores
+        and is left out)."""
         out = RubricScores()
-        for d in draft_scores:
+        for d in run.store.load(step, "induce", ("draft_scores",))["draft_scores"]:
             if d["scores"] is not None:
                 out.per_group.setdefault(d["group"], []).append(d["scores"])
         return out

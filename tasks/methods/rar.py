@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
-from arbor.config.memory import MemoryConfig
 from arbor.llm.base import CallContext
-from arbor.tasks.methods.base import Method, Rows, RubricScores, StepResources
+from arbor.tasks.methods.base import Method, RubricScores, StepResources
 from arbor.tasks.types import Trajectory
 
 
@@ -21,13 +20,11 @@ def rating_to_score(rating: float) -> float:
 class RaR(Method):
     name = "rar"
 
-    def shaping_delta_v(self, memory: MemoryConfig) -> float:
-        return 0.0  # RaR has no variance filter (App. C.3)
-
-    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
-                      draft_scores: Rows) -> RubricScores:
+    def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory]) -> RubricScores:
+        """Items from the question and gold answer, a 1-10 rating of each trajectory, (r - 1) / 9; no variance
+        filter (App. C.3: delta_v 0)."""
         if run.judge_capped():
-            return RubricScores()
+            return RubricScores(delta_v=0.0)
         groups = run.groups(trajs)
 
         async def rate_all() -> tuple[list[list[float | None]], list[list[str]]]:
@@ -55,4 +52,5 @@ class RaR(Method):
              "n_failed_edges": sum(x is None for x in s)}
             for g, s, it in zip(groups, scores, items, strict=True)
         ]
-        return RubricScores({g[0].group: [s] for g, s in zip(groups, scores, strict=True)}, run.judge_rows(), rows)
+        return RubricScores({g[0].group: [s] for g, s in zip(groups, scores, strict=True)}, run.judge_rows(), rows,
+                            delta_v=0.0)

@@ -37,7 +37,7 @@ from arbor.tasks.agent import GenRequest, build_prompt_ids
 from arbor.tasks.datasets import Question, batch_for_step
 from arbor.tasks.format import reflection_blocks
 from arbor.tasks.losses import group_advantages
-from arbor.tasks.methods.base import Rows, StepResources
+from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StepResources
 from arbor.tasks.methods.ss_grpo import SSGRPO
 from arbor.tasks.reflection import (
     REFLECTION_GROUP,
@@ -59,8 +59,9 @@ from arbor.tasks.types import ReflectionGrade, RubricGrade, StageRubric, Traject
 
 class RubricEM(SSGRPO):
     name = "rubricem"
-    extra_tables: ClassVar[dict[str, tuple[str, ...]]] = {
-        **SSGRPO.extra_tables, "rollout": ("bank_retrievals",), "induce": ("reflections", "rubric_bank")}
+    stages: ClassVar[tuple[Stage, ...]] = (
+        replace(ROLLOUT, tables=("rollouts", "bank_retrievals")), SSGRPO.stage("score"),
+        Stage("induce", ("judge_calls", "reflections", "rubric_bank")), SHAPE, TRAIN)
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -165,7 +166,7 @@ class RubricEM(SSGRPO):
                 rows.append({**cand.to_row(), "source_traj_id": t.traj_id, "diagnosis": got[i].diagnosis,
                              "specificity": got[i].specificity, "scope": got[i].scope, "utility": utils[i],
                              "chosen": i == best, "judge_error": err})
-        return {"rubric_events": [], "judge_calls": run.judge_rows(), "draft_scores": [], "reflections": rows,
+        return {"judge_calls": run.judge_rows(), "reflections": rows,
                 "rubric_bank": bank_rows}
 
     # ------------------------------------------------------------------------------------------ train

@@ -35,7 +35,7 @@ from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.tasks.format import STAGE_NAMES
 from arbor.tasks.losses import segment_advantages
-from arbor.tasks.methods.base import Method, Rows, StepResources
+from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.stages import fault_point
 from arbor.tasks.stagewise import (
     StageBuffer,
@@ -77,7 +77,8 @@ def trajectory_stage_scores(rubrics: Sequence[StageRubric], grades: Sequence[flo
 
 class SSGRPO(Method):
     name = "ss-grpo"
-    extra_tables: ClassVar[dict[str, tuple[str, ...]]] = {"score": ("stage_rubrics", "stage_scores", "stage_grades")}
+    stages: ClassVar[tuple[Stage, ...]] = (
+        ROLLOUT, Stage("score", ("judge_calls", "stage_rubrics", "stage_scores", "stage_grades")), SHAPE, TRAIN)
     requires: ClassVar[dict[str, object]] = {"rollout.protocol": "rubricem"}  # the stages must exist
 
     def __init__(self, cfg: ArborConfig) -> None:
@@ -168,12 +169,11 @@ class SSGRPO(Method):
                         "stage": k + 1, "stage_name": STAGE_NAMES[k], "token_start": starts[k], "token_end": ends[k],
                         "score": r[k], "stage_return": G[k], "advantage": A[k], "format_valid": t.format_valid,
                         "f1": t.f1, "n_rubrics": sum(x.stage == k + 1 for x in rubrics), "judge_error": err})
-        return {"rubric_events": [], "rubric_activations": [], "judge_calls": run.judge_rows(),
-                "stage_rubrics": events, "stage_scores": rows, "stage_grades": grade_rows}
+        return {"judge_calls": run.judge_rows(), "stage_rubrics": events, "stage_scores": rows,
+                "stage_grades": grade_rows}
 
     # ------------------------------------------------------------------------------------------ shape
-    def shape(self, run: StepResources, step: int, trajs: list[Trajectory], activations: Rows,
-              draft_scores: Rows) -> dict[str, Rows]:
+    def shape(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Each trajectory carries its stage starts and scores to the trainer; R_total = G_{i,1}."""
         rows = run.store.load(step, "score", ("stage_scores",))["stage_scores"]
         by_traj: dict[str, list[dict[str, Any]]] = {}

@@ -28,8 +28,8 @@ from flow_support import (
 )
 
 from arbor.config import ArborConfig
-from arbor.tasks.stages import InjectedFault
 from arbor.tasks.methods.arbor import Arbor
+from arbor.tasks.stages import InjectedFault
 
 pytestmark = pytest.mark.slow
 

@@ -321,18 +321,19 @@ def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
 
 def _assert_tracked(home: Path, run_id: str) -> None:
     """The W&B offline run and the MLflow run hold the grouped metrics of step 1, the evaluation of steps 0 and 1,
-    and the step's sample table."""
+    and the step's sample table. RaR keeps no rubric pool, so no pool size is logged (``Method.summary``)."""
     from flow_support import wandb_history
     from mlflow.tracking import MlflowClient
 
     from arbor.tasks.tracking import mlflow_local_uri
 
     grouped = {"reward/base_mean", "reward/zero_var_groups_total", "actor/pg_loss", "actor/grad_norm",
-               "rollout/searches_mean", "judge/calls", "timing_s/step", "timing_s/rollout", "rubric/pool_size"}
+               "rollout/searches_mean", "judge/calls", "timing_s/step", "timing_s/rollout", "rubric/induced"}
     [run_dir] = (home / "wandb").glob(f"offline-run-*-{run_id}")
     hist = wandb_history(run_dir)
     by_step = {r["_step"]: r for r in hist}
     assert grouped <= set(by_step[1]) and by_step[1]["samples/nrows"] == 2
+    assert "rubric/pool_size" not in by_step[1]
     evals = {k for r in hist for k in r if k.startswith("eval/")}
     assert any(k.endswith("/strict_f1") for k in evals) and {0, 1} <= {r["_step"] for r in hist if evals & set(r)}
     stored = table("eval_results", run_id, home)  # the logged scores are the stored answers' strict means

@@ -43,3 +43,12 @@ def test_a_malformed_graph_is_refused_naming_the_method() -> None:
         assert str(e.value).startswith("method mine:")
     with pytest.raises(KeyError, match="has no stage 'score'"):
         Method.stage("score")
+
+
+def test_only_a_method_with_a_pool_reports_one() -> None:
+    """The step's log line and trackers ask the method (``summary``); ARBOR owns its memory, GRPO has none."""
+    from arbor.config import load_config
+
+    cfg = load_config("tiny-cpu")
+    assert resolve_method("arbor")(cfg).summary() == {"rubric/pool_size": 0.0, "pool": "(empty)"}
+    assert resolve_method("grpo")(cfg).summary() == {}

@@ -35,7 +35,7 @@ from arbor.storage.parquet import read_stage
 from arbor.tasks.datasets import Question
 from arbor.tasks.group_stats import classify_group
 from arbor.tasks.methods import make_method
-from arbor.tasks.methods.base import PIPELINE_STAGES, Method, check_stages
+from arbor.tasks.methods.base import Method, check_stages
 from arbor.tasks.stages import Rows, StageStore
 from arbor.tasks.types import Trajectory, UpdateBatch
 from arbor.tasks.update import policy_update
@@ -343,4 +343,4 @@ def timed_stage(state: RunState, step: int, stage: str,
     return run
 
 
-__all__ = ["PIPELINE_STAGES", "RunState", "trajectories_from_rows"]
+__all__ = ["RunState", "trajectories_from_rows"]

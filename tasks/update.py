@@ -54,19 +54,25 @@ def grpo_token_advantages(batch: Sequence[Trajectory], rewards: Sequence[float],
 
 
 class GRPORule:
-    """Plain GRPO's decisions: on-policy, every group kept, the configured KL coefficient every step."""
+    """Plain GRPO's decisions: on-policy, every group kept, the configured KL coefficient every step. The
+    defaults of every training method (``tasks.methods.base.Method`` inherits them)."""
 
     def policy_lag(self, t: Trajectory) -> int:
+        """How many steps before the one it is trained in ``t`` was sampled (default 0: on-policy; RubricEM's
+        reflections: 1). The trainer refuses a trajectory whose policy version does not match."""
         return 0
 
     def kl_coef_at(self, step: int, train: TrainConfig) -> float:
         return train.kl_coef
 
     def select_groups(self, rewards: Sequence[float], groups: Sequence[int]) -> tuple[list[int], dict[str, float]]:
+        """Indices of the trajectories to train on, and metrics about the choice (default: all)."""
         return list(range(len(rewards))), {}
 
     def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                          train: TrainConfig) -> list[Tensor]:
+        """One advantage per response token of each trajectory (masked tokens are ignored by the loss).
+        GRPO: A_i = (R_i - mean_g) / (std_g + eps) on every token (App. B.2)."""
         return grpo_token_advantages(batch, rewards, groups, train)
 
 

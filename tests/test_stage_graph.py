@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from arbor.tasks.methods import BUILTIN, resolve_method
-from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Stage, check_stages
+from arbor.tasks.methods.base import PIPELINE_STAGES, ROLLOUT, SHAPE, TRAIN, Method, Stage, check_stages
 
 
 def test_the_built_in_graphs() -> None:
@@ -24,7 +24,7 @@ def test_the_built_in_graphs() -> None:
         cls = resolve_method(name)
         check_stages(cls.stages, name)
         for stage in cls.stages:  # every stage is the pipeline's or a hook of the method's own
-            assert stage.name in ("rollout", "shape", "train") or callable(getattr(cls, stage.name, None)), \
+            assert stage.name in PIPELINE_STAGES or callable(getattr(cls, stage.name, None)), \
                 (name, stage.name)
     assert resolve_method("rubricem").stage("rollout").tables == ("rollouts", "bank_retrievals")
     assert resolve_method("arco").stage("shape").tables == ("trajectories", "turn_advantages")

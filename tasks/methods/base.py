@@ -45,15 +45,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from torch import Tensor
-
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import Judge
 from arbor.tasks.datasets import Question, batch_for_step
 from arbor.tasks.shaping import shape_group
 from arbor.tasks.types import LossSettings, Trajectory
-from arbor.tasks.update import grpo_loss_settings, grpo_token_advantages
+from arbor.tasks.update import GRPORule, grpo_loss_settings
 
 Rows = list[dict[str, Any]]
 T = TypeVar("T")
@@ -132,8 +130,9 @@ class RubricScores:
     delta_v: float | None = None
 
 
-class Method:
-    """Plain GRPO behaviour; a method overrides the hooks it changes (module docstring)."""
+class Method(GRPORule):
+    """Plain GRPO behaviour; a method overrides the hooks it changes (module docstring). The train decisions'
+    defaults (``policy_lag``, ``select_groups``, ``token_advantages``) are ``tasks.update.GRPORule``'s."""
 
     name: ClassVar[str] = ""
     stages: ClassVar[tuple[Stage, ...]] = (ROLLOUT, SHAPE, TRAIN)  # the step's stage graph, in order
@@ -188,11 +187,6 @@ class Method:
         from stored stages (RubricEM: the previous step's reflection candidates)."""
         return trajs
 
-    def policy_lag(self, t: Trajectory) -> int:
-        """How many steps before the one it is trained in ``t`` was sampled (default 0: on-policy; RubricEM's
-        reflections: 1). The trainer refuses a trajectory whose policy version does not match."""
-        return 0
-
     def loss_settings(self, train: TrainConfig) -> LossSettings:
         """The run's upper PPO clip and KL term, fixed when the trainer is built (default: the configured ones;
         DAPO: clip-higher; SS-GRPO, ARCO: a KL term against the frozen start checkpoint)."""
@@ -227,12 +221,3 @@ class Method:
         raise KeyError(f"method {cls.name or cls.__qualname__} has no stage {name!r} (its stages: "
                        f"{', '.join(cls.stage_names())})")
 
-    def select_groups(self, rewards: Sequence[float], groups: Sequence[int]) -> tuple[list[int], dict[str, float]]:
-        """Indices of the trajectories to train on, and metrics about the choice (default: all)."""
-        return list(range(len(rewards))), {}
-
-    def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
-                         train: TrainConfig) -> list[Tensor]:
-        """One float32 advantage per response token of each trajectory (masked tokens are ignored by the loss).
-        GRPO: A_i = (R_i - mean_g) / (std_g + eps) on every token (App. B.2)."""
-        return grpo_token_advantages(batch, rewards, groups, train)

@@ -301,11 +301,11 @@ def _arco_step(home: Path, tiny: Path, judge_cls: type) -> tuple[dict, dict, dic
                      trainer=SimpleNamespace(model_path=str(tiny)), judge=judge_cls(cfg.judge, home=home),
                      embed=None)  # type: ignore[arg-type]
     with state:
-        for stage in ("score", "shape", "consolidate"):
+        for stage in ("score", "shape", "mu_update"):
             store.commit(1, stage, state.compute(stage, 1))
     return (store.load(1, "score", ("mu_scores",))["mu_scores"],
             store.load(1, "shape", ("turn_advantages",))["turn_advantages"],
-            store.load(1, "consolidate", ("mu_updates",))["mu_updates"][0])
+            store.load(1, "mu_update", ("mu_updates",))["mu_updates"][0])
 
 
 def test_a_failed_teacher_call_changes_no_advantage_of_the_step(tmp_path: Path) -> None:

@@ -252,8 +252,8 @@ def test_rubricem_resume_after_sigkill_mid_reflection_judging(rem_reference: Pat
                                                                tmp_path: Path, prefect_harness) -> None:
     home = tmp_path / "home"
     o = _rem_overrides(staged_start)
-    _killed_run(home, REM, o, "2:induce:kill-mid", tmp_path / "killed.log")
-    assert not any(s["stage"] == "induce" and s["step"] == 2 for s in table("stage_runs", REM, home))
+    _killed_run(home, REM, o, "2:reflect:kill-mid", tmp_path / "killed.log")
+    assert not any(s["stage"] == "reflect" and s["step"] == 2 for s in table("stage_runs", REM, home))
     assert table("reflections", REM, home) and all(r["step"] == 1 for r in table("reflections", REM, home))
     _train(home, o, resume=True, run_id=REM)
     assert _rem_stored(home) == _rem_stored(rem_reference)

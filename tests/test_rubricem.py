@@ -287,10 +287,10 @@ def _reflect_step(home: Path, tiny_dir: Path,
                      trainer=None, judge=_grading_judge(fail)(cfg.judge, home=home),
                      embed=None)  # type: ignore[arg-type]
     with state:
-        for stage in ("score", "induce", "shape"):
+        for stage in ("score", "reflect", "shape"):
             store.commit(1, stage, state.compute(stage, 1))
         lagged = state.method.train_batch(state, 2, [])  # what step 2 trains on besides its own rollouts
-        out = store.load(1, "induce", ("reflections", "rubric_bank"))
+        out = store.load(1, "reflect", ("reflections", "rubric_bank"))
         return (out["reflections"], out["rubric_bank"], store.load(1, "shape", ("trajectories",))["trajectories"],
                 lagged, state.method)  # type: ignore[return-value]
 

@@ -17,8 +17,8 @@ def test_the_built_in_graphs() -> None:
         "arbor": ("rollout", "score", "retire", "induce", "shape", "consolidate", "train"),
         "no-memory": ("rollout", "induce", "shape", "train"),
         "ss-grpo": ("rollout", "score", "shape", "train"),
-        "rubricem": ("rollout", "score", "induce", "shape", "train"),
-        "arco": ("rollout", "score", "shape", "consolidate", "train"),
+        "rubricem": ("rollout", "score", "reflect", "shape", "train"),
+        "arco": ("rollout", "score", "shape", "mu_update", "train"),
     }
     for name in BUILTIN:
         cls = resolve_method(name)

@@ -7,7 +7,7 @@ after its warm-up. Facts from the ARCO paper's review and its authors' code; cho
                  projected so that sum_t mean_k x_tk = R.
     shape        R_total = R (the base reward). Sparse phase: A = R - group mean on every step. Dense phase
                  (``arco.dense_start``): A_t = c (G_t - b_bucket), G_t the reward-to-go of the step scores.
-    consolidate  mu's update on the step's rollouts (the scores it gave them before updating): warm-up steps learn
+    mu_update    mu's update on the step's rollouts (the scores it gave them before updating): warm-up steps learn
                  the teacher (CE + 10 MSE), later ones the decomposition loss w(R)(sum_t s̄_t - R)^2 + beta KL.
                  Neither update reads the other's result, so running mu's before the policy's changes no number.
     train        per-turn advantages on the policy's tokens; KL to the frozen start in the dense phase only.
@@ -69,7 +69,7 @@ class ARCO(Method):
     stages: ClassVar[tuple[Stage, ...]] = (
         ROLLOUT, Stage("score", ("judge_calls", "mu_scores")), Stage("shape", ("trajectories", "turn_advantages"),
                                                                      retries=1),
-        Stage("consolidate", ("mu_updates",)), TRAIN)
+        Stage("mu_update", ("mu_updates",)), TRAIN)
 
     def __init__(self, cfg: ArborConfig) -> None:
         super().__init__(cfg)
@@ -86,7 +86,7 @@ class ARCO(Method):
         self.mu = RubricModelTrainer(self.cfg, Path(run.trainer.model_path),
                                      run_checkpoint_root(self.cfg, home) / "mu")
         step = self.mu.load_latest() + 1
-        while run.store.done(step, "consolidate"):
+        while run.store.done(step, "mu_update"):
             self._update(run, step)
             step += 1
 
@@ -190,7 +190,7 @@ class ARCO(Method):
         return {"trajectories": out, "turn_advantages": turn_rows}
 
     # ------------------------------------------------------------------------------------------ mu's update
-    def consolidate(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+    def mu_update(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         return {"mu_updates": [self._update(run, step)]}
 
     def _update(self, run: StepResources, step: int) -> dict[str, Any]:
@@ -239,7 +239,7 @@ class ARCO(Method):
         return {**row, **got}
 
     def step_metrics(self, run: StepResources, step: int) -> dict[str, float | None]:
-        rows = run.store.load(step, "consolidate", ("mu_updates",))["mu_updates"]
+        rows = run.store.load(step, "mu_update", ("mu_updates",))["mu_updates"]
         return {"mu_loss": rows[0].get("loss") if rows else None}
 
     # ------------------------------------------------------------------------------------------ train

@@ -4,7 +4,7 @@ Everything of ``ss-grpo`` (stage scores, Lambda returns, per-stage advantages, t
 
     batch     the windowed curriculum (D.3): K fresh batches with cross-episode retrieval, then the same K replayed
               with within-episode retrieval; each prompt shows its retrieved bank items before the question (D.6.3)
-    induce    per group, one trajectory drawn uniformly (D.4) is reflected on by the policy itself: m candidates at
+    reflect   per group, one trajectory drawn uniformly (D.4) is reflected on by the policy itself: m candidates at
               T = 0.7, graded by the judge with the trajectory's stage grades as privileged context (D.6.2),
               u = 0.4 diagnosis + 0.3 specificity + 0.3 scope; the best valid candidate enters the bank (D.5)
     train     the task batch (SS-GRPO) plus the previous step's candidates (one-step lag, D.2): each reflected
@@ -61,7 +61,7 @@ class RubricEM(SSGRPO):
     name = "rubricem"
     stages: ClassVar[tuple[Stage, ...]] = (
         replace(ROLLOUT, tables=("rollouts", "bank_retrievals")), SSGRPO.stage("score"),
-        Stage("induce", ("judge_calls", "reflections", "rubric_bank")), SHAPE, TRAIN)
+        Stage("reflect", ("judge_calls", "reflections", "rubric_bank")), SHAPE, TRAIN)
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -69,12 +69,12 @@ class RubricEM(SSGRPO):
 
     # ------------------------------------------------------------------------------------------ resume
     def restore(self, run: StepResources) -> None:
-        """The stage buffer (SS-GRPO) and the bank from the ``rubric_bank`` events of every completed induce stage."""
+        """The stage buffer (SS-GRPO) and the bank from the ``rubric_bank`` events of every completed reflect stage."""
         super().restore(run)
         events: Rows = []
         step = 1
-        while run.store.done(step, "induce"):
-            events += run.store.load(step, "induce", ("rubric_bank",))["rubric_bank"]
+        while run.store.done(step, "reflect"):
+            events += run.store.load(step, "reflect", ("rubric_bank",))["rubric_bank"]
             step += 1
         self.bank = RubricBank.from_events(events)
 
@@ -110,8 +110,8 @@ class RubricEM(SSGRPO):
         bank_vecs = {it.question_id: vecs[len(batch) + i] for i, it in enumerate(items)}
         return [list(self.bank.cross(q.question_id, vecs[g], bank_vecs, k)) for g, q in enumerate(batch)]
 
-    # ------------------------------------------------------------------------------------------ induce: reflect
-    def induce(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
+    # ------------------------------------------------------------------------------------------ reflect
+    def reflect(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """PREPAREREFLECTIONBATCH of Alg. 1 for every group: sample, reflect (m candidates), judge, bank the best."""
         rc = self.cfg.rubricem
         groups = run.groups(trajs)
@@ -133,12 +133,12 @@ class RubricEM(SSGRPO):
         async def judge_all() -> list[JudgeOutcome[list[ReflectionGrade]]]:
             return await asyncio.gather(*[
                 run.judge.reflection_grades(t.question, t.golds, t, grades.get(t.traj_id, []), cands,
-                                            ctx=CallContext(run.run_id, step, "induce", t.group, None, t.sample))
+                                            ctx=CallContext(run.run_id, step, "reflect", t.group, None, t.sample))
                 for t, cands in zip(chosen, texts, strict=True)])
 
         judged = [JudgeOutcome(None, "judge cost cap reached", 0, False) for _ in chosen] if capped \
             else run.run_async(judge_all())
-        fault_point(step, "induce", "mid")
+        fault_point(step, "reflect", "mid")
         version = run.engine.policy_version
         rows: Rows = []
         bank_rows: Rows = []
@@ -172,9 +172,9 @@ class RubricEM(SSGRPO):
     # ------------------------------------------------------------------------------------------ train
     def train_batch(self, run: StepResources, step: int, trajs: list[Trajectory]) -> list[Trajectory]:
         """The task batch plus the previous step's reflection groups whose utilities vary (D.2's one-step lag)."""
-        if step <= 1 or not run.store.done(step - 1, "induce"):
+        if step <= 1 or not run.store.done(step - 1, "reflect"):
             return trajs
-        cands = [Trajectory.from_row(r) for r in run.store.load(step - 1, "induce", ("reflections",))["reflections"]]
+        cands = [Trajectory.from_row(r) for r in run.store.load(step - 1, "reflect", ("reflections",))["reflections"]]
         by_group: dict[int, list[Trajectory]] = {}
         for c in cands:
             by_group.setdefault(c.group, []).append(c)

@@ -64,7 +64,7 @@ def build_calls(groups: list[list[Any]], staged: list[list[Any]], cfg: Any, deco
     """Up to ``n`` calls per role, each a function of the judge under test, with inputs drawn from the run."""
     from arbor.tasks.format import check_format
     from arbor.tasks.induction import select_anchors
-    from arbor.tasks.methods.arco import trajectory_steps
+    from arbor.tasks.methods.arco.method import trajectory_steps
     from arbor.tasks.types import StageRubric
 
     def ask(coro: Awaitable[Any]) -> Any:

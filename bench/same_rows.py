@@ -74,10 +74,9 @@ def rows(table: str, run_id: str, home: Path, leave_out: frozenset[str] = frozen
 def tables_of(homes: dict[str, Path]) -> list[str]:
     """TABLES, then every other stored table either run wrote (a method's own: stage scores, reflections, mu's
     labels, guided steps, ...), except the stage log, which holds only times and statuses."""
-    from arbor.storage.schemas import TABLES as KNOWN
-
-    written = {d.name for h in homes.values() for d in (h / "data").glob("*") if d.is_dir()}
-    return [*TABLES, *sorted((written & set(KNOWN)) - set(TABLES) - {"stage_runs", "runs"})]
+    written = {d.name for h in homes.values() for d in (h / "data").glob("*")
+               if d.is_dir() and not d.name.startswith("_")}
+    return [*TABLES, *sorted(written - set(TABLES) - {"stage_runs", "runs"})]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True)
         try:
             differ = 0
+            from arbor.tasks.methods import resolve_method
+
             for m in args.methods:
+                resolve_method(m)  # its tables and steps columns: read here as the method declares them
                 homes = {name: Path(tmp) / f"home-{name}" for name in ("ref", "tree")}
                 train(old, homes["ref"], m, sets, args.profile)
                 train(ROOT, homes["tree"], m, sets, args.profile)

@@ -6,8 +6,13 @@ Creating or migrating the catalog takes the write lock briefly, and only when a 
 behind the newest migration, bound to another home (the workspace was moved), or built from other DDL.
 
 DDL lives in ``sql/``: ``migrations/NNN_*.sql`` (forward-only, applied once each, recorded in ``schema_version``),
-``tables/*.sql`` (one view per stored table) and ``views/*.sql`` (one view per audit question). ``{{data}}`` in
+``tables/*.sql`` (one view per pipeline table) and ``views/*.sql`` (one view per audit question). ``{{data}}`` in
 them is replaced by the workspace's data folder.
+
+A method's own tables and views (its ``TableSet``, issue 32) are declared in its package. A run declares them in
+its workspace (``declare_tables``: each table's zero-row ``_schema.parquet``, each view's DDL under
+``{data}/_views/``), so the catalog of any process, one that never imported the method included, has a view per
+table found in the data folder and the views the workspace's methods declared.
 """
 
 from __future__ import annotations
@@ -23,7 +28,14 @@ import duckdb
 
 from arbor.paths import SQL_DIR, arbor_home
 from arbor.storage.parquet import _atomic_write_parquet, data_dir, table_dir
-from arbor.storage.schemas import TABLES, empty_table, schema_fingerprint
+from arbor.storage.schemas import (
+    VIEWS,
+    TableSet,
+    empty_table,
+    schema_fingerprint,
+    schema_for,
+    tables,
+)
 
 CATALOG_FILE = "catalog.duckdb"
 _MIGRATION = re.compile(r"^(\d{3})_[A-Za-z0-9_]+\.sql$")
@@ -55,17 +67,74 @@ def migrations(sql_dir: Path = SQL_DIR) -> list[tuple[int, str, Path]]:
     return out
 
 
-def _ddl_files(sql_dir: Path) -> list[Path]:
-    return sorted((sql_dir / "tables").glob("*.sql")) + sorted((sql_dir / "views").glob("*.sql"))
+TABLE_VIEW = ("create or replace view {name} as\nselect * from read_parquet('{{{{data}}}}/{name}/**/*.parquet', "
+              "union_by_name = true, hive_partitioning = false);\n")
+VIEWS_DIR = "_views"  # under the data folder: the views a run's method declared (``declare_tables``)
+
+
+def _stored_tables(home: Path) -> list[str]:
+    """Tables with a folder of their own under the data folder (a method's, declared by a run)."""
+    root = Path(data_dir(home))
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "_schema.parquet").is_file())
+
+
+def _ddl(home: Path, sql_dir: Path) -> list[tuple[str, str, bool]]:
+    """``(name, DDL, is a stored table)`` of every view to create: the pipeline's table files, a generic view per
+    other known table, ``sql/views/``, then the views methods declared (this process's, then the workspace's)."""
+    out: list[tuple[str, str, bool]] = [(p.stem, p.read_text(), True) for p in sorted((sql_dir / "tables").glob("*.sql"))]
+    have = {name for name, _, _ in out}
+    for t in sorted((set(tables()) | set(_stored_tables(home))) - have):
+        out.append((t, TABLE_VIEW.format(name=t), True))
+    views = {p.stem: p.read_text() for p in sorted((sql_dir / "views").glob("*.sql"))}
+    for name, p in VIEWS.items():
+        views.setdefault(name, p.read_text())
+    declared = Path(data_dir(home), VIEWS_DIR)
+    for p in sorted(declared.glob("*.sql")) if declared.is_dir() else []:
+        views.setdefault(p.stem, p.read_text())
+    return out + [(name, text, False) for name, text in views.items()]
 
 
 def _fingerprint(home: Path, sql_dir: Path) -> str:
     h = hashlib.sha256(home.as_posix().encode())
     h.update(schema_fingerprint().encode())
-    for p in [m[2] for m in migrations(sql_dir)] + _ddl_files(sql_dir):
+    for p in [m[2] for m in migrations(sql_dir)]:
         h.update(p.name.encode())
         h.update(p.read_bytes())
+    for name, text, _ in _ddl(home, sql_dir):
+        h.update(name.encode())
+        h.update(text.encode())
     return h.hexdigest()[:16]
+
+
+def declare_tables(declared: TableSet, home: str | os.PathLike[str] | None = None) -> None:
+    """Record a method's tables and views in the workspace (a run does this as it starts): a zero-row
+    ``_schema.parquet`` per table (what types its view before any row exists) and a copy of each view's DDL, both
+    rewritten only when they changed. The steps schema with the method's columns is rewritten too."""
+    home_p = _home(home)
+    for t in [*declared.schemas, *(["steps"] if declared.step_columns else [])]:
+        path = posixpath.join(table_dir(t, home_p), "_schema.parquet")
+        if not os.path.exists(path) or not _schema_file_matches(path, t):
+            _atomic_write_parquet(empty_table(t), path)
+    root = Path(data_dir(home_p), VIEWS_DIR)
+    for p in declared.views:
+        target = root / p.name
+        text = p.read_text()
+        if not target.is_file() or target.read_text() != text:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{os.getpid()}.inprogress")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+
+
+def _schema_file_matches(path: str, table: str) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_schema(path).remove_metadata().equals(schema_for(table).remove_metadata())
+    except (OSError, ValueError):
+        return False
 
 
 def _render(sql: str, home: Path) -> str:
@@ -115,7 +184,7 @@ def schema_version(home: str | os.PathLike[str] | None = None) -> int:
 def _ensure_schema_files(home: Path) -> bool:
     """Zero-row ``_schema.parquet`` per table: keeps each view typed (and valid) before any data exists."""
     wrote = False
-    for table in TABLES:
+    for table in tables():
         p = posixpath.join(table_dir(table, home), "_schema.parquet")
         if not os.path.exists(p):
             _atomic_write_parquet(empty_table(table), p)
@@ -124,7 +193,7 @@ def _ensure_schema_files(home: Path) -> bool:
 
 
 def _rewrite_schema_files(home: Path) -> None:
-    for table in TABLES:
+    for table in tables():
         _atomic_write_parquet(empty_table(table), posixpath.join(table_dir(table, home), "_schema.parquet"))
 
 
@@ -134,7 +203,7 @@ def unreadable_view(table: str, home: Path, error: str) -> str:
     keeps the table's columns (its ``_schema.parquet``), so views over it and queries naming its columns still
     bind; reading it raises DuckDB's own error, which names the file."""
     message = f"table {table}: {error.splitlines()[0]}".replace("'", "''")
-    schema = posixpath.join(table_dir(table, home), "_schema.parquet").replace("'", "''")
+    schema = posixpath.join(data_dir(home), table, "_schema.parquet").replace("'", "''")
     ddl = (SQL_DIR / "unreadable_table.sql").read_text()
     return ddl.replace("{{table}}", table).replace("{{message}}", message).replace("{{schema}}", schema)
 
@@ -142,29 +211,29 @@ def unreadable_view(table: str, home: Path, error: str) -> str:
 def _create_views(con: duckdb.DuckDBPyConnection, home: Path, sql_dir: Path) -> list[str]:
     """(Re-)create every view; a view may use others, so retry failures until no more progress is made. A stored
     table whose files cannot be read gets ``unreadable_view``; returns those tables."""
-    pending = _ddl_files(sql_dir)
+    pending = _ddl(home, sql_dir)
     existing = [r[0] for r in con.execute(
         "select view_name from duckdb_views() where not internal and database_name = current_database()").fetchall()]
     for v in existing:
         con.execute(f'drop view if exists "{v}" cascade')
     broken: list[str] = []
     while pending:
-        failed: list[tuple[Path, Exception]] = []
-        for p in pending:
+        failed: list[tuple[tuple[str, str, bool], Exception]] = []
+        for item in pending:
             try:
-                con.execute(_render(p.read_text(), home))
+                con.execute(_render(item[1], home))
             except duckdb.Error as e:
-                failed.append((p, e))
+                failed.append((item, e))
         if len(failed) == len(pending):
-            tables = [(p, e) for p, e in failed if p.parent.name == "tables" and p.stem in TABLES
-                      and isinstance(e, (duckdb.InvalidInputException, duckdb.IOException))]
-            if not tables:
-                raise CatalogError("; ".join(f"{p}: {e}" for p, e in failed))
-            for p, e in tables:  # a data file, not the DDL, is at fault: the others stay queryable
-                con.execute(unreadable_view(p.stem, home, str(e)))
-                broken.append(p.stem)
-            failed = [(p, e) for p, e in failed if (p, e) not in tables]
-        pending = [p for p, _ in failed]
+            unreadable = [(item, e) for item, e in failed
+                          if item[2] and isinstance(e, (duckdb.InvalidInputException, duckdb.IOException))]
+            if not unreadable:
+                raise CatalogError("; ".join(f"view {item[0]}: {e}" for item, e in failed))
+            for item, e in unreadable:  # a data file, not the DDL, is at fault: the others stay queryable
+                con.execute(unreadable_view(item[0], home, str(e)))
+                broken.append(item[0])
+            failed = [(item, e) for item, e in failed if (item, e) not in unreadable]
+        pending = [item for item, _ in failed]
     return broken
 
 

@@ -266,10 +266,8 @@ def discard_from(run_id: str, step: int, stage: str, order: tuple[str, ...],
         path = marker_path(run_id=run_id, step=t, stage=s, home=home)
         if os.path.exists(path):
             os.remove(path)
-    from arbor.storage.schemas import TABLES
-
-    for table in TABLES:  # files of later steps without a marker of their own (a judge ledger, a partial eval)
-        for d in Path(table_dir(table, home), f"run_id={run_id}").glob("step=*"):
+    for root in _table_roots(home):  # files of later steps without a marker of their own (a judge ledger, ...)
+        for d in Path(root, f"run_id={run_id}").glob("step=*"):
             t = int(d.name.removeprefix("step="))
             for f in d.glob("*.parquet"):
                 if t > step or (t == step and f.stem not in keep):
@@ -286,9 +284,18 @@ def clear_stage(*, run_id: str, step: int, stage: str, home: str | os.PathLike[s
     path = marker_path(run_id=run_id, step=step, stage=stage, home=home)
     if os.path.exists(path):
         os.remove(path)
-    from arbor.storage.schemas import TABLES
-
-    for table in TABLES:
-        f = stage_path(table, run_id=run_id, step=step, stage=stage, home=home)
+    for root in _table_roots(home):
+        f = posixpath.join(root, f"run_id={_check_name('run_id', run_id)}", f"step={_check_step(step):06d}",
+                           f"{_check_name('stage', stage)}.parquet")
         if os.path.exists(f):
             os.remove(f)
+
+
+def _table_roots(home: str | os.PathLike[str] | None) -> list[str]:
+    """The folder of every table with files in the workspace: the pipeline's, and any method's (registered in this
+    process or not), so forgetting a stage never leaves a method's rows behind."""
+    root = data_dir(home)
+    if not os.path.isdir(root):
+        return []
+    return [posixpath.join(root, d) for d in sorted(os.listdir(root))
+            if not d.startswith(("_", ".")) and os.path.isdir(posixpath.join(root, d))]

@@ -2,13 +2,22 @@
 
 Parquet is the source of truth; these schemas are applied on every write so that the SQL names users rely on
 stay stable. Non-nullable fields are the keys a row cannot be stored without.
+
+This module declares the pipeline's tables (runs, steps, stages, rollouts and trajectories, judge calls, eval
+results, ARBOR's rubric lifecycle, Co-ReAct's guidance). A method declares its own tables, ``steps`` columns and
+views in its package as a ``TableSet`` (issue 32 item 1: ``tasks/methods/arco/tables.py``), registered here when
+its class is defined; the store then conforms and the catalog views them like the pipeline's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +35,10 @@ def _f(name: str, typ: pa.DataType, nullable: bool = True) -> pa.Field:
 
 def _key(name: str, typ: pa.DataType = STR) -> pa.Field:
     return pa.field(name, typ, nullable=False)
+
+
+col = _f  # a nullable column, for a method's TableSet
+key = _key  # a key column (refused when missing or null)
 
 
 STEP_METRICS = [
@@ -47,8 +60,6 @@ SCHEMAS: dict[str, pa.Schema] = {
         [_key("run_id"), _key("step", I64), _f("completed_at", TS), _f("wall_seconds", F64)]
         + [_f(m, F64) for m in STEP_METRICS]
         + [_f("n_groups", I64), _f("judge_calls", I64), _f("policy_version", I64), _f("dropped_groups", I64),
-           _f("dapo_shortfall", I64),
-           _f("mu_loss", F64),  # ARCO: the rubric model's loss in the step's update (null for other methods)
            # streamed judging (issue 19): judge calls made ahead of their stage, those never claimed (a wrong
            # guess: not in judge_calls) and what they cost; null when the step's judging was not streamed
            _f("prefetched_calls", I64), _f("prefetch_wasted_calls", I64), _f("prefetch_wasted_cost_usd", F64)]
@@ -113,71 +124,6 @@ SCHEMAS["draft_scores"] = pa.schema([
     _f("scores", pa.list_(F64)), _f("n_edges", I64), _f("n_failed_edges", I64),
 ])
 
-# RubricEM (issue 15): each stage rubric's lifecycle in its question's buffer (generated / kept / dropped, with the
-# grade variance that decided it) and each trajectory's stage scores, returns and advantages with token spans.
-SCHEMAS["stage_rubrics"] = pa.schema([
-    _key("run_id"), _key("step", I64), _f("group", I64), _f("question_id", STR), _key("rubric_id"), _key("event"),
-    _f("stage", I64), _f("title", STR), _f("description", STR), _f("weight", I64), _f("polarity", I64),
-    _f("persistent", BOOL), _f("feature", STR), _f("variance", F64),
-])
-SCHEMAS["stage_scores"] = pa.schema([
-    _key("run_id"), _key("step", I64), _key("traj_id"), _f("group", I64), _f("sample", I64), _f("question_id", STR),
-    _key("stage", I64), _f("stage_name", STR), _f("token_start", I64), _f("token_end", I64), _f("score", F64),
-    _f("stage_return", F64), _f("advantage", F64), _f("format_valid", BOOL), _f("f1", F64), _f("n_rubrics", I64),
-    _f("judge_error", STR),
-])
-
-# Each grade the stage judge gave (C.3): the privileged context RubricEM's reflection judge reads (D.6.2).
-SCHEMAS["stage_grades"] = pa.schema([
-    _key("run_id"), _key("step", I64), _key("traj_id"), _f("group", I64), _f("sample", I64), _key("rubric_id"),
-    _f("stage", I64), _f("title", STR), _f("weight", I64), _f("polarity", I64), _f("feature", STR),
-    _f("grade", I64), _f("justification", STR),
-])
-# RubricEM's reflection meta-policy (§3.4, App. D): every candidate as a trainable trajectory (prompt = the
-# reflection request, response = the candidate; group = REFLECTION_GROUP + source group, its reward = utility u),
-# with the judge's three dimensions and whether it entered the bank.
-SCHEMAS["reflections"] = pa.schema([
-    *SCHEMAS["trajectories"], _f("source_traj_id", STR), _f("diagnosis", F64), _f("specificity", F64),
-    _f("scope", F64), _f("utility", F64), _f("chosen", BOOL), _f("judge_error", STR),
-])
-# The agent rubric bank's events (written / replaced: one item per question, D.5) and every retrieval of an item
-# into a rollout prompt (mode within / cross, its rank and similarity; D.5, D.6.3).
-SCHEMAS["rubric_bank"] = pa.schema([
-    _key("run_id"), _key("step", I64), _f("group", I64), _key("item_id"), _key("event"), _f("question_id", STR),
-    _f("question", STR), _f("rubrics", STR), _f("takeaways", STR), _f("source_traj_id", STR), _f("utility", F64),
-    _f("replaced_item_id", STR),
-])
-SCHEMAS["bank_retrievals"] = pa.schema([
-    _key("run_id"), _key("step", I64), _f("group", I64), _f("question_id", STR), _key("item_id"), _f("mode", STR),
-    _f("rank", I64), _f("similarity", F64), _f("item_step", I64),
-])
-
-# ARCO (issue 16): every step (policy turn) of every trajectory as the rubric model mu read it in the score stage:
-# its bucket, token span, the criteria mu wrote (text and ids) and its K scores, the step score s̄_t, the outcome,
-# and during the warm-up the teacher's criteria, raw labels and the labels projected onto the outcome.
-SCHEMAS["mu_scores"] = pa.schema([
-    _key("run_id"), _key("step", I64), _key("traj_id"), _f("group", I64), _f("sample", I64), _f("question_id", STR),
-    _key("turn", I64), _f("kind", STR), _f("bucket", STR), _f("token_start", I64), _f("token_end", I64),
-    _f("searches_left", I64), _f("criteria", STR), _f("criteria_ids", pa.list_(pa.int32())),
-    _f("scores", pa.list_(F64)), _f("step_score", F64), _f("outcome", F64), _f("mu_version", I64),
-    _f("teacher_criteria", pa.list_(STR)), _f("teacher_scores", pa.list_(F64)),
-    _f("teacher_projected", pa.list_(F64)), _f("teacher_lambda", F64), _f("judge_error", STR),
-])
-# The policy's credit per step (shape stage): reward-to-go G_t, the baseline b of its bucket, A_t, and the phase.
-SCHEMAS["turn_advantages"] = pa.schema([
-    _key("run_id"), _key("step", I64), _key("traj_id"), _f("group", I64), _f("sample", I64), _key("turn", I64),
-    _f("kind", STR), _f("bucket", STR), _f("step_score", F64), _f("reward_to_go", F64), _f("baseline", F64),
-    _f("advantage", F64), _f("phase", STR), _f("outcome", F64),
-])
-# mu's update per step (consolidate stage): its phase, loss parts, and its calibration before the update (mean
-# sum_t s̄_t and mean |sum_t s̄_t - R| over positive and negative trajectories).
-SCHEMAS["mu_updates"] = pa.schema([
-    _key("run_id"), _key("step", I64), _f("phase", STR), _f("n_trajectories", I64), _f("n_steps", I64),
-    _f("mu_version_before", I64), _f("loss", F64), _f("lm", F64), _f("mse", F64), _f("decomposition", F64),
-    _f("kl", F64), _f("n_pos", I64), _f("n_neg", I64), _f("mean_sum_pos", F64), _f("mean_sum_neg", F64),
-    _f("abs_error_pos", F64), _f("abs_error_neg", F64),
-])
-
 # Co-ReAct (issue 17): every guided step of a guided rollout or evaluation: the rubric placed before the turn, the
 # proposed action and its verification, and the retry that replaced a failed action (tasks/guidance.py).
 SCHEMAS["guided_steps"] = pa.schema([
@@ -206,16 +152,62 @@ SCHEMAS["generator_samples"] = pa.schema([
     _f("finish_reason", STR), _f("policy_version", I64), _f("eval_errors", I64),
 ])
 
-TABLES: tuple[str, ...] = tuple(SCHEMAS)
+PIPELINE_TABLES: tuple[str, ...] = tuple(SCHEMAS)  # the pipeline's own; a method declares its own (``TableSet``)
+OWNER: dict[str, str] = dict.fromkeys(PIPELINE_TABLES, "pipeline")  # table (or "steps.<column>") -> who declared it
 
 
 class SchemaError(ValueError):
     """A row batch does not fit its table's declared schema."""
 
 
+@dataclass(frozen=True)
+class TableSet:
+    """What a method stores beyond the pipeline's tables (issue 32 item 1): its tables and their schemas, the
+    columns it adds to the ``steps`` row, and its SQL views (files ``<name>.sql``, each creating the view
+    ``<name>``). Declared once, in the method's package (``Method.tables``), and registered when the method's
+    class is defined (``register_tables``)."""
+
+    owner: str
+    schemas: Mapping[str, pa.Schema] = dc_field(default_factory=dict)
+    step_columns: tuple[pa.Field, ...] = ()
+    views: tuple[Path, ...] = ()
+
+
+VIEWS: dict[str, Path] = {}  # view name -> its DDL file, from every registered TableSet
+
+
+def register_tables(tables: TableSet) -> None:
+    """Make ``tables`` known to the store: a table or ``steps`` column already declared by another owner must be
+    declared identically (a method and its subclass share theirs); anything else is a ``SchemaError`` naming both."""
+    for name, schema in tables.schemas.items():
+        if name in SCHEMAS and OWNER[name] != tables.owner and not SCHEMAS[name].equals(schema):
+            raise SchemaError(f"table {name!r}: {tables.owner} declares it differently from {OWNER[name]}")
+    steps = {f.name: f for f in SCHEMAS["steps"]}
+    for f in tables.step_columns:
+        if f.name in steps and not steps[f.name].equals(f):
+            raise SchemaError(f"steps column {f.name!r}: {tables.owner} declares it differently from "
+                              f"{OWNER.get('steps.' + f.name, 'pipeline')}")
+    for name, schema in tables.schemas.items():
+        SCHEMAS.setdefault(name, schema)
+        OWNER.setdefault(name, tables.owner)
+    for f in tables.step_columns:
+        if f.name not in steps:
+            steps[f.name] = f
+            OWNER["steps." + f.name] = tables.owner
+    SCHEMAS["steps"] = pa.schema(list(steps.values()))
+    for path in tables.views:
+        VIEWS.setdefault(path.stem, path)
+
+
+def tables() -> tuple[str, ...]:
+    """Every table this process knows: the pipeline's, then those registered by the methods it imported."""
+    return tuple(SCHEMAS)
+
+
 def schema_for(table: str) -> pa.Schema:
     if table not in SCHEMAS:
-        raise SchemaError(f"unknown table {table!r}; known tables: {', '.join(TABLES)}")
+        raise SchemaError(f"unknown table {table!r}; known tables: {', '.join(SCHEMAS)} (a method's own table is "
+                          "known once its class is imported)")
     return SCHEMAS[table]
 
 
@@ -250,14 +242,15 @@ def conform(table: str, rows: list[dict[str, Any]] | pa.Table) -> pa.Table:
         n = len(rows)
     unknown = [c for c in given if c not in names]
     if unknown:
-        raise SchemaError(f"table {table!r}: unknown column(s) {', '.join(unknown)} (declared in storage/schemas.py)")
+        raise SchemaError(f"table {table!r}: unknown column(s) {', '.join(unknown)} (declared in "
+                          "storage/schemas.py or by its method's TableSet)")
     arrays = []
     for field in schema:
         if isinstance(rows, pa.Table):
             if field.name in given:
-                col = rows.column(field.name)
+                stored = rows.column(field.name)
                 try:
-                    arr = col.cast(field.type)
+                    arr = stored.cast(field.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
                     raise SchemaError(f"table {table!r}, column {field.name!r}: cannot cast to {field.type}: {e}") from e
             else:

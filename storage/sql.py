@@ -93,6 +93,13 @@ def query(sql: str, params: Mapping[str, Any] | None = None, *,
         con.close()
 
 
+def has_relation(name: str, *, home: str | os.PathLike[str] | None = None) -> bool:
+    """Whether the workspace catalog has a table view or view ``name`` (a method's exist once a run of it declared
+    them: ``storage.catalog.declare_tables``)."""
+    rows = query("select 1 from duckdb_views() where view_name = $name", {"name": name}, home=home)
+    return rows.num_rows > 0
+
+
 def run_file(name: str, params: Mapping[str, Any] | None = None, *,
              home: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:
     """The rows of ``sql/queries/<name>.sql`` with ``params`` bound, as dicts."""

@@ -449,3 +449,17 @@ def reflection_blocks(candidate: str) -> tuple[str, str] | None:
         bodies.append(m.group(1))
     return bodies[0], bodies[1]
 
+
+def turn_spans(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of every maximal run of loss-mask-1 tokens: the policy's turns, in order."""
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    for j, m in enumerate(loss_mask):
+        if m and start is None:
+            start = j
+        elif not m and start is not None:
+            spans.append((start, j))
+            start = None
+    if start is not None:
+        spans.append((start, len(loss_mask)))
+    return spans

@@ -27,7 +27,6 @@ import torch
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
 from arbor.tasks.agent import GenRequest
-from arbor.tasks.arco import turn_spans
 from arbor.tasks.coreact import (
     consensus_ranks,
     generator_reward,
@@ -36,6 +35,7 @@ from arbor.tasks.coreact import (
     select_diverse,
     verification_score,
 )
+from arbor.tasks.format import turn_spans
 from arbor.tasks.guidance import GENERATOR_SYSTEM, BranchPoint, GeneratorRubrics, generator_user, run_judge
 from arbor.tasks.types import Trajectory
 

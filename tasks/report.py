@@ -455,8 +455,11 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
                            f"{x['mean_attempts']:.2f}", str(x["invalid_attempts"]), str(x["truncated_attempts"]),
                            str(x["other_failed_attempts"])] for x in tries]), "", _sql_block(sql_t), ""]
 
-    # ARCO
-    calib, sql_cal = _query("mu_calibration_of_run", home_p, run_id=run_id)
+    # ARCO (its view exists in a workspace where an ARCO run declared its tables)
+    from arbor.storage.sql import has_relation
+
+    calib, sql_cal = (_query("mu_calibration_of_run", home_p, run_id=run_id)
+                      if has_relation("mu_calibration", home=home_p) else ([], ""))
     if calib:
         advs, sql_adv = _query("turn_advantages_of_run", home_p, run_id=run_id)
         queries += [sql_cal, sql_adv]

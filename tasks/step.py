@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from arbor.config import ArborConfig
 from arbor.llm.base import Judge
 from arbor.llm.stream import StreamedJudge, StreamStats
+from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import read_stage
 from arbor.tasks.datasets import Question
 from arbor.tasks.group_stats import classify_group
@@ -70,6 +71,8 @@ class RunState:
         if self.method is None:
             self.method = make_method(self.cfg)
         check_stages(self.method.stages, self.cfg.run.method)
+        if self.method.tables is not None:  # its tables and views, known to every reader of the workspace
+            declare_tables(self.method.tables, self.home)
         self.method.restore(self)  # its own state (ARBOR's memory, SS-GRPO's stage buffer) from the stored stages
 
     @property
@@ -261,14 +264,11 @@ class RunState:
             "policy_version": self.trainer.policy_version,
             **stream_columns(self.stream_stats),
             "dropped_groups": int(train_metrics.get("dapo_dropped_groups", 0)),  # DAPO dynamic sampling
-            # groups with reward variance DAPO still lacked after its resampling rounds (null for other methods)
-            "dapo_shortfall": (max(0, self.cfg.rollout.batch_size - int(train_metrics["dapo_kept_groups"]))
-                               if "dapo_kept_groups" in train_metrics else None),
         }
         for key in ("loss", "clip_frac", "approx_kl", "tis_mean", "tis_clip_frac", "entropy", "grad_norm"):
             v = train_metrics.get(key)
             row[key] = None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-        row.update(self.method.step_metrics(self, step))
+        row.update(self.method.step_metrics(self, step, train_metrics))
         return row
 
 

@@ -15,7 +15,8 @@ from arbor.config.judge import JudgeConfig
 from arbor.llm import Judge, make_judge
 from arbor.llm.parse import InvalidOutput, parse_step_labels
 from arbor.llm.rules import RulesJudge
-from arbor.tasks import arco
+from arbor.tasks.format import turn_spans
+from arbor.tasks.methods.arco import equations as arco
 from arbor.tasks.types import StepLabel, Trajectory
 
 
@@ -79,11 +80,11 @@ def test_teacher_projection_by_hand() -> None:
 
 def test_turns_and_their_token_advantages() -> None:
     mask = [1, 1, 0, 0, 1, 1, 1, 0]
-    spans = arco.turn_spans(mask)
+    spans = turn_spans(mask)
     assert spans == [(0, 2), (4, 7)]
     adv = arco.turn_token_advantages(len(mask), spans, [0.3, -0.2])
     assert adv.tolist() == pytest.approx([0.3, 0.3, 0, 0, -0.2, -0.2, -0.2, 0])
-    assert arco.turn_spans([1, 1]) == [(0, 2)] and arco.turn_spans([0, 0]) == []
+    assert turn_spans([1, 1]) == [(0, 2)] and turn_spans([0, 0]) == []
     with pytest.raises(ValueError):
         arco.turn_token_advantages(3, [(0, 4)], [1.0])
     assert arco.step_kind("<think>x</think><search>q</search>") == "search"
@@ -185,8 +186,8 @@ def test_a_tiny_rubric_model_learns_which_step_decides_the_outcome(tmp_path: Pat
     a hesitation without one (R = 0). Trained only on sum_t s̄_t = R (45 updates of the decomposition loss), mu must
     move the credit onto the second step. A constant scorer (or a loss that ignored the steps' scores) stays at a
     weighted squared error of 0.25 per trajectory; a flipped sign drives the sums away from R."""
+    from arbor.tasks.methods.arco.rubric_model import MuExample, RubricModelTrainer, encode_prompt
     from arbor.tasks.policy import TINY_SHAPES, build_tiny_policy
-    from arbor.tasks.rubric_model import MuExample, RubricModelTrainer, encode_prompt
 
     cfg = load_config("tiny-cpu", {"run.method": "arco", "arco.criteria": "none", "arco.lr": 5e-4,
                                    "arco.head_lr": 1e-3, "arco.updates": 45})
@@ -221,8 +222,8 @@ def test_a_tiny_rubric_model_learns_which_step_decides_the_outcome(tmp_path: Pat
 
 def test_rubric_model_checkpoint_round_trip(tmp_path: Path) -> None:
     """mu's checkpoint restores its scores exactly (LoRA, head, reference, optimizer) and retention applies."""
+    from arbor.tasks.methods.arco.rubric_model import MuExample, RubricModelTrainer, encode_prompt
     from arbor.tasks.policy import build_tiny_policy
-    from arbor.tasks.rubric_model import MuExample, RubricModelTrainer, encode_prompt
 
     cfg = load_config("tiny-cpu", {"run.method": "arco", "arco.criteria": "none", "arco.lr": 1e-3})
     start = build_tiny_policy(home=tmp_path)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from flow_support import table, tiny_overrides
 
-from arbor.tasks import arco
+from arbor.tasks.format import turn_spans
+from arbor.tasks.methods.arco import equations as arco
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +63,7 @@ def test_arco_scores_turns_teaches_mu_and_trains_on_turn_credit(reference: Path)
     assert len(trajs) == 3 * 4 * 4
     for tid, t in trajs.items():  # the turns are the policy's loss-mask runs, in order
         mine = sorted((r for r in scores if r["traj_id"] == tid), key=lambda r: r["turn"])
-        assert [(r["token_start"], r["token_end"]) for r in mine] == arco.turn_spans(t["loss_mask"])
+        assert [(r["token_start"], r["token_end"]) for r in mine] == turn_spans(t["loss_mask"])
         assert [r["bucket"] for r in mine] == arco.step_buckets([r["kind"] for r in mine])
         assert all(len(r["scores"]) == 3 and r["step_score"] == pytest.approx(sum(r["scores"]) / 3) for r in mine)
         assert t["shaped_reward"] == t["base_reward"] and t["stage_starts"] == [r["token_start"] for r in mine]

@@ -6,7 +6,7 @@
     judges       llm/: the OpenAI-compatible and rules judges, prompts
     environment  tasks/: search, datasets, agent loop, rollout engines, policy, losses, rubric memory, shaping,
                  the stage store (tasks/stages.py), the update a controller sends (tasks/update.py)
-    training     the trainers (RL, SFT, ARCO's rubric model) and the trainer service: pure update workers that
+    training     the trainers (RL, SFT) and the trainer service: pure update workers that
                  know no method (issue 32 item 2)
     methods      tasks/methods/, the step's stages (tasks/step.py), preflight
     flows        flows/: Prefect flows
@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("storage", ("arbor.storage",)),
     ("judges", ("arbor.llm",)),
     ("environment", ("arbor.tasks",)),
-    ("training", ("arbor.tasks.train", "arbor.tasks.trainer_service", "arbor.tasks.sft", "arbor.tasks.rubric_model")),
+    ("training", ("arbor.tasks.train", "arbor.tasks.trainer_service", "arbor.tasks.sft")),
     ("methods", ("arbor.tasks.methods", "arbor.tasks.step", "arbor.preflight")),
     ("flows", ("arbor.flows",)),
     ("cli", ("arbor.cli",)),

@@ -11,8 +11,8 @@ from arbor.config.rubricem import DEFAULT_LAMBDA
 from arbor.tasks.format import RUBRICEM, check_format, stage_spans, token_starts
 from arbor.tasks.losses import group_advantages, policy_loss
 from arbor.tasks.methods.base import Method
-from arbor.tasks.methods.ss_grpo import SSGRPO, neutral_grades, trajectory_stage_scores
-from arbor.tasks.stagewise import (
+from arbor.tasks.methods.ss_grpo.method import SSGRPO, neutral_grades, trajectory_stage_scores
+from arbor.tasks.methods.ss_grpo.stagewise import (
     StageBuffer,
     grade_variance,
     prune_stage,

@@ -1,13 +1,16 @@
-"""Training methods, one module each, found by name (``run.method``) or by import path (issue 13).
+"""Training methods, one module or package each, found by name (``run.method``) or by import path (issue 13).
 
     arbor      tasks/methods/arbor.py      the paper: rubric memory, eq. 1-4
     grpo       tasks/methods/grpo.py       outcome reward only (the Method defaults)
     dapo       tasks/methods/dapo.py       clip-higher, dynamic sampling
     rar        tasks/methods/rar.py        query-specific RaR items, holistic rating (App. C.3)
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
-    ss-grpo    tasks/methods/ss_grpo.py    RubricEM's stage-structured GRPO with a stagewise rubric judge (issue 15)
-    rubricem   tasks/methods/rubricem.py   ss-grpo plus the reflection meta-policy and the rubric bank (issue 15)
-    arco       tasks/methods/arco.py       a co-evolving rubric model turns the outcome into per-turn rewards (issue 16)
+    ss-grpo    tasks/methods/ss_grpo/      RubricEM's stage-structured GRPO, a stagewise rubric judge (issue 15)
+    rubricem   tasks/methods/rubricem/     ss-grpo plus the reflection meta-policy and the rubric bank (issue 15)
+    arco       tasks/methods/arco/         a co-evolving rubric model turns the outcome into per-turn rewards
+
+A method with tables of its own is a package (issue 32): ``method.py`` (the class), its mathematics as pure
+functions, ``tables.py`` (its ``TableSet``) and ``sql/`` (its views).
 
 A user's method is a subclass of ``arbor.tasks.methods.base.Method`` named by ``run.method: pkg.module:ClassName``
 (docs/methods.md). This module imports no method (nor torch) until one is resolved, so that checking a config

@@ -10,7 +10,9 @@ and ARBOR (``tasks.methods.arbor``) adds its rubric memory's four:
     rollout ─► score ─► retire ─► induce ─► shape ─► consolidate ─► train
 
 The flow runs whatever graph the method declares; the stage machinery (storage, resume, timing, metrics) belongs
-to ``tasks.step.RunState``. A stage the method adds is a hook of the same name, ``hook(run, step, trajs)`` (trajs:
+to ``tasks.step.RunState``. What a method stores beyond the pipeline's tables, it declares as a
+``storage.schemas.TableSet`` (``Method.tables``: its tables and schemas, its ``steps`` columns, its SQL views),
+registered with the store when its class is defined. A stage the method adds is a hook of the same name, ``hook(run, step, trajs)`` (trajs:
 the step's rollouts), returning the rows of its declared tables. The decisions inside the pipeline's stages are
 hooks with plain GRPO's defaults:
 
@@ -28,7 +30,7 @@ hooks with plain GRPO's defaults:
                      pi_old, ``frozen``: the start checkpoint), fixed when the trainer is built
     kl_coef_at       the coefficient at one step (ARCO: 0 in its sparse phase)
     after_train      once a step's policy update is committed (ARCO: mu's checkpoint with the policy's)
-    step_metrics     the method's columns of the ``steps`` row (ARCO: mu's loss)
+    step_metrics     the method's columns of the ``steps`` row (ARCO: mu's loss; DAPO: its shortfall)
     summary          what the step's log line and trackers show of the method's state (ARBOR: the common pool)
     restore          rebuild the method's own state from stored rows when a run (re)starts (ARBOR: its memory)
 
@@ -48,6 +50,8 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import Judge
+from arbor.storage.schemas import TableSet, register_tables
+from arbor.storage.schemas import tables as known_tables
 from arbor.tasks.datasets import Question, batch_for_step
 from arbor.tasks.shaping import shape_group
 from arbor.tasks.types import LossSettings, Trajectory
@@ -106,16 +110,15 @@ PIPELINE_STAGES = ("rollout", "shape", "train")
 def check_stages(stages: Sequence[Stage], method: str) -> None:
     """A stage graph starts with ``rollout``, shapes before it trains, ends with ``train``, names each stage once,
     and every stored table is one the storage layer declares (``storage/schemas.py``)."""
-    from arbor.storage.schemas import TABLES
-
     names = [s.name for s in stages]
     if len(set(names)) != len(names):
         raise ValueError(f"method {method}: a stage is declared twice in {names}")
     if not names or names[0] != "rollout" or names[-1] != "train" or "shape" not in names:
         raise ValueError(f"method {method}: stages {names} must start with rollout, include shape and end with train")
-    unknown = sorted({t for s in stages for t in s.tables} - set(TABLES))
+    unknown = sorted({t for s in stages for t in s.tables} - set(known_tables()))
     if unknown:
-        raise ValueError(f"method {method}: stage tables {unknown} are not declared in storage/schemas.py")
+        raise ValueError(f"method {method}: stage tables {unknown} are declared neither by the pipeline "
+                         "(storage/schemas.py) nor by the method's TableSet (``Method.tables``)")
 
 
 @dataclass
@@ -137,6 +140,13 @@ class Method(GRPORule):
     name: ClassVar[str] = ""
     stages: ClassVar[tuple[Stage, ...]] = (ROLLOUT, SHAPE, TRAIN)  # the step's stage graph, in order
     requires: ClassVar[dict[str, object]] = {}  # dotted config key -> the value the method cannot run without
+    tables: ClassVar[TableSet | None] = None  # the method's own tables, steps columns and views (its package's)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Defining a method registers what it stores: its tables are known to the store from then on."""
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("tables") is not None:
+            register_tables(cls.tables)  # type: ignore[arg-type]
 
     def __init__(self, cfg: ArborConfig) -> None:
         self.cfg = cfg
@@ -199,8 +209,8 @@ class Method(GRPORule):
     def after_train(self, run: StepResources, step: int, metrics: dict[str, float]) -> None:
         """Called once ``step``'s train stage is committed, beside the policy's checkpoint (not on a replay)."""
 
-    def step_metrics(self, run: StepResources, step: int) -> dict[str, float | None]:
-        """Columns the method adds to the step's ``steps`` row (declared in storage/schemas.py)."""
+    def step_metrics(self, run: StepResources, step: int, train_metrics: dict[str, float]) -> dict[str, float | None]:
+        """Values of the columns the method adds to the step's ``steps`` row (its ``tables.step_columns``)."""
         return {}
 
     def summary(self) -> dict[str, float | str]:

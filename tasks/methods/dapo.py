@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from arbor.config.train import TrainConfig
+from arbor.storage.schemas import I64, TableSet, col
 from arbor.tasks.datasets import Question, resample_questions
 from arbor.tasks.losses import dynamic_sampling_filter, dynamic_sampling_refill
 from arbor.tasks.methods.base import Method, StepResources
@@ -19,6 +20,8 @@ from arbor.tasks.types import LossSettings, Trajectory
 
 class DAPO(Method):
     name = "dapo"
+    # groups with reward variance DAPO still lacked after its resampling rounds (null for other methods)
+    tables = TableSet(owner="dapo", step_columns=(col("dapo_shortfall", I64),))
 
     def extra_rollouts(self, run: StepResources, step: int, batch: list[Question],
                        trajs: list[Trajectory]) -> list[Trajectory]:
@@ -53,3 +56,8 @@ class DAPO(Method):
         keep, dropped = dynamic_sampling_filter(rewards, groups)
         return keep, {"dapo_dropped_groups": float(dropped),
                       "dapo_kept_groups": float(len({groups[i] for i in keep}))}
+
+    def step_metrics(self, run: StepResources, step: int, train_metrics: dict[str, float]) -> dict[str, float | None]:
+        if "dapo_kept_groups" not in train_metrics:
+            return {"dapo_shortfall": None}
+        return {"dapo_shortfall": max(0, self.cfg.rollout.batch_size - int(train_metrics["dapo_kept_groups"]))}

@@ -1,7 +1,7 @@
 """ARCO (issue 16): a co-evolving rubric model mu turns the outcome into per-step rewards, with no judge in the loop
 after its warm-up. Facts from the ARCO paper's review and its authors' code; choices in docs/decisions.md.
 
-    score        split each trajectory into steps (its policy turns, ``tasks.arco.turn_spans``); mu writes K
+    score        split each trajectory into steps (its policy turns, ``tasks.format.turn_spans``); mu writes K
                  criteria per step (greedy; ``arco.criteria``: generate | static | none) and scores them,
                  s̄_t = mean_k s_tk. During the teacher warm-up the judge also labels every step (``step_labels``),
                  projected so that sum_t mean_k x_tk = R.
@@ -29,8 +29,10 @@ from torch import Tensor
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext, JudgeOutcome
-from arbor.tasks import arco
 from arbor.tasks.checkpoint import checkpoint_due, run_checkpoint_root
+from arbor.tasks.format import turn_spans
+from arbor.tasks.methods.arco import equations as arco
+from arbor.tasks.methods.arco.tables import TABLES
 from arbor.tasks.methods.base import ROLLOUT, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.stages import fault_point
 from arbor.tasks.types import LossSettings, StepLabel, Trajectory
@@ -51,7 +53,7 @@ class Step:
 
 def trajectory_steps(t: Trajectory, decode: Any, max_searches: int) -> list[Step]:
     """The policy turns of ``t`` with their text, the result after each and the searches left before each."""
-    spans = arco.turn_spans(t.loss_mask)
+    spans = turn_spans(t.loss_mask)
     out = []
     used = 0
     for i, (a, b) in enumerate(spans):
@@ -66,6 +68,7 @@ def trajectory_steps(t: Trajectory, decode: Any, max_searches: int) -> list[Step
 
 class ARCO(Method):
     name = "arco"
+    tables = TABLES
     stages: ClassVar[tuple[Stage, ...]] = (
         ROLLOUT, Stage("score", ("judge_calls", "mu_scores")), Stage("shape", ("trajectories", "turn_advantages"),
                                                                      retries=1),
@@ -80,7 +83,7 @@ class ARCO(Method):
     # ------------------------------------------------------------------------------------------ resume
     def restore(self, run: StepResources) -> None:
         """mu from its latest checkpoint, then every stored update after it replayed in order."""
-        from arbor.tasks.rubric_model import RubricModelTrainer
+        from arbor.tasks.methods.arco.rubric_model import RubricModelTrainer
 
         home = Path(run.home)
         self.mu = RubricModelTrainer(self.cfg, Path(run.trainer.model_path),
@@ -96,7 +99,7 @@ class ARCO(Method):
 
     # ------------------------------------------------------------------------------------------ score
     def _examples(self, run: StepResources, trajs: Sequence[Trajectory]) -> tuple[list[list[Step]], list[list[int]]]:
-        from arbor.tasks.rubric_model import encode_prompt
+        from arbor.tasks.methods.arco.rubric_model import encode_prompt
 
         tok = self.mu.tokenizer
 
@@ -111,7 +114,7 @@ class ARCO(Method):
 
     def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """mu's criteria and scores for every step (and, during the warm-up, the teacher's labels)."""
-        from arbor.tasks.rubric_model import MuExample
+        from arbor.tasks.methods.arco.rubric_model import MuExample
 
         ac = self.cfg.arco
         steps, prompts = self._examples(run, trajs)
@@ -195,7 +198,7 @@ class ARCO(Method):
 
     def _update(self, run: StepResources, step: int) -> dict[str, Any]:
         """mu's update of ``step`` from what the score stage stored (the same on a replay)."""
-        from arbor.tasks.rubric_model import MuExample, criteria_text
+        from arbor.tasks.methods.arco.rubric_model import MuExample, criteria_text
 
         ac = self.cfg.arco
         trajs = sorted(run.trajectories(step, "rollout", "rollouts"), key=lambda t: (t.group, t.sample))
@@ -238,7 +241,7 @@ class ARCO(Method):
             got = self.mu.update_decompose(examples, outcomes, step)
         return {**row, **got}
 
-    def step_metrics(self, run: StepResources, step: int) -> dict[str, float | None]:
+    def step_metrics(self, run: StepResources, step: int, train_metrics: dict[str, float]) -> dict[str, float | None]:
         rows = run.store.load(step, "mu_update", ("mu_updates",))["mu_updates"]
         return {"mu_loss": rows[0].get("loss") if rows else None}
 

@@ -38,7 +38,8 @@ from arbor.tasks.datasets import Question, batch_for_step
 from arbor.tasks.format import reflection_blocks
 from arbor.tasks.losses import group_advantages
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StepResources
-from arbor.tasks.methods.ss_grpo import SSGRPO
+from arbor.tasks.methods.rubricem.tables import TABLES
+from arbor.tasks.methods.ss_grpo.method import SSGRPO
 from arbor.tasks.reflection import (
     REFLECTION_GROUP,
     REFLECTION_STOP,
@@ -59,6 +60,7 @@ from arbor.tasks.types import ReflectionGrade, RubricGrade, StageRubric, Traject
 
 class RubricEM(SSGRPO):
     name = "rubricem"
+    tables = TABLES
     stages: ClassVar[tuple[Stage, ...]] = (
         replace(ROLLOUT, tables=("rollouts", "bank_retrievals")), SSGRPO.stage("score"),
         Stage("reflect", ("judge_calls", "reflections", "rubric_bank")), SHAPE, TRAIN)

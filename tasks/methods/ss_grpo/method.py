@@ -36,8 +36,7 @@ from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.tasks.format import STAGE_NAMES
 from arbor.tasks.losses import segment_advantages
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StepResources
-from arbor.tasks.stages import fault_point
-from arbor.tasks.stagewise import (
+from arbor.tasks.methods.ss_grpo.stagewise import (
     StageBuffer,
     grade_variance,
     stage_advantages,
@@ -46,6 +45,8 @@ from arbor.tasks.stagewise import (
     stage_segments,
     stage_token_bounds,
 )
+from arbor.tasks.methods.ss_grpo.tables import TABLES
+from arbor.tasks.stages import fault_point
 from arbor.tasks.types import LossSettings, RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 
@@ -77,6 +78,7 @@ def trajectory_stage_scores(rubrics: Sequence[StageRubric], grades: Sequence[flo
 
 class SSGRPO(Method):
     name = "ss-grpo"
+    tables = TABLES
     stages: ClassVar[tuple[Stage, ...]] = (
         ROLLOUT, Stage("score", ("judge_calls", "stage_rubrics", "stage_scores", "stage_grades")), SHAPE, TRAIN)
     requires: ClassVar[dict[str, object]] = {"rollout.protocol": "rubricem"}  # the stages must exist

@@ -25,21 +25,6 @@ TERMINAL = "terminal"
 
 
 # ---------------------------------------------------------------------------------------------- steps of a trajectory
-def turn_spans(loss_mask: Sequence[int]) -> list[tuple[int, int]]:
-    """``[start, end)`` of every maximal run of loss-mask-1 tokens: the policy's turns, in order."""
-    spans: list[tuple[int, int]] = []
-    start: int | None = None
-    for j, m in enumerate(loss_mask):
-        if m and start is None:
-            start = j
-        elif not m and start is not None:
-            spans.append((start, j))
-            start = None
-    if start is not None:
-        spans.append((start, len(loss_mask)))
-    return spans
-
-
 def step_kind(turn_text: str, search_open: str = "<search>", answer_open: str = "<answer>") -> str:
     """``finish`` when the turn gives an answer, ``search`` when it searches, else ``other``."""
     if answer_open in turn_text:

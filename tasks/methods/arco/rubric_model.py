@@ -28,9 +28,10 @@ from torch import Tensor, nn
 
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
-from arbor.tasks import arco, lora
 from arbor.tasks import checkpoint as ckpt
+from arbor.tasks import lora
 from arbor.tasks.lora import LoRALinear
+from arbor.tasks.methods.arco import equations as arco
 
 LORA_TARGETS = ("q_proj", "v_proj")
 MU_SYSTEM = "You write the criteria that decide whether one step of a search agent helps answer the question."

@@ -36,7 +36,7 @@ def test_a_malformed_graph_is_refused_naming_the_method() -> None:
         ((ROLLOUT, TRAIN), "include shape"),
         ((ROLLOUT, SHAPE, TRAIN, Stage("score", ("rubric_events",))), "end with train"),
         ((ROLLOUT, SHAPE, SHAPE, TRAIN), "declared twice"),
-        ((ROLLOUT, Stage("diversity", ("group_diversity",)), SHAPE, TRAIN), "group_diversity"),
+        ((ROLLOUT, Stage("diversity", ("no_such_table",)), SHAPE, TRAIN), "no_such_table"),
     ]:
         with pytest.raises(ValueError, match=words) as e:
             check_stages(stages, "mine")

@@ -30,11 +30,25 @@ def _traj(step: int, group: int, sample: int, f1: float = 0.5) -> dict:
 
 
 def test_every_interface_table_has_a_schema():
-    assert set(SCHEMAS) == {"runs", "steps", "stage_runs", "trajectories", "rubric_events", "rubric_activations",
-                            "rubric_sources", "judge_calls", "eval_results", "rollouts", "draft_scores",
-                            "stage_rubrics", "stage_scores", "stage_grades", "reflections", "rubric_bank",
-                            "bank_retrievals", "mu_scores", "turn_advantages", "mu_updates",
-                            "guided_steps", "branch_points", "generator_samples"}
+    """The pipeline declares its own tables; each built-in method's package declares the rest (issue 32)."""
+    from arbor.storage.schemas import OWNER, PIPELINE_TABLES
+    from arbor.tasks.methods import BUILTIN, resolve_method
+
+    assert set(PIPELINE_TABLES) == {"runs", "steps", "stage_runs", "trajectories", "rubric_events",
+                                    "rubric_activations", "rubric_sources", "judge_calls", "eval_results",
+                                    "rollouts", "draft_scores"}
+    for name in BUILTIN:
+        resolve_method(name)
+    import arbor.tasks.methods.coreact  # noqa: F401 - registers Co-ReAct's tables
+
+    owned = {"ss-grpo": {"stage_rubrics", "stage_scores", "stage_grades"},
+             "rubricem": {"reflections", "rubric_bank", "bank_retrievals"},
+             "arco": {"mu_scores", "turn_advantages", "mu_updates"},
+             "co-react": {"guided_steps", "branch_points", "generator_samples"}}
+    for owner, names in owned.items():
+        assert {t for t in SCHEMAS if OWNER[t] == owner} == names, owner
+    assert OWNER["steps.dapo_shortfall"] == "dapo" and OWNER["steps.mu_loss"] == "arco"
+    assert {"dapo_shortfall", "mu_loss"} <= set(SCHEMAS["steps"].names)
 
 
 def test_unknown_column_refused_naming_it(tmp_path):

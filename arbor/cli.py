@@ -257,8 +257,8 @@ def _redo(cfg: Any, resume: str | None, spec: str, home: Path) -> None:
         gone = discard_from(resume, int(step_text), stage, resolve_method(cfg.run.method).stage_names(), home)
     except ValueError as e:
         raise ConfigError(f"--redo {spec}: {e}") from e
-    from arbor.tasks.checkpoint import discard_from as discard_checkpoints
-    from arbor.tasks.checkpoint import run_checkpoint_root
+    from arbor.tasks.training.checkpoint import discard_from as discard_checkpoints
+    from arbor.tasks.training.checkpoint import run_checkpoint_root
 
     ckpts = discard_checkpoints(run_checkpoint_root(cfg, home), int(step_text))
     typer.echo(f"redo: discarded {len(gone)} stored stages of run {resume} from step {step_text} "
@@ -419,8 +419,8 @@ def judge_serve_cmd(
     import subprocess
 
     from arbor.paths import PROJECT_ROOT
-    from arbor.tasks.policy import PolicyLoadError, shipped_gguf
-    from arbor.tasks.serving import ServerDied, Supervised, llama_judge_spec
+    from arbor.tasks.env.policy import PolicyLoadError, shipped_gguf
+    from arbor.tasks.env.serving import ServerDied, Supervised, llama_judge_spec
 
     exe = python.expanduser().absolute() if python is not None else PROJECT_ROOT / JUDGE_PYTHON
     if not exe.is_file():
@@ -510,7 +510,7 @@ def eval_cmd(
     """Evaluate a checkpoint: EM, F1, LLM-judge accuracy, strict and valid-only (paper Tables 1 and 5); with
     `--set eval.second_judge_model=MODEL` the same answers are re-judged by MODEL (Table 6, App. C.2)."""
     from arbor.config import ConfigError, load_config
-    from arbor.tasks.evaluate import EvalError, second_judge_config
+    from arbor.tasks.reporting.evaluate import EvalError, second_judge_config
 
     for flag, value in (("--runs", runs), ("--limit", limit)):
         if value is not None and value < 1:
@@ -528,7 +528,7 @@ def eval_cmd(
         if checkpoint is not None and not hub_id and not Path(checkpoint).expanduser().exists():
             raise ConfigError(f"checkpoint {checkpoint!r} does not exist (a checkpoint folder, e.g. "
                               "ARBOR_HOME/checkpoints/RUN/step_000010/hf, or a model id in the local cache)")
-        from arbor.tasks.datasets import DatasetError, load_questions, split_spec
+        from arbor.tasks.env.datasets import DatasetError, load_questions, split_spec
 
         for split in splits or cfg.eval.splits:  # an unknown split or an unreadable file, before any model loads
             try:
@@ -557,7 +557,7 @@ def report_cmd(run_id: Annotated[str, typer.Argument(help="the run to report on"
             _fail(f"no run '{run_id}' in {home} (`arbor runs` lists them)")
     except SchemaError as e:
         _fail(e)
-    from arbor.tasks.report import ReportError, build_report
+    from arbor.tasks.reporting.report import ReportError, build_report
 
     try:
         paths = build_report(run_id)

@@ -25,7 +25,7 @@ class PreflightError(RuntimeError):
 def _model_available(model: str) -> bool:
     if model == "tiny" or Path(model).expanduser().exists():
         return True
-    if model in SHIPPED_GGUF:  # a wheel's model: installed (tasks.policy converts it on first use)
+    if model in SHIPPED_GGUF:  # a wheel's model: installed (tasks.env.policy converts it on first use)
         import importlib.metadata
 
         try:
@@ -87,7 +87,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
     """Input files the run reads, checked before anything starts (key and file named)."""
     missing: list[str] = []
     ds = cfg.train.deepspeed_config
-    if ds:  # tasks.train.read_deepspeed_json: relative to the project root
+    if ds:  # tasks.training.train.read_deepspeed_json: relative to the project root
         p = Path(ds).expanduser()
         p = p if p.is_absolute() else PROJECT_ROOT / p
         problem = _json_object_problem(p) if p.exists() else f"no such file {p}"
@@ -101,10 +101,10 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
     if cfg.train.hostfile and not Path(cfg.train.hostfile).expanduser().exists():
         missing.append(f"train.hostfile: no such file {Path(cfg.train.hostfile).expanduser().resolve()}")
     cwd = Path.cwd()
-    sets = [("data.train", cfg.data.train, PROJECT_ROOT)]  # tasks.datasets: the current directory, then the root
+    sets = [("data.train", cfg.data.train, PROJECT_ROOT)]  # tasks.env.datasets: the current directory, then the root
     if cfg.run.eval_every:
         sets.append(("data.eval", cfg.data.eval, PROJECT_ROOT))
-    if cfg.search.backend == "bm25":  # tasks.search: the current directory, then the project root
+    if cfg.search.backend == "bm25":  # tasks.env.search: the current directory, then the project root
         sets.append(("search.corpus", cfg.search.corpus, PROJECT_ROOT))
     if _sft_will_run(cfg):  # flows.sft: the current directory
         sets.append(("sft.data", cfg.sft.data, cwd))
@@ -113,7 +113,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
             where = " and ".join(dict.fromkeys(str(d) for d in (cwd, anchor)))
             missing.append(f"{key}: no such file {value} (looked in {where})")
         elif value and not is_named_set(value) and key in ("data.train", "data.eval"):
-            from arbor.tasks.datasets import DatasetError, fields_of, read_questions
+            from arbor.tasks.env.datasets import DatasetError, fields_of, read_questions
 
             try:  # every row, with the configured field mapping: a malformed one is named before anything starts
                 questions = read_questions(_input_file(value, anchor), fields=fields_of(cfg.data))
@@ -122,7 +122,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
             else:
                 missing += _overlong_questions(cfg, key, questions)
         elif value and not is_named_set(value) and key == "search.corpus":
-            from arbor.tasks.search import SearchError, load_corpus
+            from arbor.tasks.env.search import SearchError, load_corpus
 
             try:  # its first rows, as the run will read them (an empty or binary corpus failed minutes in)
                 load_corpus(_input_file(value, anchor), limit=10_000)
@@ -148,8 +148,8 @@ def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str
     from transformers.utils import logging as hf_logging
 
     from arbor.paths import arbor_home
-    from arbor.tasks.agent import build_prompt_ids
-    from arbor.tasks.policy import load_tokenizer, policy_source
+    from arbor.tasks.env.agent import build_prompt_ids
+    from arbor.tasks.env.policy import load_tokenizer, policy_source
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the refusal is one line, even when the tiny policy is built first
@@ -186,7 +186,7 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
 
         checks.append(lambda: load_reward_fn(cfg.reward))
     if is_import_path(cfg.search.backend):
-        from arbor.tasks.search import load_search_plugin
+        from arbor.tasks.env.search import load_search_plugin
 
         checks.append(lambda: load_search_plugin(cfg.search.backend))
     if is_import_path(cfg.judge.backend):
@@ -194,8 +194,8 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
 
         checks.append(lambda: load_judge_plugin(cfg.judge.backend))
     named = [s for s in (cfg.data.train, cfg.data.eval, cfg.search.corpus, cfg.sft.data) if s and is_named_set(s)]
-    if named:  # a data source's module (tasks.sources), imported as the run will
-        from arbor.tasks.sources import find_source
+    if named:  # a data source's module (tasks.env.sources), imported as the run will
+        from arbor.tasks.env.sources import find_source
 
         checks += [lambda s=s: find_source(s.removeprefix("synth:").partition(":")[0]) for s in named]
     for load in checks:

@@ -43,7 +43,7 @@ def load_run(run_id: str, home: Path) -> tuple[Any, list[list[Any]], Callable[[l
     from arbor.config import ArborConfig
     from arbor.storage.parquet import read_table
     from arbor.storage.runs import run_row
-    from arbor.tasks.policy import load_tokenizer, policy_source
+    from arbor.tasks.env.policy import load_tokenizer, policy_source
     from arbor.tasks.types import Trajectory
 
     row = run_row(run_id, home)

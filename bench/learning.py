@@ -17,7 +17,7 @@ Then the final exam: the SFT start and every run's last checkpoint answer the he
 same sampling seeds (common random numbers). In-run evaluations sample with each run's own seed, so the start's
 three readings differ by sampling noise alone; the exam removes that noise from the start -> final comparison,
 and its standard error counts both the training seeds and the finite question set, paired by question
-(``tasks.curves.common_dice_delta``).
+(``tasks.reporting.curves.common_dice_delta``).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def final_exam(checkpoint: Path, exam_id: str, sets: dict[str, Any], home: Path,
     and reused when present."""
     from arbor.config import load_config
     from arbor.flows.evaluate import arbor_eval
-    from arbor.tasks.evaluate import load_eval_results
+    from arbor.tasks.reporting.evaluate import load_eval_results
 
     if load_eval_results(exam_id, home=home):
         return exam_id
@@ -137,7 +137,7 @@ def exam_table(start_ids: dict[str, str], finals: dict[str, tuple[str, int]], me
                home: Path) -> tuple[str, dict[str, Any]]:
     """Final F1 of every run against its method's start (``start_ids``: method -> the start's exam), all read with
     the common dice: the table and {method: delta}."""
-    from arbor.tasks.curves import common_dice_delta, mean_se, question_f1, rises_by
+    from arbor.tasks.reporting.curves import common_dice_delta, mean_se, question_f1, rises_by
 
     per_q = question_f1([*dict.fromkeys(start_ids.values()), *finals], home)
     head = ["method", "seeds", "F1 start", "F1 final per seed", "F1 final", "ΔF1 (common dice)", "≥3 SE"]
@@ -162,7 +162,7 @@ def _render(head: list[str], body: list[list[str]]) -> str:
 
 
 def table(rows: pl.DataFrame, methods: list[str]) -> str:
-    from arbor.tasks.curves import mean_se, rises_by, start_final_delta
+    from arbor.tasks.reporting.curves import mean_se, rises_by, start_final_delta
 
     f1 = start_final_delta(rows, "strict_f1")
     em = start_final_delta(rows, "strict_em")
@@ -192,7 +192,7 @@ def reflection_table(run_ids: dict[str, tuple[str, int]], home: Path, window: in
     candidates over the first and the last ``window`` steps, their valid share, bank writes and retrievals
     (mean ± SE over seeds); "" when no run reflected."""
     from arbor.storage.parquet import read_table
-    from arbor.tasks.curves import mean_se
+    from arbor.tasks.reporting.curves import mean_se
 
     per: dict[str, list[dict[str, float]]] = {}
     for rid, (m, _) in run_ids.items():
@@ -222,7 +222,7 @@ def reflection_table(run_ids: dict[str, tuple[str, int]], home: Path, window: in
 
 
 def _avg(rows: pl.DataFrame, key: str) -> str:
-    from arbor.tasks.curves import mean_se
+    from arbor.tasks.reporting.curves import mean_se
 
     ms = mean_se(rows[key])
     return "-" if ms is None else f"{ms.mean:.3f}"
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     os.environ["ARBOR_HOME"] = str(home)
 
-    from arbor.tasks.curves import collect_curve_rows, plot_curves, rises_by, start_final_delta
+    from arbor.tasks.reporting.curves import collect_curve_rows, plot_curves, rises_by, start_final_delta
 
     t0 = time.perf_counter()
     starts = {m: start_for(m, sets, home, args.profile) for m in methods}  # one SFT start (seed 0) per protocol
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_exam:
         return 0
     # the final exam: the start and every run's last checkpoint answer with the same dice (common random numbers)
-    from arbor.tasks.checkpoint import latest_complete
+    from arbor.tasks.training.checkpoint import latest_complete
 
     tag = settings_tag(sets, args.profile)
     start_ids = {m: final_exam(starts[m], f"exam-{starts[m].name}-{tag}", sets, home, m, args.profile)

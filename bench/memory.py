@@ -22,14 +22,14 @@ import numpy as np
 from arbor.config.memory import MemoryConfig
 from arbor.seeding import derive_seed
 from arbor.tasks.induction import select_anchors
-from arbor.tasks.judge import (
+from arbor.tasks.methods.arbor.judge import (
     presentation,
     presentation_swapped,
     score_group,
     sparse_edges,
     verdict_to_outcome,
 )
-from arbor.tasks.memory import Activation, DraftResult, RubricMemory
+from arbor.tasks.methods.arbor.memory import Activation, DraftResult, RubricMemory
 from arbor.tasks.reward import base_reward
 from arbor.tasks.shaping import shape_group
 from arbor.tasks.types import RubricDraft

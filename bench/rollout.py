@@ -20,7 +20,7 @@ Prints generated tokens/s of both, the ratio (target >= 0.8 when compute dominat
 turns per trajectory.
 
 ``--model smollm2`` (or a GGUF file / HF directory; issue 30 item 6): the real SmolLM2-135M-Instruct, loaded through
-``tasks.policy.resolve_model`` / ``load_policy`` (converted once into ``bench/out/models-home``), on the world's
+``tasks.env.policy.resolve_model`` / ``load_policy`` (converted once into ``bench/out/models-home``), on the world's
 held-out questions rendered with its own chat template (``build_prompt_ids`` with the loop's system prompt), with the
 smol-world profile's rollout settings (temperature 0.7, 48 new tokens per turn, 4 turns / 3 searches, 256 response
 and 640 context tokens, the world's BM25 corpus, top-1 passage of 200 characters), at batch sizes 8 and 16:
@@ -59,11 +59,17 @@ sys.path.insert(0, str(ROOT))
 
 from arbor.config import load_config  # noqa: E402
 from arbor.paths import arbor_home  # noqa: E402
-from arbor.tasks.agent import AgentLoop, build_prompt_ids  # noqa: E402
-from arbor.tasks.datasets import load_questions  # noqa: E402
-from arbor.tasks.policy import BENCH_50M, TinyPolicyConfig, build_tiny_model, build_tiny_policy, n_parameters  # noqa: E402
-from arbor.tasks.rollout import TransformersEngine  # noqa: E402
-from arbor.tasks.search import make_search  # noqa: E402
+from arbor.tasks.env.agent import AgentLoop, build_prompt_ids  # noqa: E402
+from arbor.tasks.env.datasets import load_questions  # noqa: E402
+from arbor.tasks.env.policy import (  # noqa: E402
+    BENCH_50M,
+    TinyPolicyConfig,
+    build_tiny_model,
+    build_tiny_policy,
+    n_parameters,
+)
+from arbor.tasks.env.rollout import TransformersEngine  # noqa: E402
+from arbor.tasks.env.search import make_search  # noqa: E402
 
 SIZES = {
     "5m": TinyPolicyConfig(),
@@ -165,8 +171,8 @@ SPLIT_KEYS = ("decode fwd", "prefill fwd", "sampling", "search", "detokenise")
 
 def model_main(args: argparse.Namespace) -> None:
     """``--model``: the real model on the world's held-out questions (module docstring)."""
-    import arbor.tasks.rollout as rollout_mod
-    from arbor.tasks.policy import load_policy, resolve_model
+    import arbor.tasks.env.rollout as rollout_mod
+    from arbor.tasks.env.policy import load_policy, resolve_model
 
     t_all = time.perf_counter()
     home = Path(args.home).resolve()

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from arbor.tasks.datasets import BENCHMARKS, CORPUS_FILE, benchmark_questions, offline_questions
-from arbor.tasks.search import BM25Search, CachedSearch, bm25_tokenize, load_corpus
+from arbor.tasks.env.datasets import BENCHMARKS, CORPUS_FILE, benchmark_questions, offline_questions
+from arbor.tasks.env.search import BM25Search, CachedSearch, bm25_tokenize, load_corpus
 
 
 def percentiles(xs: list[float]) -> tuple[float, float]:

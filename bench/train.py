@@ -9,13 +9,13 @@ MFU against the bf16 matmul peak measured in the same run.
     python bench/train.py --model smollm2 [--lora both|off|on] [--steps 2] [--threads N]
                           [--micro-batch-tokens N] [--sequential full|lora|both] [--profile]   # issue 30 item 6
 
-``--model`` (``smollm2``, a GGUF file or an HF directory; loaded through ``tasks.policy.resolve_model``, converted
+``--model`` (``smollm2``, a GGUF file or an HF directory; loaded through ``tasks.env.policy.resolve_model``, converted
 once into ``bench/out/models-home``): ``Trainer.train_step`` with the smol-world profile (ZeRO-2, float32, its LoRA
 settings, scoring temperature, entropy diagnostic) on a smol-world-sized batch -- 4 prompts x K 4 = 16
 trajectories, ~250 prompt tokens, 100-150 response tokens each of which a ~50-token search-result block has loss
 mask 0 -- against the bare-PyTorch step on the same batch: pi_old pass (no grad), forward, backward, clip,
 ``torch.optim.AdamW`` over the trainable parameters, with the same loss-position head at the same temperature and
-the same token-packed micro-batches. Full fine-tuning, and LoRA when ``tasks/lora.py`` exists (reference: the same
+the same token-packed micro-batches. Full fine-tuning, and LoRA when ``tasks/training/lora.py`` exists (reference: the same
 LoRA-wrapped model, AdamW over the adapters). Tokens/s counts the real (unpadded) tokens of the batch over the wall
 time of the whole ``train_step`` call; one warm-up step (one group) per side, then steps in turn (the first side
 alternating), each after gc + ``malloc_trim`` so both start from the same heap, fastest kept; CPU and system time
@@ -46,10 +46,10 @@ import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from arbor.config import load_config  # noqa: E402
-from arbor.tasks.losses import group_advantages, policy_loss  # noqa: E402
-from arbor.tasks.train import PolicyHead, Trainer, make_micro, synchronize  # noqa: E402
+from arbor.tasks.training.losses import group_advantages, policy_loss  # noqa: E402
+from arbor.tasks.training.train import PolicyHead, Trainer, make_micro, synchronize  # noqa: E402
+from arbor.tasks.training.update import policy_update  # noqa: E402
 from arbor.tasks.types import Trajectory  # noqa: E402
-from arbor.tasks.update import policy_update  # noqa: E402
 
 TINY = dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
@@ -142,12 +142,12 @@ class BareLoop:
     def __init__(self, model_dir: Path, cfg) -> None:
         from transformers import AutoModelForCausalLM
 
-        from arbor.tasks.train import scoring_temperature
+        from arbor.tasks.training.train import scoring_temperature
 
         lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         lm.config.use_cache = False
         if cfg.policy.lora.enabled:
-            from arbor.tasks.lora import add_lora
+            from arbor.tasks.training.lora import add_lora
 
             lo = cfg.policy.lora
             add_lora(lm, lo.r, lo.alpha, lo.dropout, lo.targets, generator=torch.Generator().manual_seed(0))
@@ -161,7 +161,7 @@ class BareLoop:
 
     def step(self, batch: list[Trajectory]) -> float:
         """One step on ``batch``; its wall time in seconds (phases in ``last_timing``, ``tokens`` the real ones)."""
-        from arbor.tasks.train import pack_by_tokens
+        from arbor.tasks.training.train import pack_by_tokens
 
         t0 = time.perf_counter()
         adv = group_advantages([t.base_reward for t in batch], [t.group for t in batch])
@@ -254,7 +254,7 @@ def bench_model_mode(model_dir: Path, lora: bool, steps: int, home: Path, micro_
     of arbor's steps, then (its trainer freed) all of the bare loop's, so only one model is resident (memory)."""
     import json
 
-    from arbor.tasks.policy import n_parameters
+    from arbor.tasks.env.policy import n_parameters
 
     mode = "LoRA" if lora else "full"
     overrides = {"run.run_id": f"bench-{mode}", "policy.lora.enabled": lora,
@@ -348,13 +348,13 @@ def profile_side(name: str, fn, batch: list[Trajectory], step: int, out: Path) -
 
 def model_main(args: argparse.Namespace) -> int:
     """``--model``: arbor's Trainer.train_step vs the bare-PyTorch step on the real model (module docstring)."""
-    from arbor.tasks.policy import resolve_model
+    from arbor.tasks.env.policy import resolve_model
 
     t_all = time.perf_counter()
     home = Path(args.home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     model_dir = Path(resolve_model(args.model, home))
-    have_lora = (ROOT / "tasks" / "lora.py").exists()
+    have_lora = (ROOT / "tasks" / "training" / "lora.py").exists() or (ROOT / "tasks" / "lora.py").exists()
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.lora]
     if not have_lora:
         modes = [m for m in modes if not m]
@@ -406,7 +406,7 @@ def model_main(args: argparse.Namespace) -> int:
         print(f"{'':<5} (Trainer construction incl. deepspeed.initialize: {r['init']:.1f} s, not in the step"
               f"{'; sides run one after the other' if r['sequential'] else ''})")
     if not have_lora:
-        print("LoRA: not available (tasks/lora.py does not exist yet): full fine-tuning only")
+        print("LoRA: not available (tasks/training/lora.py does not exist yet): full fine-tuning only")
     print("seconds per step (fastest by wall); phases = pi_old + forward + backward + optim; wall = the whole call "
           "(arbor: Trainer.train_step incl. checks, advantages, micro-batch building, metrics; bare: incl. "
           "building the micro-batches); cpu = process CPU seconds of the step (sys: of which kernel, mostly page "

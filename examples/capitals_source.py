@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 
 from arbor.config import ArborConfig
-from arbor.tasks.datasets import DatasetError, Question
-from arbor.tasks.sources import Source
+from arbor.tasks.env.datasets import DatasetError, Question
+from arbor.tasks.env.sources import Source
 
 CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Kenya": "Nairobi", "Peru": "Lima", "Norway": "Oslo",
             "Egypt": "Cairo"}

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from arbor.config.search import SearchConfig
-from arbor.tasks.search import SearchHit
+from arbor.tasks.env.search import SearchHit
 
 WORD = re.compile(r"\w+")
 

@@ -33,7 +33,7 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     from arbor.flows.train import arbor_train
     from arbor.storage.runs import run_row
     from arbor.storage.sql import query_and_render, sql_file
-    from arbor.tasks.curves import collect_curve_rows, plot_curves
+    from arbor.tasks.reporting.curves import collect_curve_rows, plot_curves
 
     sets = dict(overrides or {})
     if steps is not None:

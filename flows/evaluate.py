@@ -4,7 +4,7 @@ pass@1 averaged over ``eval.runs`` sampled runs (default 5) of EM, F1 and LLM-ju
 format gate and valid-only; results stored as ``eval_results`` rows and printed in the paper's table layout.
 With ``eval.second_judge_model`` the same answers are re-judged by that model on the same judge endpoint
 (App. C.2, Table 6): its rows and judge calls are stored under the stage ``eval-second``.
-The same ``tasks.evaluate.evaluate_questions`` serves the held-out evaluation that ``arbor-train`` runs every ``run.eval_every``
+The same ``tasks.reporting.evaluate.evaluate_questions`` serves the held-out evaluation that ``arbor-train`` runs every ``run.eval_every``
 steps on a fixed small split.
 """
 
@@ -27,8 +27,12 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     from arbor.llm import make_judge
     from arbor.llm.base import CallContext
     from arbor.storage.parquet import write_stage
-    from arbor.tasks.datasets import load_questions, split_spec
-    from arbor.tasks.evaluate import (
+    from arbor.tasks.env.datasets import load_questions, split_spec
+    from arbor.tasks.env.policy import load_policy, policy_source
+    from arbor.tasks.env.rollout import make_engine
+    from arbor.tasks.env.search import make_search
+    from arbor.tasks.methods.coreact.guidance import guidance_tag, make_guide
+    from arbor.tasks.reporting.evaluate import (
         SECOND_JUDGE_STAGE,
         evaluate_questions,
         format_summary,
@@ -37,10 +41,6 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         store_eval_results,
         summarize,
     )
-    from arbor.tasks.guidance import guidance_tag, make_guide
-    from arbor.tasks.policy import load_policy, policy_source
-    from arbor.tasks.rollout import make_engine
-    from arbor.tasks.search import make_search
 
     home = arbor_home()
     cfg = load_config(profile, overrides)

@@ -38,11 +38,15 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     from arbor.flows.train import prepare_run, start_checkpoint, stored_config
     from arbor.llm import make_judge
     from arbor.llm.base import CallContext
+    from arbor.storage.catalog import declare_tables
     from arbor.storage.parquet import write_stage
     from arbor.storage.runs import run_row
-    from arbor.tasks.datasets import load_questions
-    from arbor.tasks.guidance import GeneratorRubrics
-    from arbor.tasks.guidance_train import (
+    from arbor.tasks.env.datasets import load_questions
+    from arbor.tasks.env.policy import load_policy
+    from arbor.tasks.env.rollout import make_engine
+    from arbor.tasks.env.search import make_search
+    from arbor.tasks.env.sft_data import write_jsonl
+    from arbor.tasks.methods.coreact.generator import (
         collect_branch_points,
         generator_config,
         rank_points,
@@ -52,10 +56,8 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         update_points,
         warm_rows,
     )
-    from arbor.tasks.policy import load_policy
-    from arbor.tasks.rollout import make_engine
-    from arbor.tasks.search import make_search
-    from arbor.tasks.sft_data import write_jsonl
+    from arbor.tasks.methods.coreact.guidance import GeneratorRubrics
+    from arbor.tasks.methods.coreact.tables import TABLES
     from arbor.tasks.stages import StageStore
 
     home = arbor_home()
@@ -66,6 +68,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     if new_run:  # prepare_run wrote the row with run.method; this run trains the generator, not a policy
         write_stage("runs", [{**(run_row(rid, home) or {}), "method": "co-react-generator"}], run_id=rid, step=0,
                     stage="run", home=home)
+    declare_tables(TABLES, home)  # branch_points, generator_samples: Co-ReAct's, known to the workspace's readers
     judge = make_judge(cfg.judge, home=home)
     out_dir = generator_dir(rid, home)
     store = StageStore(rid, home)
@@ -106,7 +109,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
                                                              else start_checkpoint(cfg, home))
     warm = out_dir / "warm" if g.warm_start else base
     if g.warm_start and not (warm / "arbor_sft.json").exists():
-        from arbor.tasks.sft import run_sft
+        from arbor.tasks.training.sft import run_sft
 
         rows = warm_rows(kept, judge, cfg.rollout.max_searches, CallContext(run_id=rid, step=0, stage="warm"))
         write_stage("judge_calls", judge.drain_calls(), run_id=rid, step=0, stage="warm", home=home)
@@ -120,8 +123,8 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         os.replace(tmp, warm)
 
     # ---- GRPO: sample, score, train; replays stored updates after the latest checkpoint
-    from arbor.tasks.train import Trainer
-    from arbor.tasks.update import policy_update
+    from arbor.tasks.training.train import Trainer
+    from arbor.tasks.training.update import policy_update
 
     n_updates = total_updates(len(kept), g.batch_points, g.epochs)
     gcfg = generator_config(cfg, rid, n_updates)

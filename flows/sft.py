@@ -1,7 +1,7 @@
 """``arbor-sft``: the SFT warm start that precedes RL (paper §4.1, App. B.2; issue 6 item 5).
 
 For the tiny CPU policy the data are synthesised from the offline training questions' supporting facts
-(think -> search -> real BM25 results -> answer, ``tasks.sft_data``); a user's own JSONL in our tag format works the
+(think -> search -> real BM25 results -> answer, ``tasks.env.sft_data``); a user's own JSONL in our tag format works the
 same way (``--set sft.data=my_sft.jsonl``; docs/sft.md). The checkpoint is content-addressed under
 ``{ARBOR_HOME}/sft/``: a second run with the same policy, data and SFT settings reuses it instead of training again.
 """
@@ -21,7 +21,7 @@ from prefect import flow, get_run_logger
 
 from arbor.config import ArborConfig, load_config
 from arbor.paths import arbor_home, resolve_home_path
-from arbor.tasks.sources import spec_source
+from arbor.tasks.env.sources import spec_source
 
 
 def sft_key(cfg: ArborConfig) -> str:
@@ -45,12 +45,12 @@ def sft_key(cfg: ArborConfig) -> str:
 
 def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
     """The SFT JSONL: a user's file, data synthesised from a named question split (``synth:offline:train``), or a
-    registered source's own data (``<prefix>:<name>``, ``tasks.sources``)."""
+    registered source's own data (``<prefix>:<name>``, ``tasks.env.sources``)."""
     spec = cfg.sft.data
     if not spec.startswith("synth:") and (found := spec_source(spec)):
         source, name = found
         if source.sft_data is None:
-            from arbor.tasks.sft_data import SFTDataError
+            from arbor.tasks.env.sft_data import SFTDataError
 
             raise SFTDataError(f"sft.data {spec!r}: the source {spec.partition(':')[0]!r} serves no SFT data")
         out = home / "sft" / f"data-{key}.jsonl"
@@ -60,8 +60,8 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
         if not path.exists():
             raise FileNotFoundError(f"sft.data: {path} does not exist")
         return path
-    from arbor.tasks.datasets import fields_of, load_questions
-    from arbor.tasks.sft_data import build_sft_data
+    from arbor.tasks.env.datasets import fields_of, load_questions
+    from arbor.tasks.env.sft_data import build_sft_data
 
     split = spec.removeprefix("synth:")
     out = home / "sft" / f"data-{key}.jsonl"
@@ -78,8 +78,8 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
 
 def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     """The SFT'd policy for ``cfg`` (trained once, then reused); an HF checkpoint directory."""
-    from arbor.tasks.policy import policy_source
-    from arbor.tasks.sft import run_sft
+    from arbor.tasks.env.policy import policy_source
+    from arbor.tasks.training.sft import run_sft
 
     key = sft_key(cfg)
     out = resolve_home_path(cfg.sft.output) if cfg.sft.output else home / "sft" / f"{cfg.run.profile}-{key}"

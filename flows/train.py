@@ -140,7 +140,7 @@ def start_checkpoint(cfg: ArborConfig, home: Path) -> Path:
         from arbor.flows.sft import sft_checkpoint
 
         return sft_checkpoint(cfg, home)
-    from arbor.tasks.policy import policy_source
+    from arbor.tasks.env.policy import policy_source
 
     return Path(policy_source(cfg.policy, home))
 
@@ -150,11 +150,11 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     The returned ``RunState`` is a context manager that stops what it started."""
     from arbor.llm import make_judge
     from arbor.preflight import require
-    from arbor.tasks.datasets import fields_of, load_questions
-    from arbor.tasks.guidance import make_guide
-    from arbor.tasks.policy import load_policy
-    from arbor.tasks.rollout import make_engine
-    from arbor.tasks.search import make_search
+    from arbor.tasks.env.datasets import fields_of, load_questions
+    from arbor.tasks.env.policy import load_policy
+    from arbor.tasks.env.rollout import make_engine
+    from arbor.tasks.env.search import make_search
+    from arbor.tasks.methods.coreact.guidance import make_guide
 
     require(cfg)
     run_id = cfg.run.run_id
@@ -172,7 +172,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
         engine = make_engine(cfg, policy, tokenizer, search=search, home=home)
     else:
         if cfg.cluster.manage_vllm:  # GPU layout: `vllm serve` on cluster.rollout_gpus, supervised by the flow
-            from arbor.tasks.serving import Supervised, vllm_serve_spec
+            from arbor.tasks.env.serving import Supervised, vllm_serve_spec
 
             spec = vllm_serve_spec(cfg, str(start))
             server = Supervised(spec, startup_timeout_s=cfg.cluster.startup_timeout_s,
@@ -205,13 +205,13 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
 
 def make_trainer(cfg: ArborConfig, start: Path, home: Path, loss: LossSettings) -> Any:
     """In-process DeepSpeed on CPU; under DeepSpeed's launcher (a supervised process group) on GPUs or when
-    ``train.service`` is set — the flow drives it step by step through ``tasks.trainer_service``'s channel. Either
+    ``train.service`` is set — the flow drives it step by step through ``tasks.training.trainer_service``'s channel. Either
     way it is a pure update worker: ``loss`` is the method's clip and KL term, each step's update is sent to it."""
     if cfg.train.num_gpus > 0 or cfg.train.hostfile or cfg.train.service:
-        from arbor.tasks.trainer_service import RemoteTrainer
+        from arbor.tasks.training.trainer_service import RemoteTrainer
 
         return RemoteTrainer(cfg, start, home, loss)
-    from arbor.tasks.train import Trainer
+    from arbor.tasks.training.train import Trainer
 
     return Trainer(cfg, start, home, loss)
 
@@ -222,7 +222,7 @@ def _lazy_embedder(name: str) -> Any:
 
     def embed(texts: list[str]) -> Any:
         if not fn:
-            from arbor.tasks.embed import make_embedder
+            from arbor.tasks.env.embed import make_embedder
 
             fn.append(make_embedder(name))
         return fn[0](texts)
@@ -408,8 +408,8 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 resume: bool = False) -> str:
     """Run (or resume) a training run; returns its run id."""
     from arbor.storage.catalog import ensure_catalog
+    from arbor.tasks.reporting.tracking import Tracker, grouped_metrics
     from arbor.tasks.step import sample_rows, tracked_metrics
-    from arbor.tasks.tracking import Tracker, grouped_metrics
 
     home = arbor_home()
     ensure_catalog(home)  # create / migrate once, up front; the run never holds the catalog open

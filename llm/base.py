@@ -65,7 +65,7 @@ class CallContext:
     stage: str | None = None
     group: int | None = None
     rubric_id: str | None = None
-    edge: int | str | None = None  # index of the edge in tasks.judge.sparse_edges order (stored as a string)
+    edge: int | str | None = None  # index of the edge in tasks.methods.arbor.judge.sparse_edges order (stored as a string)
 
 
 def unswap(winner: Winner | None, swap: bool) -> Winner | None:

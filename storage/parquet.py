@@ -252,7 +252,7 @@ def discard_from(run_id: str, step: int, stage: str, order: tuple[str, ...],
     """Forget ``stage`` of ``step`` and everything computed after it (issue 35 item 2, ``--redo``): the stages of
     that step not listed before ``stage`` in ``order`` (the step's stage order; a stage outside it is dropped too)
     and every stage of every later step, markers first, then each of their files in every table. Returns the
-    discarded (step, stage) pairs. Checkpoints are the trainer's to drop (``tasks.checkpoint``)."""
+    discarded (step, stage) pairs. Checkpoints are the trainer's to drop (``tasks.training.checkpoint``)."""
     if step < 1:
         raise ValueError(f"step {step}: only training steps (1 and later) can be redone")
     done = stored_stages(run_id, home)

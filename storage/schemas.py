@@ -4,7 +4,7 @@ Parquet is the source of truth; these schemas are applied on every write so that
 stay stable. Non-nullable fields are the keys a row cannot be stored without.
 
 This module declares the pipeline's tables (runs, steps, stages, rollouts and trajectories, judge calls, eval
-results, ARBOR's rubric lifecycle, Co-ReAct's guidance). A method declares its own tables, ``steps`` columns and
+results, and ARBOR's rubric lifecycle, which the report and ``sql/`` read). A method declares its own tables, ``steps`` columns and
 views in its package as a ``TableSet`` (issue 32 item 1: ``tasks/methods/arco/tables.py``), registered here when
 its class is defined; the store then conforms and the catalog views them like the pipeline's.
 """
@@ -124,34 +124,6 @@ SCHEMAS["draft_scores"] = pa.schema([
     _f("scores", pa.list_(F64)), _f("n_edges", I64), _f("n_failed_edges", I64),
 ])
 
-# Co-ReAct (issue 17): every guided step of a guided rollout or evaluation: the rubric placed before the turn, the
-# proposed action and its verification, and the retry that replaced a failed action (tasks/guidance.py).
-SCHEMAS["guided_steps"] = pa.schema([
-    _key("run_id"), _key("step", I64), _f("split", STR), _f("run_index", I64), _key("question_id"),
-    _f("group", I64), _f("sample", I64), _key("turn", I64), _f("source", STR), _f("rubric", STR),
-    _f("n_items", I64), _f("rubric_error", STR), _f("action", STR), _f("verify_score", F64), _f("passed", BOOL),
-    _f("retried", BOOL), _f("retry_action", STR), _f("retry_score", F64), _f("retry_passed", BOOL),
-    _f("verify_error", STR),
-])
-
-# Co-ReAct's generator training (arbor-guidance-train; §3.1-3.2): each branching point with its slate of candidate
-# next actions, every judge's list-wise ranks (JSON) and their Borda consensus (branch stage, then rank stage) ...
-SCHEMAS["branch_points"] = pa.schema([
-    _key("run_id"), _key("step", I64), _key("point_id"), _f("question_id", STR), _f("question", STR),
-    _f("golds", pa.list_(STR)), _f("turn", I64), _f("history", STR), _f("tool_calls", I64),
-    _f("candidates", pa.list_(STR)), _f("judge_ranks", STR), _f("n_rankings", I64),
-    _f("consensus", pa.list_(F64)), _f("kept", BOOL),
-])
-# ... and every rubric the generator sampled in a GRPO update: its tokens and log-probs (the update replays from
-# them), the verification score of each slate candidate under it, and the reward's parts (eq. 1-3).
-SCHEMAS["generator_samples"] = pa.schema([
-    _key("run_id"), _key("step", I64), _key("point_id"), _f("group", I64), _key("sample", I64), _f("rubric", STR),
-    _f("n_items", I64), _f("candidate_scores", pa.list_(F64)), _f("r_rank", F64), _f("r_atom", F64),
-    _f("r_fmt", F64), _f("repetition", F64), _f("reward", F64), _f("prompt_ids", pa.list_(pa.int32())),
-    _f("response_ids", pa.list_(pa.int32())), _f("rollout_logprobs", pa.list_(pa.float32())),
-    _f("finish_reason", STR), _f("policy_version", I64), _f("eval_errors", I64),
-])
-
 PIPELINE_TABLES: tuple[str, ...] = tuple(SCHEMAS)  # the pipeline's own; a method declares its own (``TableSet``)
 OWNER: dict[str, str] = dict.fromkeys(PIPELINE_TABLES, "pipeline")  # table (or "steps.<column>") -> who declared it
 
@@ -224,7 +196,7 @@ def _coerce(value: Any, typ: pa.DataType) -> Any:
     if pa.types.is_timestamp(typ) and isinstance(value, int | float) and not isinstance(value, bool):
         return datetime.fromtimestamp(value, UTC)  # epoch seconds (time.time())
     if pa.types.is_string(typ) and isinstance(value, int) and not isinstance(value, bool):
-        return str(value)  # an edge index in tasks.judge.sparse_edges order
+        return str(value)  # an edge index in tasks.methods.arbor.judge.sparse_edges order
     return value
 
 

@@ -1,1 +1,14 @@
-"""arbor."""
+"""arbor's tasks, by concern (issue 32 item 4): the folder tree says where a thing lives.
+
+    env/         the environment: agent loop, datasets and their source plug-ins, search, rollout engines,
+                 policy loading, SFT data
+    training/    the training machinery: the update a controller decides, losses, trainers, checkpoints, weight sync
+    methods/     one module or package per method, with its mathematics, state and tables (ARBOR's memory and
+                 judging, SS-GRPO's stagewise credit, RubricEM's bank, ARCO's rubric model, Co-ReAct's guidance)
+    reporting/   evaluation, the run report, learning curves, trackers
+
+and, here, what several of them share: the record types (``types``), the tag protocol and format gate
+(``format``), the base reward (``reward``), anchor selection (``induction``), group statistics (``group_stats``),
+the shaping of eq. 3/4 (``shaping``), RubricEM's reflection parts the SFT data also uses (``reflection``), the stage
+store (``stages``) and one RL step's stage machinery (``step``).
+"""

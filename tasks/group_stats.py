@@ -57,7 +57,7 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 def all_equal(xs: Sequence[float], eps: float = EPS) -> bool:
     """max - min <= eps (an empty or single-value group is uniform): the one definition of a zero-variance group,
-    shared by DAPO's filter (``tasks.losses``), Table 2 and ``sql/views/zero_variance_groups.sql``."""
+    shared by DAPO's filter (``tasks.training.losses``), Table 2 and ``sql/views/zero_variance_groups.sql``."""
     return max(xs) - min(xs) <= eps if xs else True
 
 

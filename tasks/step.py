@@ -33,14 +33,14 @@ from arbor.llm.base import Judge
 from arbor.llm.stream import StreamedJudge, StreamStats
 from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import read_stage
-from arbor.tasks.datasets import Question
+from arbor.tasks.env.datasets import Question
 from arbor.tasks.group_stats import classify_group
 from arbor.tasks.methods import make_method
 from arbor.tasks.methods.base import Method, check_stages
 from arbor.tasks.stages import Rows, StageStore
+from arbor.tasks.training.update import policy_update
+from arbor.tasks.training.weight_sync import sync_policy
 from arbor.tasks.types import Trajectory, UpdateBatch
-from arbor.tasks.update import policy_update
-from arbor.tasks.weight_sync import sync_policy
 
 T = TypeVar("T")
 
@@ -55,13 +55,13 @@ class RunState:
     home: Path
     store: StageStore
     questions: list[Question]
-    engine: Any  # tasks.rollout engine
-    trainer: Any  # tasks.train.Trainer
+    engine: Any  # tasks.env.rollout engine
+    trainer: Any  # tasks.training.train.Trainer
     judge: Judge
     embed: Callable[[list[str]], Any]
     on_progress: Callable[[str, int, int], None] | None = None
     progress: Any = None  # flows.progress.RunProgress, when a flow shows one
-    servers: list[Any] = field(default_factory=list)  # started processes with .stop() (tasks.serving.Supervised)
+    servers: list[Any] = field(default_factory=list)  # started processes with .stop() (tasks.env.serving.Supervised)
     stage_seconds: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> stage -> seconds
     last_train_metrics: dict[str, float] = field(default_factory=dict)
     stream_stats: StreamStats | None = None  # the step's streamed judging (None: not streamed, or resumed after it)
@@ -199,7 +199,7 @@ class RunState:
         return self.method.stage_names()
 
     def update_batch(self, step: int, trajs: list[Trajectory] | None = None) -> UpdateBatch:
-        """What the trainer updates on at ``step`` (``tasks.update.policy_update``): the shaped rollouts (default:
+        """What the trainer updates on at ``step`` (``tasks.training.update.policy_update``): the shaped rollouts (default:
         the stored ones, so a resumed run replays the same update) and what the method adds
         (``Method.train_batch``), with the method's group choice, per-token advantages and KL coefficient."""
         shaped = self.trajectories(step, "shape", "trajectories") if trajs is None else trajs
@@ -222,8 +222,8 @@ class RunState:
 
     def evaluate(self, step: int) -> dict[str, Rows]:
         """Held-out evaluation every ``run.eval_every`` steps on a fixed small split (issue 8 item 2)."""
-        from arbor.tasks.datasets import fields_of, load_questions
-        from arbor.tasks.evaluate import evaluate_questions
+        from arbor.tasks.env.datasets import fields_of, load_questions
+        from arbor.tasks.reporting.evaluate import evaluate_questions
 
         questions = load_questions(self.cfg.data.eval, config=self.cfg,
                                    fields=fields_of(self.cfg.data))[: self.cfg.run.eval_size]
@@ -234,7 +234,7 @@ class RunState:
         return {"eval_results": rows, "judge_calls": self.judge_rows()}
 
     def sync_weights(self) -> None:
-        """After each step: the rollout engine gets the trainer's weights and version (``tasks.weight_sync``)."""
+        """After each step: the rollout engine gets the trainer's weights and version (``tasks.training.weight_sync``)."""
         sync_policy(self.trainer, self.engine, self.home / "trainer" / self.run_id / "sync", self.cfg.rollout.base_url)
 
     # ------------------------------------------------------------------------------------------ metrics
@@ -294,7 +294,7 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
     per split (``eval/``; split names reduced to MLflow's metric-name characters)."""
     import re
 
-    from arbor.tasks.evaluate import split_metrics
+    from arbor.tasks.reporting.evaluate import split_metrics
 
     out: dict[str, float | None] = {f"timing_s/{stage}": secs
                                     for stage, secs in state.stage_seconds.get(step, {}).items()}

@@ -27,8 +27,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from arbor.tasks.agent import GenRequest
-from arbor.tasks.rollout import eos_token_ids, generate_turns
+from arbor.tasks.env.agent import GenRequest
+from arbor.tasks.env.rollout import eos_token_ids, generate_turns
 
 # CompletionRequest's fields in vLLM (OpenAI fields, then vLLM's sampling and extra parameters).
 VLLM_COMPLETION_FIELDS = {

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from arbor.tasks.agent import (
+from arbor.tasks.env.agent import (
     SYSTEM_PROMPT,
     AgentLoop,
     Budgets,
@@ -19,9 +19,9 @@ from arbor.tasks.agent import (
     encode_text,
     tokenize_trajectory,
 )
+from arbor.tasks.env.policy import train_tokenizer
+from arbor.tasks.env.search import BM25Search, format_results
 from arbor.tasks.format import check_format, result_block
-from arbor.tasks.policy import train_tokenizer
-from arbor.tasks.search import BM25Search, format_results
 
 PASSAGES = [
     {"id": "p1", "title": "Ed Wood", "text": "Edward Davis Wood Jr. was an American filmmaker and actor."},

@@ -186,8 +186,8 @@ def test_a_tiny_rubric_model_learns_which_step_decides_the_outcome(tmp_path: Pat
     a hesitation without one (R = 0). Trained only on sum_t s̄_t = R (45 updates of the decomposition loss), mu must
     move the credit onto the second step. A constant scorer (or a loss that ignored the steps' scores) stays at a
     weighted squared error of 0.25 per trajectory; a flipped sign drives the sums away from R."""
+    from arbor.tasks.env.policy import TINY_SHAPES, build_tiny_policy
     from arbor.tasks.methods.arco.rubric_model import MuExample, RubricModelTrainer, encode_prompt
-    from arbor.tasks.policy import TINY_SHAPES, build_tiny_policy
 
     cfg = load_config("tiny-cpu", {"run.method": "arco", "arco.criteria": "none", "arco.lr": 5e-4,
                                    "arco.head_lr": 1e-3, "arco.updates": 45})
@@ -222,8 +222,8 @@ def test_a_tiny_rubric_model_learns_which_step_decides_the_outcome(tmp_path: Pat
 
 def test_rubric_model_checkpoint_round_trip(tmp_path: Path) -> None:
     """mu's checkpoint restores its scores exactly (LoRA, head, reference, optimizer) and retention applies."""
+    from arbor.tasks.env.policy import build_tiny_policy
     from arbor.tasks.methods.arco.rubric_model import MuExample, RubricModelTrainer, encode_prompt
-    from arbor.tasks.policy import build_tiny_policy
 
     cfg = load_config("tiny-cpu", {"run.method": "arco", "arco.criteria": "none", "arco.lr": 1e-3})
     start = build_tiny_policy(home=tmp_path)
@@ -280,8 +280,8 @@ def _arco_step(home: Path, tiny: Path, judge_cls: type) -> tuple[dict, dict, dic
     the real stages (score, shape, consolidate) and store: (mu_scores, turn_advantages, mu_updates) rows."""
     from types import SimpleNamespace
 
-    from arbor.tasks.agent import tokenize_trajectory
-    from arbor.tasks.policy import load_tokenizer
+    from arbor.tasks.env.agent import tokenize_trajectory
+    from arbor.tasks.env.policy import load_tokenizer
     from arbor.tasks.stages import StageStore
     from arbor.tasks.step import RunState
 
@@ -313,7 +313,7 @@ def test_a_failed_teacher_call_changes_no_advantage_of_the_step(tmp_path: Path) 
     """Issue 31 item 4: ARCO's advantages come from mu's own step scores; the teacher's labels only train mu. A
     teacher call that fails for good (sample 1) leaves every advantage of the group exactly as when it answered,
     is recorded as the trajectory's judge_error and gives mu's warm-up no row for that trajectory."""
-    from arbor.tasks.policy import build_tiny_policy
+    from arbor.tasks.env.policy import build_tiny_policy
 
     tiny = build_tiny_policy(home=tmp_path)
     ok_scores, ok_adv, ok_update = _arco_step(tmp_path / "ok", tiny, RulesJudge)

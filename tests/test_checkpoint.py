@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from arbor.tasks import checkpoint as ckpt
+from arbor.tasks.training import checkpoint as ckpt
 
 
 def save(root: Path, step: int, metric: float | None = None, payload: str = "w") -> Path:
@@ -61,7 +61,7 @@ def test_rng_state_roundtrip() -> None:
 
 
 def test_the_last_step_is_always_checkpointed() -> None:
-    from arbor.tasks.checkpoint import checkpoint_due
+    from arbor.tasks.training.checkpoint import checkpoint_due
 
     assert [s for s in range(1, 8) if checkpoint_due(s, 5, 7)] == [5, 7]
     assert [s for s in range(1, 11) if checkpoint_due(s, 5, 10)] == [5, 10]
@@ -71,7 +71,7 @@ def test_the_last_step_is_always_checkpointed() -> None:
 def test_redo_discards_the_checkpoints_from_its_step_on(tmp_path: Path) -> None:
     """``--redo S:X`` (issue 35 item 2): checkpoints of step S and later go, complete or a crashed save's leftover;
     earlier ones and unrelated files stay."""
-    from arbor.tasks.checkpoint import discard_from
+    from arbor.tasks.training.checkpoint import discard_from
 
     for name in ("step_000001", "step_000002", "step_000003.tmp", "step_000004.trash", "step_000005", "notes"):
         (tmp_path / name).mkdir()

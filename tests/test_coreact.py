@@ -1,4 +1,4 @@
-"""Co-ReAct's equations (tasks/coreact.py; issue 17) against values computed by hand, and the guided agent loop."""
+"""Co-ReAct's equations (tasks/methods/coreact/equations.py; issue 17) against values computed by hand, and the guided agent loop."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from arbor.tasks.coreact import (
+from arbor.tasks.methods.coreact.equations import (
     atomicity_reward,
     average_ranks,
     borda,
@@ -150,12 +150,12 @@ class _Sampler:
              "no rubric here"]  # no items: ranks nothing by its own fault
 
     def requests(self, points, seeds):  # noqa: ANN001, ANN201
-        from arbor.tasks.agent import GenRequest
+        from arbor.tasks.env.agent import GenRequest
 
         return [GenRequest([1], 64, s) for s in seeds]
 
     def sample(self, requests):  # noqa: ANN001, ANN201
-        from arbor.tasks.agent import Generation
+        from arbor.tasks.env.agent import Generation
 
         texts = [self.TEXTS[i % len(self.TEXTS)] for i in range(len(requests))]
         return [Generation([ord(c) for c in t], [-0.5] * len(t), "stop") for t in texts]
@@ -170,7 +170,7 @@ def test_failed_rankings_and_verifications_leave_the_generators_credit_neutral(t
     its group's mean r_rank (the verified rubrics'), where chance (0.5) read as a worse ranking than its group's."""
     from arbor.config.judge import JudgeConfig
     from arbor.llm.rules import RulesJudge
-    from arbor.tasks.guidance_train import rank_points, sample_update
+    from arbor.tasks.methods.coreact.generator import rank_points, sample_update
 
     class Down(_Down, RulesJudge):
         pass

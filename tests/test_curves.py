@@ -1,4 +1,4 @@
-"""Mean ± SE over seeds and the paired start/final change (tasks/curves.py), checked against hand figures."""
+"""Mean ± SE over seeds and the paired start/final change (tasks/reporting/curves.py), checked against hand figures."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from arbor.tasks.curves import curves, mean_se, rises_by, start_final_delta
+from arbor.tasks.reporting.curves import curves, mean_se, rises_by, start_final_delta
 
 
 def test_mean_se_by_hand() -> None:
@@ -48,7 +48,7 @@ def test_curves_and_paired_delta_by_hand() -> None:
 
 
 def test_common_dice_delta_by_hand() -> None:
-    from arbor.tasks.curves import common_dice_delta
+    from arbor.tasks.reporting.curves import common_dice_delta
 
     start = {"a": 0.0, "b": 0.5, "c": 1.0, "d": 0.5}
     finals = [{"a": 0.4, "b": 0.5, "c": 1.0, "d": 0.5},   # change per seed: 0.1

@@ -16,7 +16,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from arbor.config import load_config
-from arbor.tasks.datasets import DatasetError, Fields, field_value, fields_of, load_questions, read_questions
+from arbor.tasks.env.datasets import (
+    DatasetError,
+    Fields,
+    field_value,
+    fields_of,
+    load_questions,
+    read_questions,
+)
 
 VERL = Fields(question="extra_info.question", answer="reward_model.ground_truth", id="extra_info.index")
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from arbor.tasks.datasets import (
+from arbor.tasks.env.datasets import (
     BENCHMARKS,
     DatasetError,
     arpo_leaked,
@@ -137,7 +137,7 @@ def test_offline_gold_paragraphs_are_in_the_corpus() -> None:
 
 
 def test_shipped_corpus_matches_a_rebuild(tmp_path: Path) -> None:
-    from arbor.tasks.datasets import CORPUS_FILE, build_corpus
+    from arbor.tasks.env.datasets import CORPUS_FILE, build_corpus
 
     rebuilt = build_corpus(tmp_path / "c.jsonl")
     assert rebuilt.read_bytes() == CORPUS_FILE.read_bytes()

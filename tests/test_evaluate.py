@@ -10,7 +10,7 @@ import pytest
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm import make_judge
-from arbor.tasks.evaluate import (
+from arbor.tasks.reporting.evaluate import (
     EvalError,
     Prediction,
     eval_rows,

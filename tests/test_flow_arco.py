@@ -100,7 +100,7 @@ def test_arco_scores_turns_teaches_mu_and_trains_on_turn_credit(reference: Path)
 
 
 def test_report_draws_mu_calibration_and_turn_advantages(reference: Path, tmp_path: Path) -> None:
-    from arbor.tasks.report import build_report
+    from arbor.tasks.reporting.report import build_report
 
     paths = build_report(RUN, reference, tmp_path / "report")
     assert paths.figures["mu_calibration"].stat().st_size > 0 and paths.figures["turn_advantages"].stat().st_size > 0

@@ -19,7 +19,7 @@ import pytest
 from flow_support import JUDGE_KEY, JUDGE_KEY_ENV, openai_judge, table
 from openai_server import FaultPlan, OpenAIServer
 
-from arbor.tasks.coreact import consensus_ranks, parse_rubric, rubric_reward
+from arbor.tasks.methods.coreact.equations import consensus_ranks, parse_rubric, rubric_reward
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +118,7 @@ def test_guided_eval_with_the_generator_through_a_faulty_judge(reference: tuple[
                                                                arbor_home: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from arbor.flows.evaluate import run_eval
-    from arbor.tasks.evaluate import load_eval_results
+    from arbor.tasks.reporting.evaluate import load_eval_results
 
     ref_home, _ = reference
     monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
@@ -150,7 +150,7 @@ def test_generator_training_through_a_faulty_openai_judge(sft_policy: Path, tmp_
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every role through HTTP with one fault each (retried); the server ranks the shown slate in reverse, so each
     stored rank must undo the seeded label shuffle exactly."""
-    from arbor.tasks.guidance_train import shuffled_order
+    from arbor.tasks.methods.coreact.generator import shuffled_order
 
     monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
     faults = FaultPlan(by_role={"rank_actions": ["invalid"], "step_rubric": ["malformed"], "step_verify": ["429"]})

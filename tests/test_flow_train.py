@@ -325,7 +325,7 @@ def _assert_tracked(home: Path, run_id: str) -> None:
     from flow_support import wandb_history
     from mlflow.tracking import MlflowClient
 
-    from arbor.tasks.tracking import mlflow_local_uri
+    from arbor.tasks.reporting.tracking import mlflow_local_uri
 
     grouped = {"reward/base_mean", "reward/zero_var_groups_total", "actor/pg_loss", "actor/grad_norm",
                "rollout/searches_mean", "judge/calls", "timing_s/step", "timing_s/rollout", "rubric/induced"}
@@ -354,9 +354,9 @@ def test_search_r1_protocol_one_step(tmp_path: Path, prefect_harness) -> None:
     import json
 
     from arbor.config import load_config
-    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.env.datasets import load_questions
+    from arbor.tasks.env.search import make_search
     from arbor.tasks.format import SEARCH_R1, check_format
-    from arbor.tasks.search import make_search
 
     r1 = {"rollout.protocol": "search-r1", "rollout.system_prompt": None}
     start = sft_start("tiny-world", lambda: tmp_path / "sft_home", {**r1, "sft.questions": 300, "sft.epochs": 1})

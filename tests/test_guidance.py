@@ -1,4 +1,4 @@
-"""Co-ReAct guided inference (tasks/guidance.py, AgentLoop.place_guidance; issue 17).
+"""Co-ReAct guided inference (tasks/methods/coreact/guidance.py, AgentLoop.place_guidance; issue 17).
 
 The agent loop is driven by a scripted engine (the model's place: generations chosen from what the context shows),
 with a real tokenizer, a real BM25 index and the real rules judge writing and verifying the step rubrics.
@@ -14,11 +14,24 @@ import pytest
 
 from arbor.config import load_config
 from arbor.llm.rules import RulesJudge
-from arbor.tasks.agent import AgentLoop, Budgets, Generation, GenRequest, check_prefix_property, encode_text
+from arbor.tasks.env.agent import (
+    AgentLoop,
+    Budgets,
+    Generation,
+    GenRequest,
+    check_prefix_property,
+    encode_text,
+)
+from arbor.tasks.env.policy import train_tokenizer
+from arbor.tasks.env.search import BM25Search
 from arbor.tasks.format import check_format
-from arbor.tasks.guidance import CoReAct, JudgeRubrics, MemoryRubrics, guidance_text, make_guide
-from arbor.tasks.policy import train_tokenizer
-from arbor.tasks.search import BM25Search
+from arbor.tasks.methods.coreact.guidance import (
+    CoReAct,
+    JudgeRubrics,
+    MemoryRubrics,
+    guidance_text,
+    make_guide,
+)
 from arbor.tasks.types import RubricItem, StepRubric
 
 PASSAGES = [
@@ -155,7 +168,7 @@ def test_memory_rubrics_weight_by_rho_and_retrieve_by_words() -> None:
     ]}
     top = MemoryRubrics(pool, "top", 2).write([], [])
     assert top == []
-    from arbor.tasks.guidance import BranchPoint
+    from arbor.tasks.methods.coreact.guidance import BranchPoint
 
     (r, err), = MemoryRubrics(pool, "top", 2).write([BranchPoint("q", "", 0)], [0])
     assert err is None and [it.condition for it in r.items] == ["The query names the film of the question",

@@ -56,7 +56,7 @@ def test_wheel_holds_one_namespace_and_its_data(wheel: Path) -> None:
                    if f"{packaged}{str(p)[len(str(source)):]}" not in names]
         assert not missing, f"not in the wheel: {missing[:5]}"
     entry_points = _only([n for n in names if n.endswith(".dist-info/entry_points.txt")])
-    assert "world = arbor.tasks.world:SOURCE" in zipfile.ZipFile(wheel).read(entry_points).decode()  # tasks.sources
+    assert "world = arbor.tasks.env.world:SOURCE" in zipfile.ZipFile(wheel).read(entry_points).decode()  # tasks.env.sources
 
 
 @pytest.mark.slow
@@ -75,7 +75,7 @@ def test_installed_wheel_runs_the_demo_from_another_directory(wheel: Path, tmp_p
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PREFECT_API_URL", "ARBOR_HOME")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PYTHONNOUSERSITE="1", ARBOR_HOME=str(elsewhere / ".arbor"))
-    where = subprocess.run([str(python), "-c", "import arbor.paths, arbor.tasks.losses as l, arbor.flows.train as f; "
+    where = subprocess.run([str(python), "-c", "import arbor.paths, arbor.tasks.training.losses as l, arbor.flows.train as f; "
                             "print(arbor.paths.PROJECT_ROOT, l.__file__, f.__file__, sep='\\n')"],
                            cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert where.returncode == 0, where.stderr[-3000:]

@@ -19,8 +19,8 @@ from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge, prompts, role
 from arbor.llm.base import RANK_LABELS
 from arbor.llm.cache import cache_key
 from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge, _role_schema
-from arbor.tasks.evaluate import Prediction, judge_predictions, pass_at_1
-from arbor.tasks.judge import presentation_swapped, sparse_edges, verdict_to_outcome
+from arbor.tasks.methods.arbor.judge import presentation_swapped, sparse_edges, verdict_to_outcome
+from arbor.tasks.reporting.evaluate import Prediction, judge_predictions, pass_at_1
 from arbor.tasks.types import Rubric, Trajectory
 
 KEY_ENV = "ARBOR_TEST_JUDGE_KEY"

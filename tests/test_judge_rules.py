@@ -16,8 +16,8 @@ from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
 from arbor.llm.rules import FEATURES, feature_value, question_entities
 from arbor.seeding import coin
 from arbor.tasks.induction import select_anchors
-from arbor.tasks.judge import score_group, sparse_edges, verdict_to_outcome
-from arbor.tasks.memory import admission_stats, admit
+from arbor.tasks.methods.arbor.judge import score_group, sparse_edges, verdict_to_outcome
+from arbor.tasks.methods.arbor.memory import admission_stats, admit
 from arbor.tasks.types import Rubric, RubricDraft, Trajectory
 
 Q = "Who directed the film Ed Wood starring Johnny Depp?"

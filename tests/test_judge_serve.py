@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from arbor.tasks.policy import shipped_gguf
-from arbor.tasks.serving import llama_judge_spec
+from arbor.tasks.env.policy import shipped_gguf
+from arbor.tasks.env.serving import llama_judge_spec
 
 
 def _serve(*args: str) -> subprocess.CompletedProcess[str]:

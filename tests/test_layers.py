@@ -4,11 +4,13 @@
                  the base reward, anchor selection, group statistics
     storage      Parquet stage store, DuckDB catalog, SQL
     judges       llm/: the OpenAI-compatible and rules judges, prompts
-    environment  tasks/: search, datasets, agent loop, rollout engines, policy, losses, rubric memory, shaping,
-                 the stage store (tasks/stages.py), the update a controller sends (tasks/update.py)
-    training     the trainers (RL, SFT) and the trainer service: pure update workers that
-                 know no method (issue 32 item 2)
-    methods      tasks/methods/, the step's stages (tasks/step.py), preflight
+    environment  tasks/env/: search, datasets and sources, agent loop, rollout engines, policy loading; and the
+                 shared pieces left in tasks/: the stage store (stages.py), shaping, reflection
+    training     tasks/training/: the update a controller decides, losses, the trainers (RL, SFT) and the
+                 trainer service, checkpoints, weight sync: pure update workers that know no method (issue 32)
+    reporting    tasks/reporting/: evaluation, the run report, learning curves, trackers
+    methods      tasks/methods/ (each method's package: ARBOR's memory and judging, ARCO's rubric model, ...),
+                 the step's stages (tasks/step.py), preflight
     flows        flows/: Prefect flows
     cli          arbor/cli.py
 
@@ -31,7 +33,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("storage", ("arbor.storage",)),
     ("judges", ("arbor.llm",)),
     ("environment", ("arbor.tasks",)),
-    ("training", ("arbor.tasks.train", "arbor.tasks.trainer_service", "arbor.tasks.sft")),
+    ("training", ("arbor.tasks.training",)),
+    ("reporting", ("arbor.tasks.reporting",)),
     ("methods", ("arbor.tasks.methods", "arbor.tasks.step", "arbor.preflight")),
     ("flows", ("arbor.flows",)),
     ("cli", ("arbor.cli",)),
@@ -82,9 +85,12 @@ def upward_imports() -> list[str]:
 
 def test_layer_of_by_hand() -> None:
     assert LAYERS[layer_of("arbor.tasks.format")][0] == "base"  # type: ignore[index]
-    assert LAYERS[layer_of("arbor.tasks.memory")][0] == "environment"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.env.world")][0] == "environment"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.methods.arbor.memory")][0] == "methods"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.training.losses")][0] == "training"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.reporting.report")][0] == "reporting"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.methods.arbor")][0] == "methods"  # type: ignore[index]
-    assert LAYERS[layer_of("arbor.tasks.trainer_service")][0] == "training"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.tasks.training.trainer_service")][0] == "training"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.cli")][0] == "cli"  # type: ignore[index]
     assert layer_of("torch") is None and layer_of("tasks.format") is None  # source folder names are not modules
 

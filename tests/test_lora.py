@@ -14,9 +14,9 @@ from test_train import VOCAB, make_batch, make_trainer, tiny_model_dir
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from arbor.tasks import checkpoint as ckpt
-from arbor.tasks import lora
-from arbor.tasks.weight_sync import load_into_module
+from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training import lora
+from arbor.tasks.training.weight_sync import load_into_module
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LORA = {"policy.lora.enabled": True}
@@ -221,8 +221,8 @@ def test_sft_with_lora_writes_a_merged_plain_checkpoint(tmp_path: Path) -> None:
     from test_sft import ROWS
 
     from arbor.config import load_config
-    from arbor.tasks.policy import build_tiny_policy
-    from arbor.tasks.sft import run_sft
+    from arbor.tasks.env.policy import build_tiny_policy
+    from arbor.tasks.training.sft import run_sft
 
     start = build_tiny_policy(home=tmp_path / "home")
     data = tmp_path / "sft.jsonl"

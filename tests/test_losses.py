@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from arbor.tasks.losses import (
+from arbor.tasks.training.losses import (
     dynamic_sampling_filter,
     dynamic_sampling_refill,
     group_advantages,

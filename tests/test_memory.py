@@ -9,8 +9,8 @@ import pytest
 
 from arbor.config.memory import MemoryConfig
 from arbor.tasks.group_stats import pearson
-from arbor.tasks.judge import GroupScoring
-from arbor.tasks.memory import (
+from arbor.tasks.methods.arbor.judge import GroupScoring
+from arbor.tasks.methods.arbor.memory import (
     ACTIVATION_COLUMNS,
     EVENT_COLUMNS,
     SOURCE_COLUMNS,

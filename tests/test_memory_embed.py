@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from arbor.config.memory import MemoryConfig
-from arbor.tasks.embed import embed_texts, load_embedder, make_embedder, model_path
-from arbor.tasks.judge import GroupScoring
-from arbor.tasks.memory import DraftResult, RubricMemory
+from arbor.tasks.env.embed import embed_texts, load_embedder, make_embedder, model_path
+from arbor.tasks.methods.arbor.judge import GroupScoring
+from arbor.tasks.methods.arbor.memory import DraftResult, RubricMemory
 from arbor.tasks.types import RubricDraft
 
 

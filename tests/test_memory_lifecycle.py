@@ -24,14 +24,14 @@ import pytest
 from arbor.config.memory import MemoryConfig
 from arbor.seeding import derive_seed
 from arbor.tasks.induction import select_anchors
-from arbor.tasks.judge import (
+from arbor.tasks.methods.arbor.judge import (
     presentation,
     presentation_swapped,
     score_group,
     sparse_edges,
     verdict_to_outcome,
 )
-from arbor.tasks.memory import Activation, DraftResult, GroupInfo, Records, RubricMemory
+from arbor.tasks.methods.arbor.memory import Activation, DraftResult, GroupInfo, Records, RubricMemory
 from arbor.tasks.shaping import shape_group
 from arbor.tasks.types import Rubric, RubricDraft
 

@@ -13,9 +13,9 @@ from torch import Tensor
 from arbor.config import load_config
 from arbor.config.train import TrainConfig
 from arbor.preflight import check
-from arbor.tasks.losses import group_advantages, segment_advantages
 from arbor.tasks.methods import BUILTIN, MethodError, method_names, resolve_method
 from arbor.tasks.methods.grpo import GRPO
+from arbor.tasks.training.losses import group_advantages, segment_advantages
 from arbor.tasks.types import Trajectory
 from examples.length_penalty import LengthPenaltyGRPO
 
@@ -119,7 +119,7 @@ def test_token_advantages_reach_the_loss(model_dir: Path, tmp_path: Path) -> Non
 
 def test_micro_batch_reads_advantages_at_the_loss_positions() -> None:
     """make_micro gathers a per-token advantage exactly where the loss reads a token (loss_mask 1), by hand."""
-    from arbor.tasks.train import make_micro
+    from arbor.tasks.training.train import make_micro
 
     m = make_micro([[1, 2], [3]], [[4, 5, 6], [7, 8]], [[1, 0, 1], [0, 1]],
                    advantages=[torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.4, 0.5])])

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from arbor.tasks.agent import build_prompt_ids
-from arbor.tasks.policy import (
+from arbor.tasks.env.agent import build_prompt_ids
+from arbor.tasks.env.policy import (
     BENCH_50M,
     TINY_SHAPES,
     PolicyLoadError,
@@ -82,7 +82,7 @@ def test_save_and_reload_gives_identical_logits(tok, tmp_path):
 
 
 def test_build_tiny_policy_is_cached_and_loadable(tmp_path, monkeypatch):
-    import arbor.tasks.policy as policy
+    import arbor.tasks.env.policy as policy
 
     # a small corpus stands in for the shipped files only to keep this test fast; the code path is the same
     monkeypatch.setattr(policy, "tokenizer_training_text", lambda *a, **k: iter(TEXTS * 50))
@@ -112,7 +112,7 @@ def test_hub_id_offline_fails_clearly(tmp_path, monkeypatch):
 
 
 def test_policy_source_follows_the_config(tmp_path, monkeypatch):
-    import arbor.tasks.policy as policy
+    import arbor.tasks.env.policy as policy
     from arbor.config import load_config
 
     monkeypatch.setattr(policy, "tokenizer_training_text", lambda *a, **k: iter(TEXTS * 50))  # data only, fast

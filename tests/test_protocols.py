@@ -9,7 +9,7 @@ import pytest
 
 from arbor.config import load_config
 from arbor.llm.text import parse_trajectory, structure_valid
-from arbor.tasks.agent import (
+from arbor.tasks.env.agent import (
     AgentLoop,
     Budgets,
     Generation,
@@ -17,6 +17,8 @@ from arbor.tasks.agent import (
     encode_text,
     tokenize_trajectory,
 )
+from arbor.tasks.env.policy import train_tokenizer
+from arbor.tasks.env.search import BM25Search
 from arbor.tasks.format import (
     ARBOR,
     SEARCH_R1,
@@ -27,8 +29,6 @@ from arbor.tasks.format import (
     get_protocol,
     result_block,
 )
-from arbor.tasks.policy import train_tokenizer
-from arbor.tasks.search import BM25Search
 
 # a Search-R1 trajectory as its agent loop writes it: tool output wrapped in blank lines, plain-text answer
 R1 = ("<think>I need the director.</think>\n<search> Doctor Strange director </search>\n\n"

@@ -14,8 +14,8 @@ import pytest
 from flow_support import STAGED, table
 
 from arbor.paths import PROJECT_ROOT
-from arbor.tasks.policy import shipped_gguf
-from arbor.tasks.serving import Supervised, llama_judge_spec
+from arbor.tasks.env.policy import shipped_gguf
+from arbor.tasks.env.serving import Supervised, llama_judge_spec
 
 pytestmark = pytest.mark.slow
 

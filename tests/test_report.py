@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from arbor.storage.parquet import write_stage
-from arbor.tasks.report import (
+from arbor.tasks.reporting.report import (
     ReportError,
     build_report,
     judge_cost,

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from arbor.config import load_config
-from arbor.tasks.agent import check_prefix_property
-from arbor.tasks.datasets import load_questions
+from arbor.tasks.env.agent import check_prefix_property
+from arbor.tasks.env.datasets import load_questions
+from arbor.tasks.env.policy import TinyPolicyConfig, build_tiny_model, train_tokenizer
+from arbor.tasks.env.rollout import OpenAIEngine, RolloutError, TransformersEngine, make_engine
+from arbor.tasks.env.search import format_results, make_search
+from arbor.tasks.env.sft_data import tokenize_sft_example
 from arbor.tasks.format import result_block
-from arbor.tasks.policy import TinyPolicyConfig, build_tiny_model, train_tokenizer
-from arbor.tasks.rollout import OpenAIEngine, RolloutError, TransformersEngine, make_engine
-from arbor.tasks.search import format_results, make_search
-from arbor.tasks.sft_data import tokenize_sft_example
 from tests.completions_server import CompletionsServer
 
 SP = "Search, then answer."
@@ -242,7 +242,7 @@ def test_cache_reuse_across_turns_equals_reprefill(env, questions):
 
 def test_evaluation_temperature_is_scoped_to_its_block(env, questions):
     """eval.temperature 0: greedy inside the block (seeds do not matter), the rollout temperature after it."""
-    from arbor.tasks.rollout import sampling_temperature
+    from arbor.tasks.env.rollout import sampling_temperature
 
     model, tok, search = env
     engine = TransformersEngine(cfg_with(rollout__temperature=3.0), model, tok, search)

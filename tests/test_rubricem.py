@@ -31,7 +31,7 @@ from arbor.tasks.types import ReflectionGrade, Trajectory
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from arbor.tasks.policy import build_tiny_policy
+    from arbor.tasks.env.policy import build_tiny_policy
 
     return build_tiny_policy(home=tmp_path_factory.mktemp("home"))
 
@@ -117,7 +117,7 @@ def test_reference_blocks_precede_the_question() -> None:
 
 
 def test_prompt_shows_the_reference_but_the_trajectory_keeps_the_question(tiny_tokenizer) -> None:
-    from arbor.tasks.agent import AgentLoop, Budgets, build_prompt_ids
+    from arbor.tasks.env.agent import AgentLoop, Budgets, build_prompt_ids
     from arbor.tasks.format import RUBRICEM
 
     loop = AgentLoop(tiny_tokenizer, None, Budgets(), protocol=RUBRICEM)
@@ -230,7 +230,7 @@ class ReflectingEngine:
         self.tokenizer = tokenizer
 
     def complete(self, requests, *, temperature: float, stop_strings: list[str]):  # noqa: ANN201, ANN001
-        from arbor.tasks.agent import Generation, encode_text
+        from arbor.tasks.env.agent import Generation, encode_text
 
         out = []
         for i, _ in enumerate(requests):
@@ -261,9 +261,9 @@ def _reflect_step(home: Path, tiny_dir: Path,
     group of three staged trajectories: (reflections, bank rows, shaped trajectory rows, step 2's lagged
     reflections, the method)."""
     from arbor.config import load_config
-    from arbor.tasks.agent import tokenize_trajectory
+    from arbor.tasks.env.agent import tokenize_trajectory
+    from arbor.tasks.env.policy import load_tokenizer
     from arbor.tasks.format import RUBRICEM, check_format
-    from arbor.tasks.policy import load_tokenizer
     from arbor.tasks.reward import token_f1
     from arbor.tasks.stages import StageStore
     from arbor.tasks.step import RunState

@@ -13,8 +13,8 @@ import pytest
 from flow_support import JsonServer
 
 from arbor.config.search import SearchConfig
-from arbor.tasks.datasets import CORPUS_FILE, offline_questions
-from arbor.tasks.search import (
+from arbor.tasks.env.datasets import CORPUS_FILE, offline_questions
+from arbor.tasks.env.search import (
     BM25Search,
     CachedSearch,
     SearchError,

@@ -15,8 +15,8 @@ from arbor.config.judge import JudgeConfig
 from arbor.flows.evaluate import run_eval
 from arbor.llm import make_judge
 from arbor.storage.sql import query
-from arbor.tasks.datasets import load_questions
-from arbor.tasks.evaluate import (
+from arbor.tasks.env.datasets import load_questions
+from arbor.tasks.reporting.evaluate import (
     EvalError,
     Prediction,
     format_judges,

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from arbor.config import load_config
-from arbor.tasks.serving import LaunchSpec, ServerDied, Supervised, vllm_serve_spec
+from arbor.tasks.env.serving import LaunchSpec, ServerDied, Supervised, vllm_serve_spec
 
 
 def _free_port() -> int:

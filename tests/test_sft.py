@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from arbor.config import load_config
-from arbor.tasks.agent import tokenize_trajectory
-from arbor.tasks.policy import build_tiny_policy
-from arbor.tasks.sft import batches, run_sft, sft_loss, tokenize_rows
-from arbor.tasks.sft_data import SFTDataError
+from arbor.tasks.env.agent import tokenize_trajectory
+from arbor.tasks.env.policy import build_tiny_policy
+from arbor.tasks.env.sft_data import SFTDataError
+from arbor.tasks.training.sft import batches, run_sft, sft_loss, tokenize_rows
 
 ROWS = [
     {"question": "Who wrote Hamlet?", "golds": ["William Shakespeare"],
@@ -62,7 +62,7 @@ def test_tokenize_rows_masks_results_and_truncates(tiny_dir: Path) -> None:
 def test_sft_uses_the_runs_system_prompt(tiny_dir: Path) -> None:
     """SFT prompts are the RL rollouts' prompts: rollout.system_prompt, and the SFT key changes with it."""
     from arbor.flows.sft import sft_key
-    from arbor.tasks.agent import build_prompt_ids
+    from arbor.tasks.env.agent import build_prompt_ids
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
     sp = "Search, then answer in \\boxed{}."
@@ -115,10 +115,10 @@ def test_sft_teaches_the_tiny_policy_to_search(sft_policy: Path, tmp_path: Path)
     """Acceptance (issue 6 §5): the tiny-cpu SFT warm start (the session's ``sft_policy``: synthetic trajectories,
     ~2.5 minutes on two idle cores) raises the format-valid rate and the searches per trajectory on *held-out* questions by a
     clear margin, rollouts before and after with a fixed seed."""
-    from arbor.tasks.datasets import load_questions
-    from arbor.tasks.policy import load_policy
-    from arbor.tasks.rollout import TransformersEngine
-    from arbor.tasks.search import make_search
+    from arbor.tasks.env.datasets import load_questions
+    from arbor.tasks.env.policy import load_policy
+    from arbor.tasks.env.rollout import TransformersEngine
+    from arbor.tasks.env.search import make_search
 
     cfg = load_config("tiny-cpu")
     search = make_search(cfg.search, home=tmp_path)

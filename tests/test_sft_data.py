@@ -7,11 +7,17 @@ import json
 import pytest
 
 from arbor.config import load_config
-from arbor.tasks.datasets import load_questions
+from arbor.tasks.env.datasets import load_questions
+from arbor.tasks.env.policy import train_tokenizer
+from arbor.tasks.env.search import format_results, make_search
+from arbor.tasks.env.sft_data import (
+    SFTDataError,
+    build_sft_data,
+    read_sft_data,
+    synthesize,
+    tokenize_sft_example,
+)
 from arbor.tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
-from arbor.tasks.policy import train_tokenizer
-from arbor.tasks.search import format_results, make_search
-from arbor.tasks.sft_data import SFTDataError, build_sft_data, read_sft_data, synthesize, tokenize_sft_example
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from arbor.tasks.policy import PolicyLoadError, load_policy, resolve_model, shipped_gguf
-from arbor.tasks.search import file_sha256
+from arbor.tasks.env.policy import PolicyLoadError, load_policy, resolve_model, shipped_gguf
+from arbor.tasks.env.search import file_sha256
 
 # small enough for two cores: 8 SFT rows (2 updates), 2 prompts x K 2, no held-out evaluation
 SMOL_RUN = {"run.steps": 1, "sft.questions": 8, "sft.batch_size": 4, "rollout.batch_size": 2, "rollout.k": 2,

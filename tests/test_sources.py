@@ -10,10 +10,10 @@ import pytest
 from arbor.config import ArborConfig, load_config
 from arbor.config.search import SearchConfig
 from arbor.plugins import PluginError
-from arbor.tasks import sources
-from arbor.tasks.datasets import DatasetError, load_questions
-from arbor.tasks.search import SearchError, make_search
-from arbor.tasks.sources import Source, find_source, register_source, source_names
+from arbor.tasks.env import sources
+from arbor.tasks.env.datasets import DatasetError, load_questions
+from arbor.tasks.env.search import SearchError, make_search
+from arbor.tasks.env.sources import Source, find_source, register_source, source_names
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_world_is_found_through_its_entry_point() -> None:
-    from arbor.tasks import world
+    from arbor.tasks.env import world
 
     assert "world" in source_names() and find_source("world") is world.SOURCE
     assert find_source("offline") is None  # the shipped splits are the loader's own, not a source
@@ -71,8 +71,8 @@ def test_a_source_key_joins_the_sft_key_only_when_named(registry) -> None:
 
 
 def test_an_entry_point_that_is_no_source_is_refused(registry, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sources, "_declared", lambda: {"bad": "arbor.tasks.sources:GROUP", "gone": "no.such:X"})
-    with pytest.raises(PluginError, match="entry point 'bad'.*expected an arbor.tasks.sources.Source"):
+    monkeypatch.setattr(sources, "_declared", lambda: {"bad": "arbor.tasks.env.sources:GROUP", "gone": "no.such:X"})
+    with pytest.raises(PluginError, match="entry point 'bad'.*expected an arbor.tasks.env.sources.Source"):
         find_source("bad")
     with pytest.raises(PluginError, match="entry point 'gone': cannot import"):
         find_source("gone")

@@ -73,8 +73,8 @@ def test_every_query_file_runs_on_a_fresh_workspace(tmp_path: Path) -> None:
 
 def test_a_quote_in_a_value_round_trips(arbor_home: Path) -> None:
     """Run ids cannot hold a quote (they name folders), but checkpoints can: bound, it selects exactly its rows."""
-    from arbor.tasks.evaluate import eval_rows, load_eval_results, store_eval_results
-    from arbor.tasks.report import _known_run
+    from arbor.tasks.reporting.evaluate import eval_rows, load_eval_results, store_eval_results
+    from arbor.tasks.reporting.report import _known_run
     from tests.test_evaluate import PREDS
 
     for stage, ckpt in (("eval", QUOTED), ("eval-b", "plain")):
@@ -89,7 +89,7 @@ def test_a_quote_in_a_value_round_trips(arbor_home: Path) -> None:
 
 
 def test_report_prints_a_rerunnable_arbor_sql_line(arbor_home: Path) -> None:
-    from arbor.tasks.report import _shown
+    from arbor.tasks.reporting.report import _shown
 
     shown = _shown("run_row_count", run_id=QUOTED)
     first, rest = shown.split("\n", 1)

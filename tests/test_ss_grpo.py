@@ -9,7 +9,6 @@ import torch
 from arbor.config import ArborConfig
 from arbor.config.rubricem import DEFAULT_LAMBDA
 from arbor.tasks.format import RUBRICEM, check_format, stage_spans, token_starts
-from arbor.tasks.losses import group_advantages, policy_loss
 from arbor.tasks.methods.base import Method
 from arbor.tasks.methods.ss_grpo.method import SSGRPO, neutral_grades, trajectory_stage_scores
 from arbor.tasks.methods.ss_grpo.stagewise import (
@@ -20,6 +19,7 @@ from arbor.tasks.methods.ss_grpo.stagewise import (
     stage_returns,
     stage_score,
 )
+from arbor.tasks.training.losses import group_advantages, policy_loss
 from arbor.tasks.types import RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 STAGED = (

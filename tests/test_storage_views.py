@@ -288,7 +288,7 @@ def test_zero_variance_sql_and_python_agree(tmp_path):
     DAPO's filter count the same groups, including spreads just inside and just outside the tolerance (a group
     whose values all lie within 1e-9 of the first but spread 1.6e-9 is not zero-variance anywhere)."""
     from arbor.tasks.group_stats import classify_group
-    from arbor.tasks.losses import zero_variance_groups
+    from arbor.tasks.training.losses import zero_variance_groups
 
     spreads = [[0.0, 0.0, 0.0], [0.5, 0.5 + 0.9e-9, 0.5], [0.5, 0.5 + 0.8e-9, 0.5 - 0.8e-9],
                [0.0, 2e-9, 0.0], [1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]]

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from arbor.config import load_config
-from arbor.tasks.agent import (
+from arbor.tasks.env.agent import (
     AgentLoop,
     Budgets,
     Generation,
@@ -22,14 +22,14 @@ from arbor.tasks.agent import (
     encode_text,
     tokenize_trajectory,
 )
-from arbor.tasks.format import result_block
-from arbor.tasks.policy import (
+from arbor.tasks.env.policy import (
     PolicyLoadError,
     configure_chat_template,
     shipped_gguf,
     train_tokenizer,
 )
-from arbor.tasks.train import make_micro
+from arbor.tasks.format import result_block
+from arbor.tasks.training.train import make_micro
 
 SYSTEM = "Answer by searching."
 QUESTION = "Who directed Doctor Strange?"
@@ -52,7 +52,7 @@ class _OneHit:
     """A search backend with one passage (the loop only needs ``search``)."""
 
     def search(self, queries: list[str], k: int) -> list[list[Any]]:
-        from arbor.tasks.search import SearchHit
+        from arbor.tasks.env.search import SearchHit
 
         return [[SearchHit(doc_id="p1", title="Doctor Strange", text=PASSAGE.split(") ", 1)[1], score=1.0)]
                 for _ in queries]

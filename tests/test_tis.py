@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from arbor.config import load_config
-from arbor.tasks.datasets import load_questions
-from arbor.tasks.policy import load_policy
-from arbor.tasks.rollout import make_engine
-from arbor.tasks.search import make_search
-from arbor.tasks.train import PolicyHead, Trainer, scoring_temperature
-from arbor.tasks.update import policy_update
+from arbor.tasks.env.datasets import load_questions
+from arbor.tasks.env.policy import load_policy
+from arbor.tasks.env.rollout import make_engine
+from arbor.tasks.env.search import make_search
+from arbor.tasks.training.train import PolicyHead, Trainer, scoring_temperature
+from arbor.tasks.training.update import policy_update
 
 pytestmark = pytest.mark.slow
 

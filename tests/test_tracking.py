@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from arbor.config import TrackingConfig
-from arbor.tasks.tracking import (
+from arbor.tasks.reporting.tracking import (
     Tracker,
     TrackingError,
     clean_metrics,
@@ -115,7 +115,7 @@ def test_wandb_offline_and_mlflow_local_store(tmp_path: Path, capsys: pytest.Cap
     got = json.loads(table_file.read_text())
     assert got["columns"][:4] == ["step", "group", "sample", "question"] and got["data"][1][3] == "Who is 1?"
     # MLflow: one run in the experiment, tagged with the arbor run id, grouped metric history, a table per step
-    from arbor.tasks.tracking import mlflow_local_uri
+    from arbor.tasks.reporting.tracking import mlflow_local_uri
 
     client = MlflowClient(tracking_uri=mlflow_local_uri(tmp_path))
     exp = client.get_experiment_by_name("arbor-test")
@@ -132,7 +132,7 @@ def test_wandb_offline_and_mlflow_local_store(tmp_path: Path, capsys: pytest.Cap
                            ).read_text()) == {"train": {"lr": 3e-4}}
     # TensorBoard: the scalars and the samples as a text panel
     assert read_scalars("run-w", tmp_path)["reward/base_mean"] == [(1, 0.25), (2, 0.5)]
-    from arbor.tasks.tracking import read_texts
+    from arbor.tasks.reporting.tracking import read_texts
 
     texts = read_texts("run-w", tmp_path)
     assert sorted(texts) == [1, 2] and "| 1 | 1 | 0 | Who is 1? | A | A \\| B | true | 0.5 | 0.75 |" in texts[2]

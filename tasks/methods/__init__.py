@@ -1,6 +1,6 @@
 """Training methods, one module or package each, found by name (``run.method``) or by import path (issue 13).
 
-    arbor      tasks/methods/arbor.py      the paper: rubric memory, eq. 1-4
+    arbor      tasks/methods/arbor/        the paper: rubric memory, sparse pairwise judging, eq. 1-4
     grpo       tasks/methods/grpo.py       outcome reward only (the Method defaults)
     dapo       tasks/methods/dapo.py       clip-higher, dynamic sampling
     rar        tasks/methods/rar.py        query-specific RaR items, holistic rating (App. C.3)
@@ -9,8 +9,9 @@
     rubricem   tasks/methods/rubricem/     ss-grpo plus the reflection meta-policy and the rubric bank (issue 15)
     arco       tasks/methods/arco/         a co-evolving rubric model turns the outcome into per-turn rewards
 
-A method with tables of its own is a package (issue 32): ``method.py`` (the class), its mathematics as pure
-functions, ``tables.py`` (its ``TableSet``) and ``sql/`` (its views).
+A method with mathematics, state or tables of its own is a package (issue 32): ``method.py`` (the class), its
+mathematics as pure functions, ``tables.py`` (its ``TableSet``) and ``sql/`` (its views). ``coreact/`` is Co-ReAct,
+which is no training method but guided inference and a generator-training flow, packaged the same way.
 
 A user's method is a subclass of ``arbor.tasks.methods.base.Method`` named by ``run.method: pkg.module:ClassName``
 (docs/methods.md). This module imports no method (nor torch) until one is resolved, so that checking a config

@@ -34,7 +34,7 @@ hooks with plain GRPO's defaults:
     summary          what the step's log line and trackers show of the method's state (ARBOR: the common pool)
     restore          rebuild the method's own state from stored rows when a run (re)starts (ARBOR: its memory)
 
-The train-stage decisions run in the controller (``tasks.update.policy_update``): the trainer gets tensors and
+The train-stage decisions run in the controller (``tasks.training.update.policy_update``): the trainer gets tensors and
 knows no method. Hooks get the run's resources (``StepResources``) and must draw any randomness from ``run.seed``
 and the step, so a resumed stage reproduces the stored one. A method is a class; ``tasks.methods.resolve_method``
 finds the built-ins by name and a user's own by import path (``pkg.module:MyMethod``); docs/methods.md has a
@@ -52,10 +52,10 @@ from arbor.config.train import TrainConfig
 from arbor.llm.base import Judge
 from arbor.storage.schemas import TableSet, register_tables
 from arbor.storage.schemas import tables as known_tables
-from arbor.tasks.datasets import Question, batch_for_step
+from arbor.tasks.env.datasets import Question, batch_for_step
 from arbor.tasks.shaping import shape_group
+from arbor.tasks.training.update import GRPORule, grpo_loss_settings
 from arbor.tasks.types import LossSettings, Trajectory
-from arbor.tasks.update import GRPORule, grpo_loss_settings
 
 Rows = list[dict[str, Any]]
 T = TypeVar("T")
@@ -135,7 +135,7 @@ class RubricScores:
 
 class Method(GRPORule):
     """Plain GRPO behaviour; a method overrides the hooks it changes (module docstring). The train decisions'
-    defaults (``policy_lag``, ``select_groups``, ``token_advantages``) are ``tasks.update.GRPORule``'s."""
+    defaults (``policy_lag``, ``select_groups``, ``token_advantages``) are ``tasks.training.update.GRPORule``'s."""
 
     name: ClassVar[str] = ""
     stages: ClassVar[tuple[Stage, ...]] = (ROLLOUT, SHAPE, TRAIN)  # the step's stage graph, in order

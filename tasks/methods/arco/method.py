@@ -29,12 +29,12 @@ from torch import Tensor
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext, JudgeOutcome
-from arbor.tasks.checkpoint import checkpoint_due, run_checkpoint_root
 from arbor.tasks.format import turn_spans
 from arbor.tasks.methods.arco import equations as arco
 from arbor.tasks.methods.arco.tables import TABLES
 from arbor.tasks.methods.base import ROLLOUT, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.stages import fault_point
+from arbor.tasks.training.checkpoint import checkpoint_due, run_checkpoint_root
 from arbor.tasks.types import LossSettings, StepLabel, Trajectory
 
 

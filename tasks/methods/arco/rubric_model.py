@@ -11,7 +11,7 @@ tokens anchors it. mu_ref is mu as the teacher warm-up left it: the LoRA weights
     update_warmup      CE(criteria tokens) + mse_coef * MSE(K scores, projected teacher labels)       (mu's SFT)
     update_decompose   (1/N) sum_traj [w(R) (sum_t mean_k s_tk - R)^2 + beta sum_t KL_t(mu_ref || mu)]
 
-Checkpoints mirror the policy's (``tasks.checkpoint``: atomic, retained, ``{root}/step_NNNNNN``) under the run's
+Checkpoints mirror the policy's (``tasks.training.checkpoint``: atomic, retained, ``{root}/step_NNNNNN``) under the run's
 checkpoint folder ``mu/``; resume loads the latest and replays the stored updates after it.
 """
 
@@ -28,10 +28,10 @@ from torch import Tensor, nn
 
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
-from arbor.tasks import checkpoint as ckpt
-from arbor.tasks import lora
-from arbor.tasks.lora import LoRALinear
 from arbor.tasks.methods.arco import equations as arco
+from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training import lora
+from arbor.tasks.training.lora import LoRALinear
 
 LORA_TARGETS = ("q_proj", "v_proj")
 MU_SYSTEM = "You write the criteria that decide whether one step of a search agent helps answer the question."
@@ -67,7 +67,7 @@ def encode_prompt(tokenizer: Any, question: str, history: str, searches_left: in
 
 # ---------------------------------------------------------------------------------------------- the network
 class RefLoRALinear(LoRALinear):
-    """``tasks.lora.LoRALinear`` plus mu_ref's frozen copy of (A, B) in buffers; ``use_ref`` computes with it."""
+    """``tasks.training.lora.LoRALinear`` plus mu_ref's frozen copy of (A, B) in buffers; ``use_ref`` computes with it."""
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float,
                  generator: torch.Generator | None = None) -> None:
@@ -81,7 +81,7 @@ class RefLoRALinear(LoRALinear):
 
 
 def add_lora(lm: nn.Module, r: int, alpha: float, dropout: float, targets: Sequence[str] = LORA_TARGETS) -> int:
-    """mu's adapters (``tasks.lora.add_lora`` with reference buffers) on ``targets``; the number wrapped."""
+    """mu's adapters (``tasks.training.lora.add_lora`` with reference buffers) on ``targets``; the number wrapped."""
     return lora.add_lora(lm, r, alpha, dropout, targets, layer=RefLoRALinear)
 
 
@@ -189,8 +189,8 @@ class RubricModelTrainer:
         import deepspeed
         from transformers import AutoModelForCausalLM
 
-        from arbor.tasks.policy import load_tokenizer
-        from arbor.tasks.train import deepspeed_config, init_single_process_env
+        from arbor.tasks.env.policy import load_tokenizer
+        from arbor.tasks.training.train import deepspeed_config, init_single_process_env
 
         init_single_process_env()
         self.cfg = cfg
@@ -225,8 +225,8 @@ class RubricModelTrainer:
     @torch.no_grad()
     def write_criteria(self, prompts: Sequence[list[int]]) -> list[list[int]]:
         """Greedy criteria for each step prompt (criteria=generate); EOS ends one (and is kept)."""
-        from arbor.tasks.agent import GenRequest
-        from arbor.tasks.rollout import generate_turns
+        from arbor.tasks.env.agent import GenRequest
+        from arbor.tasks.env.rollout import generate_turns
 
         self.model.eval()
         out: list[list[int]] = []

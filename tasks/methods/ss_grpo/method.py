@@ -34,7 +34,6 @@ from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.tasks.format import STAGE_NAMES
-from arbor.tasks.losses import segment_advantages
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.methods.ss_grpo.stagewise import (
     StageBuffer,
@@ -47,6 +46,7 @@ from arbor.tasks.methods.ss_grpo.stagewise import (
 )
 from arbor.tasks.methods.ss_grpo.tables import TABLES
 from arbor.tasks.stages import fault_point
+from arbor.tasks.training.losses import segment_advantages
 from arbor.tasks.types import LossSettings, RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 

@@ -5,7 +5,7 @@ per-question stage rubric buffer. Pure Python, no judge: ``tasks.methods.ss_grpo
     G_{i,k} = sum_{j >= k} lambda_{k,j} R_{i,j}    lambda_{k,j} = 0 for j < k, lambda_{k,k} = 1         (§3.3)
     A_{i,k} = (G_{i,k} - mean_i' G_{i',k}) / (std_i' G_{i',k} + eps)   per stage across the group     (§3.3)
 
-Every token of stage k of trajectory i carries A_{i,k} (``tasks.losses.segment_advantages``).
+Every token of stage k of trajectory i carries A_{i,k} (``tasks.training.losses.segment_advantages``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbor.tasks.format import stage_spans, token_starts
-from arbor.tasks.losses import group_advantages
+from arbor.tasks.training.losses import group_advantages
 from arbor.tasks.types import StageRubric, StageRubricDraft
 
 N_STAGES = 4
@@ -91,7 +91,7 @@ def stage_token_bounds(decode: Callable[[list[int]], str], response_ids: Sequenc
 
 
 def stage_segments(starts: Sequence[int], n_tokens: int, advantages: Sequence[float]) -> list[tuple[int, int, float]]:
-    """(start, end, A_k) per stage for ``tasks.losses.segment_advantages``."""
+    """(start, end, A_k) per stage for ``tasks.training.losses.segment_advantages``."""
     ends = [*starts[1:], n_tokens]
     return [(a, b, adv) for a, b, adv in zip(starts, ends, advantages, strict=True)]
 

@@ -16,7 +16,7 @@ The world is generated from ``WorldConfig`` alone (seeded, no downloads, byte-id
 - an entity split: each type's entities are divided into train and eval; relations never cross the split, so a
   ``world:eval`` question only involves entities (both hops) that no ``world:train`` question or SFT row mentions.
 
-It is a data source (``tasks.sources``), ``SOURCE``, declared under the prefix ``world`` in pyproject.toml's
+It is a data source (``tasks.env.sources``), ``SOURCE``, declared under the prefix ``world`` in pyproject.toml's
 ``arbor.sources`` entry points and found by the loaders like any user's source: ``data.train`` / ``data.eval``
 ``world:train`` | ``world:eval`` (``load_questions(spec, config=cfg)``), ``search.corpus: world:corpus``
 (``world_corpus_path``: a JSONL corpus written once into ``{home}/world/``, content-addressed by the world's config)
@@ -42,8 +42,8 @@ from typing import Any
 from arbor.config import ArborConfig
 from arbor.config.world import WorldConfig
 from arbor.seeding import derive_seed
+from arbor.tasks.env.sources import Source
 from arbor.tasks.format import ARBOR, TagProtocol, get_protocol
-from arbor.tasks.sources import Source
 
 WORLD_VERSION = 3  # part of every world key and world SFT key: bump it when the generator's output changes
 WORLD_CORPUS = "world:corpus"  # search.corpus value: the world's passages
@@ -142,7 +142,7 @@ COMPARE = {
 YEAR_NEED = {"person": "person.year", "city": "city.year", "film": "film.year", "company": "company.year"}
 TYPE_WORD = {"person": "born", "city": "city", "film": "film", "company": "company"}
 
-# SFT thoughts (short on purpose, as in tasks/sft_data.py).
+# SFT thoughts (short on purpose, as in tasks/env/sft_data.py).
 _OPEN = ("I need {need}. Search {n}.", "First find {need}.", "Look up {n}.")
 _NEXT = ("{fact} Now I need {need}.", "{fact} Next, search {n}.")
 _COMPARE_NEXT = ("{fact} Now {n}.", "{fact} Next, search {n}.")
@@ -199,7 +199,7 @@ class WorldQuestion:
     path: tuple[Hop, ...]
 
     def to_question(self) -> Any:
-        from arbor.tasks.datasets import Question
+        from arbor.tasks.env.datasets import Question
 
         return Question(self.question_id, self.question, [self.answer], f"world:{self.kind}",
                         [h.doc_id for h in self.path], [h.title for h in self.path])
@@ -451,7 +451,7 @@ def _world_questions(cfg_json: str, split: str) -> tuple[WorldQuestion, ...]:
 
 
 def load_world_questions(split: str, cfg: WorldConfig | None = None) -> list[Any]:
-    """``world:<split>`` as ``tasks.datasets.Question`` rows (gold passage ids in ``support``)."""
+    """``world:<split>`` as ``tasks.env.datasets.Question`` rows (gold passage ids in ``support``)."""
     return [q.to_question() for q in world_questions(cfg or WorldConfig(), split)]
 
 
@@ -523,8 +523,8 @@ def render_response(q: WorldQuestion, steps: Sequence[tuple[str, str]], final: s
                     max_result_chars: int | None, protocol: TagProtocol = ARBOR) -> tuple[str, bool]:
     """(the response text, whether every gold passage was shown): each query goes to the real search backend and its
     hits are rendered exactly as the agent loop renders them, in ``protocol``."""
+    from arbor.tasks.env.search import format_results
     from arbor.tasks.format import result_block
-    from arbor.tasks.search import format_results
 
     parts: list[str] = []
     shown: set[str] = set()
@@ -557,8 +557,8 @@ def synthesize_world(questions: Sequence[WorldQuestion], search: Any, cfg: World
                      protocol: TagProtocol = ARBOR) -> list[dict[str, Any]]:
     """SFT rows ``{question_id, question, golds, response, kind, flaw, grounded}`` (``variants`` differently-seeded
     responses per question); every response passes ``tasks.format.check_format``."""
+    from arbor.tasks.env.sft_data import SFTDataError
     from arbor.tasks.format import check_format
-    from arbor.tasks.sft_data import SFTDataError
 
     world = build_world(cfg)
     items = [(v, q) for v in range(variants) for q in questions]
@@ -586,8 +586,8 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
                          split: str = "train") -> Path:
     """``sft.data: world:train``: gold trajectories for the first ``sft.questions`` world training questions
     (``sft.variants`` each), searched with the run's backend over the world corpus; JSONL at ``out_path``."""
-    from arbor.tasks.search import make_search
-    from arbor.tasks.sft_data import SFTDataError, write_jsonl
+    from arbor.tasks.env.search import make_search
+    from arbor.tasks.env.sft_data import SFTDataError, write_jsonl
 
     if split != "train":
         raise SFTDataError(f"sft.data: world:{split} — SFT data come from world:train only (world:eval is held out)")
@@ -620,7 +620,7 @@ def _sft_key(cfg: ArborConfig) -> dict[str, Any]:
     return {**cfg.world.model_dump(mode="json"), "generator": WORLD_VERSION}
 
 
-SOURCE = Source(  # pyproject.toml: [project.entry-points."arbor.sources"] world = "arbor.tasks.world:SOURCE"
+SOURCE = Source(  # pyproject.toml: [project.entry-points."arbor.sources"] world = "arbor.tasks.env.world:SOURCE"
     questions=lambda name, cfg: load_world_questions(name, cfg.world),
     corpus=_corpus,
     sft_data=lambda name, cfg, out, home: build_world_sft_data(cfg, out, home=home, split=name),

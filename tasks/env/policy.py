@@ -114,7 +114,7 @@ def gguf_to_hf(gguf: Path, home: Path | None = None) -> Path:
     gguf = Path(gguf).expanduser().resolve()
     if not gguf.is_file():
         raise PolicyLoadError(f"policy.model: no such GGUF file {gguf}")
-    from arbor.tasks.search import file_sha256
+    from arbor.tasks.env.search import file_sha256
 
     digest = file_sha256(gguf)
     out = (home or arbor_home()) / "models" / f"{gguf.stem}-{digest[:12]}"

@@ -21,8 +21,8 @@ from typing import Any
 from arbor.config import ArborConfig
 from arbor.llm.base import CallContext
 from arbor.tasks.induction import select_anchors
-from arbor.tasks.judge import GroupScoring
-from arbor.tasks.memory import (
+from arbor.tasks.methods.arbor.judge import GroupScoring
+from arbor.tasks.methods.arbor.memory import (
     Activation,
     DraftResult,
     Records,
@@ -30,8 +30,8 @@ from arbor.tasks.memory import (
     group_info_from_rows,
     load_pool_file,
 )
+from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
-from arbor.tasks.scoring import ScoringJob, score_jobs
 from arbor.tasks.stages import StageStore, fault_point
 from arbor.tasks.types import Rubric, Trajectory
 

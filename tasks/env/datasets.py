@@ -10,7 +10,7 @@ Named specs for ``load_questions``:
   (a seeded 2,000-question sample of it, as the paper samples 2K QA examples).
 - ``bench:hotpotqa``, ``bench:2wiki``, ``bench:musique``, ``bench:bamboogle`` (the ARPO test splits) and
   ``bench:local`` (= ``offline:heldout``: the benchmark questions answerable from the local corpus).
-- ``<prefix>:<name>`` of a registered source (``tasks.sources``: an ``arbor.sources`` entry point or
+- ``<prefix>:<name>`` of a registered source (``tasks.env.sources``: an ``arbor.sources`` entry point or
   ``register_source``): the source's questions, given the run's config (``config=cfg``).
 - anything else is a path: a JSONL or Parquet file, or a Hugging Face ``save_to_disk`` folder, with fields
   ``question`` and ``answer | answers | golden_answers`` (Search-R1 / FlashRAG) by default, or where
@@ -35,8 +35,8 @@ from arbor.config.data import DataConfig
 from arbor.jsonl import jsonl_rows
 from arbor.paths import DATA_DIR, PROJECT_ROOT
 from arbor.seeding import derive_seed
+from arbor.tasks.env.sources import known_sources, spec_source
 from arbor.tasks.reward import normalize_answer
-from arbor.tasks.sources import known_sources, spec_source
 
 BENCHMARKS = ("hotpotqa", "2wiki", "musique", "bamboogle")
 OFFLINE_FILES = {

@@ -12,7 +12,7 @@
 4. ``sample_update`` and ``update_batch``: one GRPO update: G rubrics per point from the current generator, each
    scored by the evaluator (the judge's ``step_verify``) on every candidate of the slate, rewarded by eq. 1-3 (a
    rubric whose slate could not be scored takes its group's mean r_rank: ``neutral_rank``), and trained with the
-   policy trainer (``tasks.train.Trainer``: clipped surrogate, group-normalised advantages (eq. 4-5), k3 KL to the
+   policy trainer (``tasks.training.train.Trainer``: clipped surrogate, group-normalised advantages (eq. 4-5), k3 KL to the
    frozen start).
 """
 
@@ -26,8 +26,9 @@ import torch
 
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
-from arbor.tasks.agent import GenRequest
-from arbor.tasks.coreact import (
+from arbor.tasks.env.agent import GenRequest
+from arbor.tasks.format import turn_spans
+from arbor.tasks.methods.coreact.equations import (
     consensus_ranks,
     generator_reward,
     parse_rubric,
@@ -35,8 +36,13 @@ from arbor.tasks.coreact import (
     select_diverse,
     verification_score,
 )
-from arbor.tasks.format import turn_spans
-from arbor.tasks.guidance import GENERATOR_SYSTEM, BranchPoint, GeneratorRubrics, generator_user, run_judge
+from arbor.tasks.methods.coreact.guidance import (
+    GENERATOR_SYSTEM,
+    BranchPoint,
+    GeneratorRubrics,
+    generator_user,
+    run_judge,
+)
 from arbor.tasks.types import Trajectory
 
 
@@ -121,7 +127,7 @@ def rank_points(rows: Sequence[dict[str, Any]], judges: Sequence[tuple[str, Any]
 
 def warm_rows(points: Sequence[dict[str, Any]], judge: Any, max_tool_calls: int, ctx: Any = None) -> list[dict[str, Any]]:
     """SFT rows (system, user, response) with the judge's step rubric at each kept point as the target."""
-    from arbor.tasks.coreact import render_rubric
+    from arbor.tasks.methods.coreact.equations import render_rubric
 
     bps = [BranchPoint(p["question"], p["history"], int(p["tool_calls"])) for p in points]
     outs = run_judge(judge, [judge.step_rubric(b.question, b.history, tool_calls=b.tool_calls,

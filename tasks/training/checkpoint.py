@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from arbor.tasks import lora
+from arbor.tasks.training import lora
 
 MARKER = "COMPLETE"
 _STEP_RE = re.compile(r"^step_(\d{6})$")
@@ -190,7 +190,7 @@ def module_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor]:
 
 def merged(engine: Any, state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``state_dict`` (:func:`module_state_dict`) with ``engine``'s LoRA adapters folded into the weights, under
-    the plain HF names (``tasks.lora.merge_state_dict``); unchanged without LoRA."""
+    the plain HF names (``tasks.training.lora.merge_state_dict``); unchanged without LoRA."""
     layers = lora.lora_layers(engine.module.lm)
     if not layers:
         return state_dict

@@ -5,7 +5,7 @@
 - ``bm25``: bm25s over a local corpus file (JSONL or Parquet rows ``{id?, title, text}``); the index is built once
   and stored under ``{home}/cache/bm25/<corpus hash>/``. Default corpus: ``data/corpus/wiki_passages.jsonl``, the
   deduplicated Wikipedia paragraphs of the shipped offline HotpotQA / MuSiQue / 2Wiki files (``build_corpus``).
-  ``search.corpus: <prefix>:<name>`` is the corpus file of a registered source (``tasks.sources``), which the
+  ``search.corpus: <prefix>:<name>`` is the corpus file of a registered source (``tasks.env.sources``), which the
   source writes under ``{home}`` from the run's config.
 - ``http``: a retriever service with Search-R1's ``/retrieve`` interface.
 - ``web``: a Serper-style web search API (the paper searched Google, 10 results per query); key from the env.
@@ -32,7 +32,7 @@ from arbor.config.search import SearchConfig
 from arbor.jsonl import jsonl_rows
 from arbor.paths import PROJECT_ROOT
 from arbor.plugins import PluginError, check_signature, load_plugin
-from arbor.tasks.sources import spec_source
+from arbor.tasks.env.sources import spec_source
 
 BM25_TOKENIZER = "bm25s-0.3:lower,stopwords=en,no-stemmer"  # part of the index cache key
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from arbor.seeding import derive_seed
-from arbor.tasks.agent import tokenize_trajectory
+from arbor.tasks.env.agent import tokenize_trajectory
 from arbor.tasks.format import ARBOR, TagProtocol, check_format, get_protocol, result_block
 
 # Thoughts are short on purpose: a ~5M-parameter policy learns the *protocol* (think, search, read, answer) from a
@@ -70,12 +70,12 @@ def _clean_query(text: str) -> str:
 
 def synthesize_response(question: Any, search: Any, *, seed: int, top_k: int, max_result_chars: int | None,
                         max_searches: int = 3, format_results: Any = None, protocol: TagProtocol = ARBOR) -> str:
-    """One tag-format response for ``question`` (a ``tasks.datasets.Question`` with ``support_titles``), written in
+    """One tag-format response for ``question`` (a ``tasks.env.datasets.Question`` with ``support_titles``), written in
     ``protocol``."""
     if format_results is None:
         from functools import partial
 
-        from arbor.tasks.search import format_results as _fmt
+        from arbor.tasks.env.search import format_results as _fmt
         format_results = partial(_fmt, line=protocol.passage_line)
     rng = random.Random(derive_seed(seed, "sft", question.question_id))
     answer = question.golds[0]
@@ -139,10 +139,10 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
                    seed: int = 0, search: Any = None, questions: Sequence[Any] | None = None) -> Path:
     """Synthesise SFT data for ``questions`` (default: the split ``spec``) with the run's search backend and
     budgets; write JSONL to ``out_path``."""
-    from arbor.tasks.datasets import load_questions
+    from arbor.tasks.env.datasets import load_questions
 
     if search is None:
-        from arbor.tasks.search import make_search
+        from arbor.tasks.env.search import make_search
         search = make_search(cfg.search, home=home, config=cfg)
     rows = synthesize(questions if questions is not None else load_questions(spec), search, seed=seed, top_k=cfg.search.top_k,
                       max_result_chars=cfg.search.max_result_chars, max_searches=max(1, cfg.rollout.max_searches),

@@ -58,7 +58,7 @@ class Prediction:
     protocol: str = "arbor"  # the tag protocol the response was written in (rollout.protocol)
 
 
-TRUNCATED_REASONS = ("length", "max_turns")  # tasks.agent: a spent token or turn budget is a truncation
+TRUNCATED_REASONS = ("length", "max_turns")  # tasks.env.agent: a spent token or turn budget is a truncation
 
 
 def prediction_from_trajectory(traj: Any, split: str, run_index: int, protocol: str = "arbor") -> Prediction:
@@ -413,7 +413,7 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
     """Roll out every question once per evaluation run (seeded per run), score, judge; ``eval_results`` rows.
 
     ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
-    model in ``judge_model`` and its ledger stage ``eval-second``. ``guide`` (a ``tasks.guidance.CoReAct``) answers
+    model in ``judge_model`` and its ledger stage ``eval-second``. ``guide`` (a ``tasks.methods.coreact.guidance.CoReAct``) answers
     the same questions a second time, with the same seeds, under Co-ReAct guidance: those rows carry ``guidance``
     and their guided turns collect in ``guide.records``."""
 
@@ -446,7 +446,7 @@ def _evaluate_split(engine: Any, split: str, questions: Sequence[Any], runs: int
                     temperature: float | None, protocol: str, judge_all: Any, guide: Any,
                     guidance: str | None) -> list[dict[str, Any]]:
     """``evaluate_questions`` for one split: each run unguided, then (with ``guide``) guided with the same seed."""
-    from arbor.tasks.rollout import sampling_temperature  # torch: keep the CLI input checks fast
+    from arbor.tasks.env.rollout import sampling_temperature  # torch: keep the CLI input checks fast
 
     rows: list[dict[str, Any]] = []
     for r in range(runs):

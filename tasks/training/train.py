@@ -1,7 +1,7 @@
 """The policy update on a real DeepSpeed engine: GRPO with TIS, DAPO's clip-higher (paper App. B.2; issue 6 §2-§4).
 
 The trainer is a pure update worker (issue 32 item 2): ``Trainer.train_step(update, step)`` takes an
-``UpdateBatch`` the controller built (``tasks.update.policy_update``: kept trajectories, per-token advantages, the
+``UpdateBatch`` the controller built (``tasks.training.update.policy_update``: kept trajectories, per-token advantages, the
 KL coefficient, each trajectory's version lag) and returns metrics. It knows no method. One step:
   1. every trajectory must come from the policy version it claims (weight sync), then
   2. pi_old: log-probs of the response tokens under the current weights at the rollout temperature (no grad);
@@ -10,7 +10,7 @@ KL coefficient, each trajectory's version lag) and returns metrics. It knows no 
   4. policy_version += 1 (the flow then syncs weights to the rollout engine and tags new rollouts with it).
 
 CPU (CI): one process, DeepSpeed's CPU accelerator, ZeRO-2 (ZeRO-3 in tests), fp32. GPUs: ``deepspeed`` launcher,
-ZeRO-3, bf16 (see ``tasks/trainer_service.py``, ``docs/gpu.md``).
+ZeRO-3, bf16 (see ``tasks/training/trainer_service.py``, ``docs/gpu.md``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from arbor.config import ArborConfig
 from arbor.config.rollout import LoRAConfig
 from arbor.paths import PROJECT_ROOT, arbor_home
 from arbor.seeding import derive_seed
-from arbor.tasks import checkpoint as ckpt
-from arbor.tasks.lora import add_lora
-from arbor.tasks.losses import LossOut, policy_loss, token_entropy, token_logprobs
+from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training.lora import add_lora
+from arbor.tasks.training.losses import LossOut, policy_loss, token_entropy, token_logprobs
+from arbor.tasks.training.update import check_token_advantages, grpo_loss_settings
 from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
-from arbor.tasks.update import check_token_advantages, grpo_loss_settings
 
 
 # ---------------------------------------------------------------------------------------------- environment
@@ -73,7 +73,7 @@ def init_single_process_env(port: int | None = None) -> None:
 def prebuild_deepspeed_ops() -> list[str]:
     """Compile the ops DeepSpeed's CPU accelerator builds on first use (the shm comm op), so tests don't pay ~25 s.
 
-    Run once at set-up: ``python -m arbor.tasks.train --prebuild-ops``. The build is cached in ~/.cache/torch_extensions
+    Run once at set-up: ``python -m arbor.tasks.training.train --prebuild-ops``. The build is cached in ~/.cache/torch_extensions
     (``TORCH_EXTENSIONS_DIR``). On a GPU machine nothing is needed (NCCL; torch AdamW).
     """
     import deepspeed.ops
@@ -165,7 +165,7 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     partitions it (14B in bf16: 28 GB of host memory per rank).
 
     ``lora`` enabled (``policy.lora``): the weights are frozen and ``lora.targets`` get adapters (Hu et al. 2021;
-    ``tasks.lora.add_lora``), their A drawn from ``seed`` so every run (and a resume without a checkpoint) starts
+    ``tasks.training.lora.add_lora``), their A drawn from ``seed`` so every run (and a resume without a checkpoint) starts
     from the same adapters; only they train. Apply before ``deepspeed.initialize``: a checkpoint holds this module
     structure."""
     import importlib.util
@@ -458,7 +458,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ the step
     def train_step(self, update: UpdateBatch, step: int) -> dict[str, float]:
-        """One RL step on the controller's ``update`` (``tasks.update.policy_update``); returns the step's metrics
+        """One RL step on the controller's ``update`` (``tasks.training.update.policy_update``); returns the step's metrics
         (the controller's ``update.metrics`` first)."""
         if step <= self.step:
             raise ValueError(f"step {step}: already trained up to step {self.step}")
@@ -610,7 +610,7 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, step: int | None = None, metrics: dict[str, float] | None = None) -> Path:
         """Atomic checkpoint of ``step`` (default: the last trained step) then retention (every rank calls):
-        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.checkpoint``."""
+        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.checkpoint``."""
         step = self.step if step is None else step
         tmp = self.ckpt_root / f"step_{step:06d}.tmp"
         if self.rank == 0:

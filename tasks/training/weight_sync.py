@@ -22,7 +22,7 @@ import torch
 def sync_weights(trainer: Any, target: Any) -> int:
     """Load the trainer's current weights into ``target`` and tag it with ``trainer.policy_version``.
 
-    ``target`` is either a rollout engine with ``load_state_dict(state_dict, version)`` (``tasks.rollout``'s
+    ``target`` is either a rollout engine with ``load_state_dict(state_dict, version)`` (``tasks.env.rollout``'s
     TransformersEngine) or a plain ``torch.nn.Module``. Collective under ZeRO-3 (call on every rank; the target
     lives on rank 0). Returns the version now served.
     """
@@ -44,7 +44,7 @@ def sync_policy(trainer: Any, engine: Any, export_dir: Path, base_url: str | Non
     """After each step, the one path from the trainer's weights to the rollout engine (issue 6 item 4):
 
     - trainer in this process: :func:`sync_weights` (full state dict, no copy on disk);
-    - trainer in its own process group (``tasks.trainer_service``): an HF export under ``export_dir``, loaded here;
+    - trainer in its own process group (``tasks.training.trainer_service``): an HF export under ``export_dir``, loaded here;
     - ``vllm serve``: the trainer pushes over vLLM's weight-transfer API (docs/gpu.md); the engine takes the version.
     Returns the policy version now served."""
     version = int(trainer.policy_version)

@@ -5,7 +5,7 @@ Call order within one training step ``s`` (enforced; each call at most once per 
 
     0. mem.load_pool(s, data)                      warm start from another run's exported P (first step only)
     1. active, rec = mem.select_active(s)          exactly min(n_active, |P|) rubrics: top rho_r + LRU
-       ... the flow judges every group under every active rubric (tasks.judge.score_group) ...
+       ... the flow judges every group under every active rubric (tasks.methods.arbor.judge.score_group) ...
     2. rec = mem.apply_activations(s, [Activation(rubric_id, group, scoring, f1), ...])
                                                    n_r and cumulative rho_r, applied in group-index order; the
                                                    first activation with n_r > kappa marks the rubric
@@ -42,7 +42,7 @@ import numpy as np
 
 from arbor.config.memory import MemoryConfig
 from arbor.tasks.group_stats import pearson, population_variance
-from arbor.tasks.judge import GroupScoring
+from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.shaping import passes_variance
 from arbor.tasks.types import Rubric, RubricDraft
 

@@ -29,7 +29,7 @@ import torch
 
 from arbor.config import ArborConfig
 from arbor.seeding import derive_seed
-from arbor.tasks.agent import AgentLoop, AgentState, Budgets, Generation, GenRequest
+from arbor.tasks.env.agent import AgentLoop, AgentState, Budgets, Generation, GenRequest
 from arbor.tasks.format import ARBOR, TagProtocol, get_protocol
 from arbor.tasks.reward import RewardFn, load_reward_fn, score_trajectory
 from arbor.tasks.types import Trajectory
@@ -364,7 +364,7 @@ OnGroup = Callable[[list[Trajectory]], None]
 
 class _EngineBase:
     policy_version: int = 0
-    guide: Any = None  # a tasks.guidance.CoReAct: guided turns (inject, verify, retry) instead of plain ones
+    guide: Any = None  # a tasks.methods.coreact.guidance.CoReAct: guided turns (inject, verify, retry) instead of plain ones
 
     def _guided_groups(self, questions: Sequence[Any], k: int, seed: int, step: int, run_id: str,
                        first_group: int) -> list[Trajectory]:
@@ -622,12 +622,12 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
     from arbor.paths import arbor_home
 
     if search is None:
-        from arbor.tasks.search import make_search
+        from arbor.tasks.env.search import make_search
 
         search = make_search(cfg.search, home=home or arbor_home(), config=cfg)
     if cfg.rollout.engine == "transformers":
         if policy is None or tokenizer is None:
-            from arbor.tasks.policy import load_policy, policy_source
+            from arbor.tasks.env.policy import load_policy, policy_source
 
             src = policy_source(cfg.policy, home)
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -636,7 +636,7 @@ def make_engine(cfg: ArborConfig, policy: Any = None, tokenizer: Any = None, *, 
         return TransformersEngine(cfg, policy, tokenizer, search)
     if cfg.rollout.engine == "openai":
         if tokenizer is None:
-            from arbor.tasks.policy import load_tokenizer, policy_source
+            from arbor.tasks.env.policy import load_tokenizer, policy_source
 
             tokenizer = load_tokenizer(policy_source(cfg.policy, home), cfg.policy)
         return OpenAIEngine(cfg, tokenizer, search)

@@ -201,7 +201,7 @@ class AgentLoop:
         if format_results is None:
             from functools import partial
 
-            from arbor.tasks.search import format_results as _fmt
+            from arbor.tasks.env.search import format_results as _fmt
             format_results = partial(_fmt, line=protocol.passage_line)
         self.format_results = format_results
         self.eos_ids = {t for t in (tokenizer.eos_token_id, tokenizer.pad_token_id) if t is not None}

@@ -1,7 +1,7 @@
 """The trainer as a long-lived process group driven step by step through a directory of JSON files (issue 6 §4).
 
 On several GPUs / nodes the trainer runs under DeepSpeed's launcher (``deepspeed --num_gpus N`` or
-``--hostfile``); on a CPU it is one ``python -m arbor.tasks.trainer_service`` process. Same trainer code either way.
+``--hostfile``); on a CPU it is one ``python -m arbor.tasks.training.trainer_service`` process. Same trainer code either way.
 
 Control channel (a directory shared with the flow; on several nodes it must be on a filesystem rank 0 sees)::
 
@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from arbor.config import ArborConfig
-from arbor.tasks.checkpoint import checkpoint_due
+from arbor.tasks.training.checkpoint import checkpoint_due
+from arbor.tasks.training.update import grpo_loss_settings
 from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
-from arbor.tasks.update import grpo_loss_settings
 
 POLL_S = 0.02
 
@@ -73,7 +73,7 @@ def build_launch_command(
     """(argv, extra environment) that start the trainer service.
 
     GPUs (``train.num_gpus > 0`` or ``train.hostfile``): ``deepspeed [--hostfile H] [--num_gpus N] --master_port P
-    --module arbor.tasks.trainer_service ...``. CPU: ``python -m arbor.tasks.trainer_service ...`` with the single-process
+    --module arbor.tasks.training.trainer_service ...``. CPU: ``python -m arbor.tasks.training.trainer_service ...`` with the single-process
     rendezvous variables."""
     port = master_port or free_port()
     args = ["--channel", str(channel), "--model-path", str(model_path), "--home", str(home)]
@@ -86,10 +86,10 @@ def build_launch_command(
             cmd += ["--include", "localhost:" + ",".join(str(g) for g in cfg.cluster.train_gpus)]
         elif tc.num_gpus > 0:
             cmd += ["--num_gpus", str(tc.num_gpus)]
-        cmd += ["--master_port", str(port), "--no_local_rank", "--module", "arbor.tasks.trainer_service", *args]
+        cmd += ["--master_port", str(port), "--no_local_rank", "--module", "arbor.tasks.training.trainer_service", *args]
         return cmd, {}
     env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    return [python, "-m", "arbor.tasks.trainer_service", *args], env
+    return [python, "-m", "arbor.tasks.training.trainer_service", *args], env
 
 
 # ---------------------------------------------------------------------------------------------- server side
@@ -152,7 +152,7 @@ def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:
     if op == "export_hf":
         return {"path": str(trainer.export_hf(cmd["path"])), "policy_version": trainer.policy_version}
     if op == "sync_vllm":
-        from arbor.tasks.weight_sync import VllmWeightTransfer
+        from arbor.tasks.training.weight_sync import VllmWeightTransfer
 
         if not hasattr(trainer, "_vllm"):
             trainer._vllm = VllmWeightTransfer(cmd["base_url"], cmd["master_address"], int(cmd["master_port"]),
@@ -167,7 +167,7 @@ def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:
 
 def serve(channel: Path, model_path: Path, home: Path) -> int:
     """The service loop (every rank). Rank 0 reads commands and broadcasts them; all ranks execute."""
-    from arbor.tasks.train import Trainer, init_single_process_env
+    from arbor.tasks.training.train import Trainer, init_single_process_env
 
     init_single_process_env()
     cfg = ArborConfig.model_validate_json((channel / "config.json").read_text())

@@ -5,7 +5,7 @@ A source is a ``Source``: up to four functions, each optional, that get the spec
 Sources are found by prefix among the Python entry points of group ``arbor.sources`` (an installed package declares
 ``[project.entry-points."arbor.sources"] mydata = "mypkg.module:SOURCE"``), or registered in the process with
 ``register_source``. arbor's own synthetic world is found the same way (its entry point is in pyproject.toml); the
-loaders (``tasks.datasets.load_questions``, ``tasks.search.make_search``, ``flows.sft``) name no source.
+loaders (``tasks.env.datasets.load_questions``, ``tasks.env.search.make_search``, ``flows.sft``) name no source.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from arbor.config import ArborConfig
 from arbor.plugins import PluginError, load_plugin
 
 GROUP = "arbor.sources"  # the entry-point group
-SOURCE_SHAPE = ("an arbor.tasks.sources.Source(questions=, corpus=, sft_data=, key=) instance, declared as "
+SOURCE_SHAPE = ("an arbor.tasks.env.sources.Source(questions=, corpus=, sft_data=, key=) instance, declared as "
                 f"'pkg.module:NAME' in the entry-point group {GROUP} (docs/plugins.md)")
 
 

@@ -28,8 +28,16 @@ from typing import Any, Protocol
 
 from arbor.config.guidance import GuidanceConfig
 from arbor.seeding import derive_seed
-from arbor.tasks.agent import AgentState, Generation, GenRequest
-from arbor.tasks.coreact import parse_rubric, passes, render_rubric, verification_score, verifier_feedback
+from arbor.storage.catalog import declare_tables
+from arbor.tasks.env.agent import AgentState, Generation, GenRequest
+from arbor.tasks.methods.coreact.equations import (
+    parse_rubric,
+    passes,
+    render_rubric,
+    verification_score,
+    verifier_feedback,
+)
+from arbor.tasks.methods.coreact.tables import TABLES
 from arbor.tasks.types import RubricItem, StepRubric, StepVerdict
 
 GENERATOR_SYSTEM = (
@@ -150,7 +158,7 @@ class GeneratorRubrics:
 
     def __init__(self, model: Any, tokenizer: Any, *, temperature: float, top_p: float, max_tokens: int,
                  max_batch_rows: int = 64) -> None:
-        from arbor.tasks.rollout import eos_token_ids
+        from arbor.tasks.env.rollout import eos_token_ids
 
         self.model, self.tokenizer = model, tokenizer
         self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
@@ -161,14 +169,14 @@ class GeneratorRubrics:
 
     def requests(self, points: Sequence[BranchPoint], seeds: Sequence[int]) -> list[GenRequest]:
         """Prompts tokenised like SFT rows (``build_prompt_ids``), so the warm start trains on the same tokens."""
-        from arbor.tasks.agent import build_prompt_ids
+        from arbor.tasks.env.agent import build_prompt_ids
 
         return [GenRequest(build_prompt_ids(self.tokenizer, generator_user(p), GENERATOR_SYSTEM), self.max_tokens,
                            seed) for p, seed in zip(points, seeds, strict=True)]
 
     def sample(self, requests: Sequence[GenRequest]) -> list[Generation]:
         """One rubric per request, with the sampled tokens' log-probs (the GRPO trainer reuses them)."""
-        from arbor.tasks.rollout import generate_turns
+        from arbor.tasks.env.rollout import generate_turns
 
         out: list[Generation] = []
         for i in range(0, len(requests), self.max_batch_rows):
@@ -319,23 +327,26 @@ class CoReAct:
 
 
 def make_guide(cfg: Any, judge: Any, *, home: Any = None, ctx: Any = None) -> CoReAct | None:
-    """The ``CoReAct`` driver of ``cfg.guidance`` (None when guidance.mode is off); errors name the key."""
+    """The ``CoReAct`` driver of ``cfg.guidance`` (None when guidance.mode is off); errors name the key. With a
+    workspace (``home``), Co-ReAct's tables are declared in it, since the guide's records are stored there."""
     g: GuidanceConfig = cfg.guidance
     if g.mode == "off":
         return None
+    if home is not None:
+        declare_tables(TABLES, home)
     source: RubricSource
     if g.source == "judge":
         source = JudgeRubrics(judge, cfg.rollout.max_searches, ctx)
     elif g.source == "memory":
         if not g.memory_pool:
             raise ValueError("guidance.memory_pool: source=memory needs an exported pool (arbor rubrics export RUN)")
-        from arbor.tasks.memory import load_pool_file
+        from arbor.tasks.methods.arbor.memory import load_pool_file
 
         source = MemoryRubrics(load_pool_file(g.memory_pool), g.memory_pick, g.memory_items)
     else:
         if not g.generator:
             raise ValueError("guidance.generator: source=generator needs a generator checkpoint")
-        from arbor.tasks.policy import load_policy
+        from arbor.tasks.env.policy import load_policy
 
         model, tok = load_policy(g.generator, cfg.policy.dtype, home=home)
         source = GeneratorRubrics(model, tok, temperature=g.generator_temperature, top_p=g.generator_top_p,

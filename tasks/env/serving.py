@@ -1,7 +1,7 @@
 """Rollout serving on GPUs: build the `vllm serve` command for a profile and supervise the server process.
 
 Layout (paper §4.1, one node of 8 GPUs): ``cluster.rollout_gpus`` run `vllm serve` (tensor parallel across them),
-``cluster.train_gpus`` run the DeepSpeed trainer (``tasks.trainer_service``). The flow starts the server, waits
+``cluster.train_gpus`` run the DeepSpeed trainer (``tasks.training.trainer_service``). The flow starts the server, waits
 for ``/health``, points the ``openai`` rollout engine at it, and restarts it if it dies (``Supervised``).
 The same supervision code drives any server command; CI exercises it with the CPU completions server.
 """

@@ -9,7 +9,7 @@ arbor does the same. ``policy_update`` turns a step's shaped trajectories into a
   3. one advantage per response token (``token_advantages``; GRPO: A_i of ``group_advantages`` on every token);
   4. the KL coefficient of this update and how many policy versions behind the trainer each trajectory is.
 
-The trainer (``tasks.train``) only checks and applies it: it imports no method and builds none. An ``UpdateRule``
+The trainer (``tasks.training.train``) only checks and applies it: it imports no method and builds none. An ``UpdateRule``
 is anything with the four decisions below, a training method (``tasks.methods.base.Method``) among them;
 ``GRPO_RULE`` is plain GRPO, which Co-ReAct's generator training and the trainer's tests use.
 """
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
-from arbor.tasks.losses import group_advantages, overlong_penalty, zero_variance_groups
+from arbor.tasks.training.losses import group_advantages, overlong_penalty, zero_variance_groups
 from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
 
 

@@ -2,7 +2,7 @@
 
 Paper settings (qwen3 profiles): 3 epochs, max length 15,000, effective batch 16, lr 7e-6 cosine with 10% linear
 warm-up, bf16, DeepSpeed ZeRO-3. The data is any JSONL of ``{question_id?, question, golds?, response}`` rows in
-our tag format (docs/sft.md); ``<result>`` blocks are loss-masked (``tasks.agent.tokenize_trajectory``).
+our tag format (docs/sft.md); ``<result>`` blocks are loss-masked (``tasks.env.agent.tokenize_trajectory``).
 
 Loss: token-level mean negative log-likelihood over the policy tokens of one effective batch,
     L = - sum_{i,t} m_it log pi(y_it | y_<it, x_i) / sum_{i,t} m_it.
@@ -24,8 +24,8 @@ import torch
 from arbor.config import ArborConfig
 from arbor.paths import arbor_home
 from arbor.seeding import derive_seed
-from arbor.tasks import checkpoint as ckpt
-from arbor.tasks.train import (
+from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training.train import (
     build_engine,
     deepspeed_config,
     init_single_process_env,
@@ -54,7 +54,7 @@ def tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int,
     the same tokens); responses are cut so prompt + response <= ``max_length``.
 
     Returns (examples, number truncated). Rows whose prompt alone reaches ``max_length`` are dropped (counted)."""
-    from arbor.tasks.agent import tokenize_trajectory
+    from arbor.tasks.env.agent import tokenize_trajectory
     from arbor.tasks.format import get_protocol
 
     tags = get_protocol(protocol)
@@ -103,8 +103,8 @@ def run_sft(
     ``out_dir`` defaults to ``sft.output`` (relative paths: under ARBOR_HOME). Stops after ``sft.epochs`` or when ``sft.max_minutes`` has elapsed (checked before each optimizer update).
     Returns a summary: examples, truncated, updates, epochs_done, first/last loss, seconds, out, stopped_early.
     """
-    from arbor.tasks.policy import load_tokenizer
-    from arbor.tasks.sft_data import read_sft_data
+    from arbor.tasks.env.policy import load_tokenizer
+    from arbor.tasks.env.sft_data import read_sft_data
 
     init_single_process_env()
     sc, tc = cfg.sft, cfg.train

@@ -1,0 +1,9 @@
+"""ARBOR (the paper) as a package: the method (``method.py``: its stage graph and decisions), the rubric memory
+(``memory.py``: admission, consolidation, retirement, active selection), sparse pairwise judging (``judge.py``)
+and group scoring through a judge (``scoring.py``). Anchor selection (``tasks/induction.py``) and the shaping of
+eq. 3/4 (``tasks/shaping.py``) are shared with the judges and every method, so they stay in ``tasks/``; ARBOR's
+rubric lifecycle tables are the pipeline's (``storage/schemas.py``), which the report and ``sql/`` read."""
+
+from arbor.tasks.methods.arbor.method import MEMORY_STAGES, Arbor, induce_drafts, induce_group, rebuild_memory
+
+__all__ = ["MEMORY_STAGES", "Arbor", "induce_drafts", "induce_group", "rebuild_memory"]

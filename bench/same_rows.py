@@ -75,7 +75,7 @@ def tables_of(homes: dict[str, Path]) -> list[str]:
     """TABLES, then every other stored table either run wrote (a method's own: stage scores, reflections, mu's
     labels, guided steps, ...), except the stage log, which holds only times and statuses."""
     written = {d.name for h in homes.values() for d in (h / "data").glob("*")
-               if d.is_dir() and not d.name.startswith("_")}
+               if d.is_dir() and not d.name.startswith("_") and any(d.glob("run_id=*"))}
     return [*TABLES, *sorted(written - set(TABLES) - {"stage_runs", "runs"})]
 
 

@@ -64,7 +64,13 @@ def test_no_values_pasted_into_sql() -> None:
 
 
 def test_every_query_file_runs_on_a_fresh_workspace(tmp_path: Path) -> None:
-    """Each file binds its parameters and answers (zero rows is fine) against the views of an empty workspace."""
+    """Each file binds its parameters and answers (zero rows is fine) against the views of an empty workspace, in a
+    process that knows every built-in method's tables (a method's views exist once it is imported or declared)."""
+    import arbor.tasks.methods.coreact  # noqa: F401 - Co-ReAct's tables and view
+    from arbor.tasks.methods import BUILTIN, resolve_method
+
+    for name in BUILTIN:
+        resolve_method(name)
     for f in _query_files():
         names = _params(f.read_text())
         assert names <= set(EXAMPLE), f"{f.name}: parameters {sorted(names - set(EXAMPLE))} need an example here"

@@ -1,4 +1,0 @@
--- branch_points: Co-ReAct's rubric generator training (arbor-guidance-train; issue 17; storage/schemas.py says what each
--- column holds). {{data}} is bound by storage/catalog.py.
-create or replace view branch_points as
-select * from read_parquet('{{data}}/branch_points/**/*.parquet', union_by_name = true, hive_partitioning = false);

@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 from arbor.storage.parquet import read_table
+
+
+def train_until_killed(home: Path, run_id: str, overrides: dict[str, Any], fault: str, log: Path,
+                       profile: str = "tiny-cpu") -> None:
+    """Run ``arbor train`` in a child process with ``ARBOR_FAULT=fault`` (a SIGKILL mode) against the test's
+    Prefect server, and check that it died by SIGKILL (the log's tail otherwise)."""
+    from prefect.settings import PREFECT_API_URL
+
+    from arbor.paths import PROJECT_ROOT
+
+    env = {**os.environ, "ARBOR_HOME": str(home), "ARBOR_FAULT": fault,
+           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    with open(log, "w") as out:
+        proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "-p", profile, "--run-id", run_id,
+                               *[f"--set={k}={v}" for k, v in overrides.items()]], env=env, stdout=out,
+                              stderr=subprocess.STDOUT, cwd=PROJECT_ROOT, timeout=900)
+    assert proc.returncode == -9, log.read_text()[-2000:]
+
 
 JUDGE_KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 JUDGE_KEY = "sk-test-secret-0123456789"

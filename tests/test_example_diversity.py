@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from flow_support import table, tiny_overrides
+from flow_support import table, tiny_overrides, train_until_killed
 
-from arbor.paths import PROJECT_ROOT
 from examples.diversity import DiversityGRPO, diversity_scores, jaccard
 
 RUN = "diversity"
@@ -84,18 +83,9 @@ def test_two_steps_store_and_shape_with_diversity(reference: Path) -> None:
 @pytest.mark.slow
 def test_sigkill_mid_stage_resumes_exactly(reference: Path, sft_policy: Path, tmp_path: Path,
                                            prefect_harness) -> None:
-    from prefect.settings import PREFECT_API_URL
-
     home = tmp_path / "home"
     o = _overrides(sft_policy)
-    env = {**os.environ, "ARBOR_HOME": str(home), "ARBOR_FAULT": "2:diversity:kill-mid",
-           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "-p", "tiny-cpu", "--run-id", RUN,
-                               *[f"--set={k}={v}" for k, v in o.items()]], env=env, stdout=out, cwd=PROJECT_ROOT,
-                              stderr=subprocess.STDOUT, timeout=900)
-    assert proc.returncode == -9, log.read_text()[-2000:]
+    train_until_killed(home, RUN, o, "2:diversity:kill-mid", tmp_path / "killed.log")
     assert {r["step"] for r in table("group_diversity", RUN, home)} == {1}  # step 2's stage never committed
     _train(home, o, resume=True)
     assert _stored(home) == _stored(reference)

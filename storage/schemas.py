@@ -4,9 +4,10 @@ Parquet is the source of truth; these schemas are applied on every write so that
 stay stable. Non-nullable fields are the keys a row cannot be stored without.
 
 This module declares the pipeline's tables (runs, steps, stages, rollouts and trajectories, judge calls, eval
-results, and ARBOR's rubric lifecycle, which the report and ``sql/`` read). A method declares its own tables, ``steps`` columns and
-views in its package as a ``TableSet`` (issue 32 item 1: ``tasks/methods/arco/tables.py``), registered here when
-its class is defined; the store then conforms and the catalog views them like the pipeline's.
+results, and ARBOR's rubric lifecycle, which the report and ``sql/`` read). A method declares its own tables,
+``steps`` columns and views in its package as a ``TableSet`` (issue 32 item 1: ``tasks/methods/arco/tables.py``),
+registered here when its class is defined; the store then conforms and the catalog views them like the
+pipeline's.
 """
 
 from __future__ import annotations

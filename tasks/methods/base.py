@@ -12,8 +12,8 @@ and ARBOR (``tasks.methods.arbor``) adds its rubric memory's four:
 The flow runs whatever graph the method declares; the stage machinery (storage, resume, timing, metrics) belongs
 to ``tasks.step.RunState``. What a method stores beyond the pipeline's tables, it declares as a
 ``storage.schemas.TableSet`` (``Method.tables``: its tables and schemas, its ``steps`` columns, its SQL views),
-registered with the store when its class is defined. A stage the method adds is a hook of the same name, ``hook(run, step, trajs)`` (trajs:
-the step's rollouts), returning the rows of its declared tables. The decisions inside the pipeline's stages are
+registered with the store when its class is defined. A stage the method adds is a hook of the same name,
+``hook(run, step, trajs)`` (trajs: the step's rollouts), returning the rows of its declared tables. The decisions inside the pipeline's stages are
 hooks with plain GRPO's defaults:
 
     batch            the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)

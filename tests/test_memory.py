@@ -22,6 +22,7 @@ from arbor.tasks.methods.arbor.memory import (
     admission_stats,
     admit,
     load_pool_file,
+    step_variance,
 )
 from arbor.tasks.types import RubricDraft
 
@@ -294,6 +295,39 @@ def test_mid_step_retirement_is_reached_again_after_a_rebuild(partial_phase):
     log.extend(Records(events=ev_live))
     again = RubricMemory.from_events(cfg, log.events, log.activations, log.sources, groups, partial_phase="retire")
     assert again.state() == live.state() and list(again.P) == ["c0.1"]
+
+
+def test_counting_activations_per_step():
+    """memory.count_activations=step (issue 33 item 7): the step that retires per group (n_r 6 at group 14) counts
+    as one activation with variance mean(7 x 0, 1 x 0.25) = 0.03125 <= delta_v, so n_r = 1; the rubric retires
+    only after kappa + 1 = 6 such steps, the event naming no group; a rebuild replays the same state."""
+    cfg = MemoryConfig(k_consol=1, n_active=2, kappa=5, count_activations="step")
+    assert MemoryConfig().count_activations == "group"
+    assert step_variance([0.0] * 7 + [0.25]) == pytest.approx(0.03125)
+    live, log = memory_with_pool(["a", "b"], cfg)
+    groups = {}
+    for step in range(1, 7):
+        _, sel = live.select_active(step)
+        log.extend(sel)
+        rec = live.apply_activations(step, mid_step_acts())
+        log.extend(rec)
+        groups.update({(step, g): GroupInfo(f"q{g}", f"question {g}?", tuple(F1_2)) for g in MID_GROUPS})
+        rows = [r for r in rec.activations if r["rubric_id"] == "c0.0"]
+        assert [r["n_r_after"] for r in rows] == [step] * len(MID_GROUPS)
+        assert live.stats["c0.1"].n_r == 0  # every group sharp: variance 0.25 > delta_v
+        ev = live.retire(step).events
+        log.extend(Records(events=ev))
+        if step <= 5:
+            assert ev == []
+        else:
+            assert [(e["rubric_id"], e["group"]) for e in ev] == [("c0.0", None)]
+            assert "n_r=6 > kappa=5" in ev[0]["reason"] and "step 6" in ev[0]["reason"]
+    rebuilt = RubricMemory.from_events(cfg, log.events, log.activations, log.sources, groups)
+    assert rebuilt.state() == live.state() and list(rebuilt.P) == ["c0.1"]
+    # The same rows replayed with per-group counting disagree loudly (the stored n_r is the step's, not the group's)
+    with pytest.raises(ValueError, match="replayed n_r"):
+        RubricMemory.from_events(MemoryConfig(k_consol=1, n_active=2, kappa=5), log.events, log.activations,
+                                 log.sources, groups)
 
 
 def test_rho_retirement_is_unchanged_and_names_no_group():

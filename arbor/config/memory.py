@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from arbor.config.base import Section
@@ -13,6 +15,10 @@ class MemoryConfig(Section):
     delta_v: float = Field(0.05, ge=0.0, description="variance threshold delta_v (eq. 2, shaping filter, n_r)")
     rho_min: float = Field(0.0, ge=-1.0, le=1.0, description="Pearson threshold rho_min (eq. 2, retirement)")
     kappa: int = Field(5, ge=0, description="retire when n_r > kappa consecutive low-variance activations")
+    count_activations: Literal["group", "step"] = Field(
+        "group", description="what n_r counts as one activation (§3.3 reads either way): group, each (rubric, "
+        "group) scoring in group order, so a rubric can retire within one step; step, each step the rubric scored, "
+        "low-variance when the mean of its groups' variances is at most delta_v")
     alpha: float = Field(0.25, ge=0.0, le=1.0, description="attenuation of negative centred scores")
     pool_max: int = Field(6, ge=1, description="|P|_max, capacity of the common pool")
     n_active: int = Field(2, ge=0, description="active common rubrics per step")

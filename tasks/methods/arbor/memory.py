@@ -119,6 +119,18 @@ def exceeds_kappa(n_r: int, kappa: int) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------- records
+def next_n_r(n_r: int, variance: float, delta_v: float) -> int:
+    """§3.3 Retirement: n_r counts consecutive low-variance activations; one with variance above delta_v resets it."""
+    return 0 if passes_variance(variance, delta_v) else n_r + 1
+
+
+def step_variance(group_variances: Sequence[float]) -> float:
+    """count_activations=step: a step's activation variance is the mean of its groups' within-group variances
+    (each group's variance is the one eq. 2 and the shaping filter test; pooling across groups would add the
+    between-question spread, which says nothing about separating one question's trajectories)."""
+    return sum(group_variances) / len(group_variances)
+
+
 @dataclass
 class Records:
     """Rows a memory call produced, ready for storage (run_id is added by the writer)."""
@@ -181,8 +193,11 @@ class RubricStats:
     sxy: float = 0.0
     last_used: int | None = None  # step of the last activation (LRU)
     # (step, group, n_r) of the first activation at which n_r exceeded kappa, until ``retire`` acts on it (§3.3;
-    # issue 11: decided on the activation sequence, so a later reset in the same step does not undo it)
-    over_kappa: tuple[int, int, int] | None = None
+    # issue 11: decided on the activation sequence, so a later reset in the same step does not undo it). group is
+    # None when activations are counted per step.
+    over_kappa: tuple[int, int | None, int] | None = None
+    # count_activations=step: this step's group variances, until the step closes
+    step_variances: list[float] = field(default_factory=list)
 
     @property
     def rho(self) -> float | None:
@@ -201,9 +216,14 @@ class RubricStats:
     def mean_variance(self) -> float | None:
         return self.sum_variance / self.n_activations if self.n_activations else None
 
-    def add(self, scores: Sequence[float], f1: Sequence[float], variance: float, delta_v: float) -> None:
+    def add(self, scores: Sequence[float], f1: Sequence[float], variance: float, delta_v: float,
+            per_step: bool = False) -> None:
+        """One scored group: the pooled Pearson sums, and n_r now (per group) or at the step's close (per step)."""
         self.n_activations += 1
-        self.n_r = 0 if passes_variance(variance, delta_v) else self.n_r + 1
+        if per_step:
+            self.step_variances.append(variance)
+        else:
+            self.n_r = next_n_r(self.n_r, variance, delta_v)
         self.sum_variance += variance
         for x, y in zip(scores, f1, strict=True):
             self.n += 1
@@ -366,10 +386,22 @@ class RubricMemory:
         xs = [p[0] for p in pairs]
         variance = population_variance(xs)
         st = self.stats[rid]
-        st.add(xs, [p[1] for p in pairs], variance, self.cfg.delta_v)
+        st.add(xs, [p[1] for p in pairs], variance, self.cfg.delta_v, per_step=self.cfg.count_activations == "step")
         if st.over_kappa is None and exceeds_kappa(st.n_r, self.cfg.kappa):
             st.over_kappa = (step, group, st.n_r)
         return variance
+
+    def _close_step(self, step: int) -> None:
+        """count_activations=step (live and replay alike): each rubric scored this step takes one activation for
+        n_r, with the mean of its groups' variances (§3.3 read with activation = step)."""
+        if self.cfg.count_activations != "step":
+            return
+        for st in self.stats.values():
+            if st.step_variances:
+                st.n_r = next_n_r(st.n_r, step_variance(st.step_variances), self.cfg.delta_v)
+                st.step_variances = []
+                if st.over_kappa is None and exceeds_kappa(st.n_r, self.cfg.kappa):
+                    st.over_kappa = (step, None, st.n_r)
 
     # ---------------------------------------------------------------- 0. warm start
     def load_pool(self, step: int, data: Mapping[str, Any], source: str = "") -> Records:
@@ -466,6 +498,10 @@ class RubricMemory:
             row.update(n_r_after=st.n_r, rho_r_after=st.rho, n_activations_after=st.n_activations,
                        mean_variance_after=st.mean_variance)
             rec.activations.append(row)
+        if self.cfg.count_activations == "step":  # n_r moves at the close: every row of the step shows the result
+            self._close_step(step)
+            for row in rec.activations:
+                row["n_r_after"] = self.stats[row["rubric_id"]].n_r
         return rec
 
     # ---------------------------------------------------------------- 3. retirement (§3.3)
@@ -492,7 +528,8 @@ class RubricMemory:
             why, group = None, None
             if st.over_kappa is not None:
                 at_step, group, n_r = st.over_kappa
-                why = f"n_r={n_r} > kappa={self.cfg.kappa} at the activation on group {group} of step {at_step}"
+                where = f"group {group} of step {at_step}" if group is not None else f"step {at_step} (per step)"
+                why = f"n_r={n_r} > kappa={self.cfg.kappa} at the activation on {where}"
             elif rho is not None and rho + RHO_TOL < self.cfg.rho_min:
                 why = f"rho_r={rho:.4f} < rho_min={self.cfg.rho_min}"
             if why:
@@ -644,6 +681,7 @@ class RubricMemory:
     def _replay_activations(
         self, step: int, rows: list[dict[str, Any]], groups: Mapping[tuple[int, int], GroupInfo]
     ) -> None:
+        per_step = self.cfg.count_activations == "step"
         for a in rows:
             rid, g = a["rubric_id"], int(a["group"])
             if rid not in self.P:
@@ -652,15 +690,29 @@ class RubricMemory:
                 if (step, g) not in groups:
                     raise ValueError(f"replay: no GroupInfo (F1) for step {step} group {g}")
                 self._apply_activation(rid, a["scores"], groups[(step, g)].f1, step, g)
-            st = self.stats[rid]
-            rho, stored = st.rho, a["rho_r_after"]
-            same_rho = (rho is None) == (stored is None) and (rho is None or abs(rho - stored) <= 1e-9)
-            if (st.n_r, st.n_activations) != (a["n_r_after"], a["n_activations_after"]) or not same_rho:
-                raise ValueError(
-                    f"replay: rubric {rid} at step {step} group {g}: replayed n_r/n_activations/rho_r "
-                    f"{st.n_r}/{st.n_activations}/{rho} != stored "
-                    f"{a['n_r_after']}/{a['n_activations_after']}/{stored} (wrong GroupInfo F1?)"
-                )
+            self._check_replayed(step, a, n_r=not per_step)
+        if per_step:
+            self._close_step(step)
+            for a in rows:
+                st = self.stats[a["rubric_id"]]
+                if st.n_r != a["n_r_after"]:
+                    raise ValueError(f"replay: rubric {a['rubric_id']} at the close of step {step}: replayed n_r "
+                                     f"{st.n_r} != stored {a['n_r_after']} (wrong GroupInfo F1?)")
+
+    def _check_replayed(self, step: int, a: Mapping[str, Any], n_r: bool) -> None:
+        """A replayed activation must reach the stored n_activations / rho_r after it, and n_r unless it moves only
+        at the step's close (count_activations=step)."""
+        rid, g = a["rubric_id"], int(a["group"])
+        st = self.stats[rid]
+        rho, stored = st.rho, a["rho_r_after"]
+        same_rho = (rho is None) == (stored is None) and (rho is None or abs(rho - stored) <= 1e-9)
+        same_n_r = not n_r or st.n_r == a["n_r_after"]
+        if st.n_activations != a["n_activations_after"] or not same_rho or not same_n_r:
+            raise ValueError(
+                f"replay: rubric {rid} at step {step} group {g}: replayed n_r/n_activations/rho_r "
+                f"{st.n_r}/{st.n_activations}/{rho} != stored "
+                f"{a['n_r_after']}/{a['n_activations_after']}/{stored} (wrong GroupInfo F1?)"
+            )
 
 
 def _normalise(x: Any) -> np.ndarray:

@@ -192,6 +192,7 @@ def test_a_tiny_rubric_model_learns_which_step_decides_the_outcome(tmp_path: Pat
     cfg = load_config("tiny-cpu", {"run.method": "arco", "arco.criteria": "none", "arco.lr": 5e-4,
                                    "arco.head_lr": 1e-3, "arco.updates": 45})
     mu = RubricModelTrainer(cfg, build_tiny_policy(TINY_SHAPES["1.5m"], home=tmp_path), tmp_path / "mu")
+    assert cfg.arco.max_prompt_tokens is None and mu.prompt_tokens == 4096 - cfg.arco.max_criteria_tokens
     tok = mu.tokenizer
     examples, outcomes, kinds = [], [], []
     for i in range(8):
@@ -218,6 +219,35 @@ def test_a_tiny_rubric_model_learns_which_step_decides_the_outcome(tmp_path: Pat
     assert got["decomposition"] < 0.05  # a constant scorer cannot go below 0.25
     assert max(abs(s - r) for s, r in zip(sums, outcomes, strict=True)) < 0.3
     assert got["kl"] == 0.0 and mu.version == 1  # no criteria tokens: no KL term
+
+
+def test_mu_prompt_keeps_the_question_and_both_ends_of_the_step(tmp_path: Path) -> None:
+    """Issue 33 item 5: the window is the model's context less the criteria budget; when a step prompt must be cut,
+    the oldest history goes first, then the middle of the step, never the question (the old cut kept the last
+    max_tokens ids, dropping the instructions and the question)."""
+    from arbor.tasks.env.policy import TINY_SHAPES, build_tiny_policy, load_tokenizer
+    from arbor.tasks.methods.arco.rubric_model import ELIDED, encode_prompt, prompt_window
+
+    assert prompt_window(32768, 128) == 32640 and prompt_window(4096, 48) == 4048
+    tok = load_tokenizer(build_tiny_policy(TINY_SHAPES["1.5m"], home=tmp_path))
+    question = "Which river flows past the city where the bridge builder Ada Lark was born?"
+    history = " ".join(f"<think>early note {i}</think>" for i in range(200)) + " <think>LATEST NOTE</think>"
+    step = "<think>OPENING " + "pondering " * 300 + "</think><search>LAST QUERY</search>"
+    full = encode_prompt(tok, question, history, 2, step, 3, 100_000)
+    assert len(full) > 2000  # nothing cut when it fits
+    # history too long: the oldest history goes, the newest stays, the step stays whole
+    short_step = "<search>LAST QUERY</search>"
+    ids = encode_prompt(tok, question, history, 2, short_step, 3, 600)
+    text = tok.decode(ids)
+    assert len(ids) <= 600 and question in text and "LATEST NOTE" in text and "early note 0<" not in text
+    assert short_step in text
+    # the step alone is too long: its middle goes, its opening and its action stay, with the question
+    ids = encode_prompt(tok, question, history, 2, step, 3, 400)
+    text = tok.decode(ids)
+    assert len(ids) <= 400 and question in text and "OPENING" in text and "LAST QUERY" in text
+    assert ELIDED.strip() in text and "LATEST NOTE" not in text
+    with pytest.raises(ValueError, match="arco.max_prompt_tokens=64"):
+        encode_prompt(tok, question * 20, history, 2, step, 3, 64)
 
 
 def test_rubric_model_checkpoint_round_trip(tmp_path: Path) -> None:

@@ -20,8 +20,9 @@ class ArcoConfig(Section):
         'what earlier results showed instead of repeating a search.", "A final answer is supported by a retrieved '
         'result."]}', description="the fixed criteria text of criteria=static (scored, never generated)")
     max_criteria_tokens: int = Field(128, ge=8, description="new tokens mu may write per step (criteria=generate)")
-    max_prompt_tokens: int = Field(1024, ge=64, description="mu's step prompt is cut to this many tokens, keeping "
-                                   "the end (the action under evaluation) and dropping the oldest history")
+    max_prompt_tokens: int | None = Field(
+        None, ge=64, description="mu's step prompt is cut to this many tokens (the oldest history first, then the "
+        "middle of the step; never the question); null: the model's context less max_criteria_tokens")
     lora_rank: int = Field(8, ge=1, description="LoRA r on mu's attention projections (q_proj, v_proj)")
     lora_alpha: float = Field(32.0, gt=0.0, description="LoRA alpha (the update is scaled by alpha / r)")
     lora_dropout: float = Field(0.05, ge=0.0, lt=1.0, description="dropout on the LoRA input while mu trains")

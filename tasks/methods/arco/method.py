@@ -108,7 +108,7 @@ class ARCO(Method):
 
         steps = [trajectory_steps(t, decode, self.cfg.rollout.max_searches) for t in trajs]
         prompts = [[encode_prompt(tok, t.question, s.history, s.searches_left, s.action, self.cfg.arco.k,
-                                  self.cfg.arco.max_prompt_tokens) for s in ss] for t, ss in zip(trajs, steps,
+                                  self.mu.prompt_tokens) for s in ss] for t, ss in zip(trajs, steps,
                                                                                                strict=True)]
         return steps, prompts
 

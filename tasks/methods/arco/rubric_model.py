@@ -51,18 +51,61 @@ def criteria_text(criteria: Sequence[str]) -> str:
     return json.dumps({"criteria": list(criteria)})
 
 
+ELIDED = "\n[... middle of the step cut ...]\n"
+
+
+def prompt_window(context: int, max_criteria_tokens: int) -> int:
+    """mu's prompt budget when ``arco.max_prompt_tokens`` is unset: the model's context less the criteria it
+    writes after the prompt (issue 33 item 5; a Qwen3 trajectory of ~8k tokens then fits whole)."""
+    return context - max_criteria_tokens
+
+
+def _render(tokenizer: Any, question: str, history: str, searches_left: int, action: str, k: int) -> list[int]:
+    text = tokenizer.apply_chat_template(step_messages(question, history, searches_left, action, k),
+                                         tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _keep_tail(tokenizer: Any, text: str, n: int) -> str:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.decode(ids[max(0, len(ids) - n):]) if n > 0 else ""
+
+
+def _keep_ends(tokenizer: Any, text: str, n: int) -> str:
+    """The first and last n // 2 tokens of ``text`` around ELIDED (the step's opening and its action)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) <= n:
+        return text
+    head = max(0, n // 2)
+    return tokenizer.decode(ids[:head]) + ELIDED + tokenizer.decode(ids[len(ids) - (n - head):])
+
+
 def encode_prompt(tokenizer: Any, question: str, history: str, searches_left: int, action: str, k: int,
                   max_tokens: int) -> list[int]:
-    """Token ids of mu's step prompt (chat template, assistant turn opened); the oldest history is dropped until
-    it fits in ``max_tokens`` (the question and the step are kept)."""
+    """Token ids of mu's step prompt (chat template, assistant turn opened), at most ``max_tokens``.
+
+    What is cut to fit, in order: the oldest history, then the middle of the step (its opening and its end stay).
+    The instructions and the question are never cut; if they alone do not fit the error names the setting.
+    """
+    ids = _render(tokenizer, question, history, searches_left, action, k)
+    if len(ids) <= max_tokens:
+        return ids
+    fixed = len(_render(tokenizer, question, "", searches_left, "", k))
+    room = max_tokens - fixed
+    if room < 16:
+        raise ValueError(f"arco.max_prompt_tokens={max_tokens}: mu's instructions and the question alone take "
+                         f"{fixed} tokens; raise it (or leave it unset: the model's context)")
     for _ in range(8):
-        text = tokenizer.apply_chat_template(step_messages(question, history, searches_left, action, k),
-                                             tokenize=False, add_generation_prompt=True)
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
-        if len(ids) <= max_tokens or not history:
-            break
-        history = history[len(history) - int(len(history) * max_tokens / len(ids) * 0.9):] if len(ids) else ""
-    return ids[-max_tokens:]
+        n_action = len(tokenizer.encode(action, add_special_tokens=False))
+        if n_action >= room:
+            step, past = _keep_ends(tokenizer, action, room - 16), ""
+        else:
+            step, past = action, _keep_tail(tokenizer, history, room - n_action)
+        ids = _render(tokenizer, question, past, searches_left, step, k)
+        if len(ids) <= max_tokens:
+            return ids
+        room -= len(ids) - max_tokens + 4  # pieces tokenise a little differently alone; shrink and retry
+    raise ValueError(f"arco.max_prompt_tokens={max_tokens}: could not fit mu's step prompt (got {len(ids)} tokens)")
 
 
 # ---------------------------------------------------------------------------------------------- the network
@@ -202,6 +245,8 @@ class RubricModelTrainer:
         self.eos_ids = {t for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if t is not None}
         lm = AutoModelForCausalLM.from_pretrained(self.start, dtype=torch.float32)
         lm.config.use_cache = True
+        context = int(getattr(lm.config, "max_position_embeddings", 0) or self.tokenizer.model_max_length)
+        self.prompt_tokens = self.ac.max_prompt_tokens or prompt_window(context, self.ac.max_criteria_tokens)
         self.k_out = 1 if self.ac.criteria == "none" else self.ac.k
         torch.manual_seed(derive_seed(cfg.run.seed, "mu-init") % (2**63))
         model = RubricModel(lm, self.k_out, self.ac.lora_rank, self.ac.lora_alpha, self.ac.lora_dropout)

@@ -2,7 +2,8 @@
 
 For the tiny CPU policy the data are synthesised from the offline training questions' supporting facts
 (think -> search -> real BM25 results -> answer, ``tasks.env.sft_data``); a user's own JSONL in our tag format works the
-same way (``--set sft.data=my_sft.jsonl``; docs/sft.md). The checkpoint is content-addressed under
+same way (``--set sft.data=my_sft.jsonl``; docs/sft.md); under ``rollout.protocol=rubricem`` its flat rows are
+staged and given reflection rows first (RubricEM's staged start). The checkpoint is content-addressed under
 ``{ARBOR_HOME}/sft/``: a second run with the same policy, data and SFT settings reuses it instead of training again.
 """
 
@@ -27,7 +28,11 @@ from arbor.tasks.env.sources import spec_source
 def sft_key(cfg: ArborConfig) -> str:
     """Everything the SFT checkpoint depends on."""
     policy = cfg.policy.model_dump(mode="json", exclude={"tiny_shape"} if cfg.policy.tiny_shape == "5m" else None)
-    sft = cfg.sft.model_dump(mode="json", exclude={"reflections"} if not cfg.sft.reflections else None)
+    from arbor.tasks.env.sft_data import reflection_share
+
+    sft = cfg.sft.model_dump(mode="json", exclude={"reflections"})
+    if share := reflection_share(cfg):  # the share the rows get (unset: the protocol's default); 0 keeps old keys
+        sft["reflections"] = share
     parts = {"sft": sft, "policy": policy,
              "data": cfg.data.model_dump(mode="json"),
              "search": cfg.search.model_dump(mode="json"), "seed": cfg.run.seed,
@@ -44,8 +49,9 @@ def sft_key(cfg: ArborConfig) -> str:
 
 
 def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
-    """The SFT JSONL: a user's file, data synthesised from a named question split (``synth:offline:train``), or a
-    registered source's own data (``<prefix>:<name>``, ``tasks.env.sources``)."""
+    """The SFT JSONL: a user's file (under a staged protocol: its rows staged and given reflection rows,
+    ``tasks.env.sft_data.build_user_sft_data``), data synthesised from a named question split
+    (``synth:offline:train``), or a registered source's own data (``<prefix>:<name>``, ``tasks.env.sources``)."""
     spec = cfg.sft.data
     if not spec.startswith("synth:") and (found := spec_source(spec)):
         source, name = found
@@ -59,7 +65,15 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
         path = Path(spec).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"sft.data: {path} does not exist")
-        return path
+        from arbor.tasks.env.sft_data import build_user_sft_data, reflection_share
+        from arbor.tasks.format import get_protocol
+
+        if not get_protocol(cfg.rollout.protocol).staged and not reflection_share(cfg):
+            return path  # trained as it is
+        # staged (and with reflection rows) once per file content: the user's file may change under the same name
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        out = home / "sft" / f"data-{key}-{digest}.jsonl"
+        return out if out.exists() else build_user_sft_data(cfg, path, out, seed=cfg.run.seed)
     from arbor.tasks.env.datasets import fields_of, load_questions
     from arbor.tasks.env.sft_data import build_sft_data
 
@@ -79,18 +93,34 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
 def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     """The SFT'd policy for ``cfg`` (trained once, then reused); an HF checkpoint directory."""
     from arbor.tasks.env.policy import policy_source
+    from arbor.tasks.env.sft_data import SFTDataError, reflection_share, reflection_warning
     from arbor.tasks.training.sft import run_sft
 
     key = sft_key(cfg)
     out = resolve_home_path(cfg.sft.output) if cfg.sft.output else home / "sft" / f"{cfg.run.profile}-{key}"
-    if (out / "arbor_sft.json").exists():
+    if (done := out / "arbor_sft.json").exists():
+        made = json.loads(done.read_text())
+        # a fixed sft.output (the qwen3 profiles') may hold the start of another protocol: a flat start scores 0 in
+        # every RubricEM stage, so it is refused, not reused (checkpoints before this field: arbor's tags)
+        if (made_in := made.get("protocol", "arbor")) != cfg.rollout.protocol:
+            raise SFTDataError(
+                f"sft.output {out} holds an SFT start in protocol {made_in!r}, but rollout.protocol="
+                f"{cfg.rollout.protocol}; set sft.output (and run.start_checkpoint) to another directory, e.g. "
+                "sft/qwen3-8b-rubricem for RubricEM's staged start (docs/sft.md)")
+        if made.get("key") != key:
+            print(f"SFT: reusing {out} (sft.output), trained with other settings (key {made.get('key')}, this "
+                  f"config's {key})", flush=True)
         return out
+    if warning := reflection_warning(cfg):
+        print(f"WARNING: {warning}", flush=True)
     base = Path(policy_source(cfg.policy, home))
     data = sft_data_path(cfg, home, key)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     summary = run_sft(cfg, base, data, tmp, home=home, log=_progress_log(cfg))
-    (tmp / "arbor_sft.json").write_text(json.dumps({"key": key, "data": str(data), **_jsonable(summary)}, indent=1))
+    (tmp / "arbor_sft.json").write_text(json.dumps({"key": key, "data": str(data), "protocol": cfg.rollout.protocol,
+                                                    "reflections": reflection_share(cfg), **_jsonable(summary)},
+                                                   indent=1))
     try:
         os.replace(tmp, out)  # atomic: a crash never leaves a checkpoint that looks complete
     except OSError:

@@ -1,4 +1,5 @@
-"""SFT data synthesised from the offline training questions with the real BM25 backend (issue 6 item 5)."""
+"""SFT data synthesised from the offline training questions with the real BM25 backend (issue 6 item 5); a user's
+flat JSONL staged for RubricEM's start, with reflection rows (issue 33 item 6)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,23 @@ from arbor.tasks.env.sft_data import (
     SFTDataError,
     build_sft_data,
     read_sft_data,
+    reflection_share,
+    reflection_warning,
     synthesize,
     tokenize_sft_example,
+    write_jsonl,
 )
-from arbor.tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
+from arbor.tasks.env.staging import stage_response, stage_row
+from arbor.tasks.format import (
+    RUBRICEM,
+    check_format,
+    extract_answer,
+    extract_results,
+    extract_searches,
+    reflection_blocks,
+    result_block,
+)
+from arbor.tasks.reflection import REFLECTION_SYSTEM_PROMPT
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +106,102 @@ def test_read_sft_data_names_file_and_line(tmp_path):
     bad.write_text(json.dumps({"question": "q"}) + "\n")
     with pytest.raises(SFTDataError, match=r"bad.jsonl:1: 'response'"):
         read_sft_data(bad)
+
+
+# ------------------------------------------------------------------------------------------------ RubricEM's staged start
+
+
+def test_synthesised_flat_rows_stage_into_the_staged_rows_of_the_same_seed(setup):
+    """The conversion is the synthesiser's own staged form: a flat row staged equals the row written staged."""
+    cfg, search, _, _ = setup
+    qs = load_questions("offline:train")[:30]
+    kw = dict(seed=0, top_k=cfg.search.top_k, max_result_chars=cfg.search.max_result_chars, max_searches=3)
+    flat, staged = synthesize(qs, search, **kw), synthesize(qs, search, protocol=RUBRICEM, **kw)
+    assert [stage_row(r) for r in flat] == staged
+    assert any(len(extract_searches(r["response"])) >= 2 for r in flat)  # state evaluations are exercised too
+
+
+def _rubricem_cfg(data, **extra):
+    return load_config("qwen3-8b", {"rollout.protocol": "rubricem", "run.method": "rubricem", "sft.data": str(data),
+                                    "sft.output": None, **extra})
+
+
+def test_arbor_sft_stages_a_flat_jsonl_and_adds_reflection_rows_for_rubricem(setup, tmp_path, capsys):
+    from arbor.flows.sft import sft_data_path, sft_key
+
+    _, _, _, path = setup
+    flat = read_sft_data(path)[:40]
+    already = {**flat[0], "question_id": "already", "response": stage_response(flat[0]["response"])}
+    no_plan = {**flat[1], "question_id": "no-plan", "response": flat[1]["response"].replace("<think>", "", 1)
+               .replace("</think>", "", 1)}
+    data = tmp_path / "toolstar_still_search.jsonl"
+    write_jsonl(flat[:2] + [no_plan, already] + flat[2:], data)  # line 3: no reasoning before its first search
+    cfg = _rubricem_cfg(data)
+    out = sft_data_path(cfg, tmp_path / "home", sft_key(cfg))
+    assert out != data and out.parent == tmp_path / "home" / "sft"
+    assert f"{data}:3: no <think> before the first search" in capsys.readouterr().out
+    rows = read_sft_data(out, "rubricem")
+    gold = [r for r in rows if "system" not in r and "<reference_examples>" not in r["question"]]
+    assert gold == [stage_row(r) for r in flat[:2]] + [already] + [stage_row(r) for r in flat[2:]]
+    assert all(check_format(r["response"], protocol=RUBRICEM).valid for r in gold)
+    reflections = [r for r in rows if r.get("system") == REFLECTION_SYSTEM_PROMPT]
+    copies = [r for r in rows if "<reference_examples>" in r["question"]]
+    assert 0 < len(reflections) == len(copies) and len(rows) == len(gold) + 2 * len(reflections)
+    assert reflection_share(cfg) == 0.25  # unset: RubricEM's share
+    for r in reflections:
+        assert reflection_blocks(r["response"]) is not None
+        assert any(g["response"] in r["question"] for g in gold)  # a reflection on a staged trajectory
+    assert all(check_format(r["response"], protocol=RUBRICEM).valid for r in copies)
+    # the staged file is reused while the user's file is unchanged, rebuilt when it changes
+    assert sft_data_path(cfg, tmp_path / "home", sft_key(cfg)) == out
+    write_jsonl(flat[:10], data)
+    assert sft_data_path(cfg, tmp_path / "home", sft_key(cfg)) != out
+    # an arbor run trains the file as it is
+    plain = load_config("qwen3-8b", {"sft.data": str(data)})
+    assert sft_data_path(plain, tmp_path / "home", sft_key(plain)) == data and reflection_share(plain) == 0
+
+
+def test_a_file_with_no_stageable_row_is_refused_naming_file_and_line(tmp_path):
+    from arbor.flows.sft import sft_data_path
+
+    data = tmp_path / "bad.jsonl"
+    write_jsonl([{"question": "q", "response": "<think>Easy.</think>\n<answer>\\boxed{Paris}</answer>"}], data)
+    with pytest.raises(SFTDataError, match=r"bad.jsonl:1: no search: RubricEM's Research stage needs"):
+        sft_data_path(_rubricem_cfg(data), tmp_path / "home", "k")
+
+
+def test_rows_in_another_protocols_tags_are_refused_by_line(setup, tmp_path):
+    _, _, _, path = setup
+    rows = read_sft_data(path)[:3]
+    data = tmp_path / "flat.jsonl"
+    write_jsonl(rows, data)
+    assert read_sft_data(data, "arbor") == rows
+    with pytest.raises(SFTDataError, match=r"flat.jsonl:1: the response uses <result> .*arbor-sft stages"):
+        read_sft_data(data, "rubricem")
+    write_jsonl([stage_row(r) for r in rows], data)
+    with pytest.raises(SFTDataError, match=r"flat.jsonl:1: the response uses <tool_output>"):
+        read_sft_data(data, "arbor")
+
+
+def test_reflection_share_defaults_and_the_rubricem_warning(tmp_path):
+    from arbor.flows.sft import sft_key
+
+    data = tmp_path / "d.jsonl"
+    unset, none = _rubricem_cfg(data), _rubricem_cfg(data, **{"sft.reflections": 0})
+    assert (reflection_share(unset), reflection_share(none)) == (0.25, 0.0)
+    assert reflection_warning(unset) is None and "sft.reflections=0 with run.method=rubricem" in reflection_warning(none)
+    assert sft_key(unset) != sft_key(none)
+    assert sft_key(unset) == sft_key(_rubricem_cfg(data, **{"sft.reflections": 0.25}))
+    arbor = load_config("tiny-cpu")  # keys of runs without reflections do not move
+    assert reflection_share(arbor) == 0 and sft_key(arbor) == sft_key(load_config("tiny-cpu", {"sft.reflections": 0}))
+
+
+def test_a_fixed_sft_output_holding_a_flat_start_is_not_reused_for_rubricem(tmp_path):
+    from arbor.flows.sft import sft_checkpoint
+
+    out = tmp_path / "sft" / "qwen3-8b"
+    out.mkdir(parents=True)
+    (out / "arbor_sft.json").write_text(json.dumps({"key": "0123456789ab", "data": "flat.jsonl"}))  # no protocol: arbor
+    cfg = _rubricem_cfg(tmp_path / "d.jsonl", **{"sft.output": str(out)})
+    with pytest.raises(SFTDataError, match=r"holds an SFT start in protocol 'arbor', but rollout.protocol=rubricem"):
+        sft_checkpoint(cfg, tmp_path)

@@ -60,8 +60,11 @@ class CheckpointConfig(Section):
 class SFTConfig(Section):
     data: str = "synth:offline-train"
     variants: int = Field(1, ge=1, description="synthesised responses per question (synth: data only)")
-    reflections: float = Field(0.0, ge=0.0, le=1.0, description="share of synthesised rows that also get a "
-                               "reflection row (RubricEM's meta-policy format, App. D.6.1; run.method=rubricem)")
+    reflections: float | None = Field(
+        None, ge=0.0, le=1.0, description="share of the gold rows that also get a reflection row and a copy behind a "
+        "<reference_examples> block (RubricEM's meta-policy format, App. D.6; run.method=rubricem), for every kind of "
+        "sft.data; None: 0.25 under rollout.protocol=rubricem (the share its measured start uses, docs/sft.md), "
+        "else 0")
     questions: int | None = Field(None, ge=1, description="synth:train uses the first N of the run's questions")
     epochs: int = Field(3, ge=1)
     lr: float = Field(7e-6, gt=0)

@@ -14,6 +14,11 @@ Queries: the question itself first (BM25 finds a gold paragraph in its top 10 fo
 each supporting paragraph that the results did not show yet (up to ``max_searches``). Every response passes
 ``tasks.format.check_format``. Deterministic given (seed, question id): templates are chosen by ``derive_seed``.
 JSONL rows: ``{question_id, question, golds, response}``.
+
+A user's own JSONL (docs/sft.md) is read as it is, except under a staged protocol (``rollout.protocol=rubricem``):
+``build_user_sft_data`` then stages its flat rows (``tasks.env.staging``), drops and reports by line the rows that
+cannot be staged, and adds RubricEM's reflection rows (``sft.reflections``, ``reflection_share``) as the
+synthesised sources do.
 """
 
 from __future__ import annotations
@@ -23,12 +28,20 @@ import os
 import random
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import tokenize_trajectory
-from arbor.tasks.format import ARBOR, TagProtocol, check_format, get_protocol, result_block
+from arbor.tasks.format import (
+    ARBOR,
+    PROTOCOLS,
+    TagProtocol,
+    check_format,
+    get_protocol,
+    result_block,
+)
 
 # Thoughts are short on purpose: a ~5M-parameter policy learns the *protocol* (think, search, read, answer) from a
 # few hundred examples in minutes on a CPU; long free-text thoughts would spend its capacity on copying prose.
@@ -147,14 +160,56 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
     rows = synthesize(questions if questions is not None else load_questions(spec), search, seed=seed, top_k=cfg.search.top_k,
                       max_result_chars=cfg.search.max_result_chars, max_searches=max(1, cfg.rollout.max_searches),
                       variants=cfg.sft.variants, protocol=get_protocol(cfg.rollout.protocol))
-    if cfg.sft.reflections:
+    if share := reflection_share(cfg):
         from arbor.tasks.reflection import reflection_sft_rows
-        rows += reflection_sft_rows(rows, cfg.sft.reflections, seed, cfg.rollout.protocol)
+        rows += reflection_sft_rows(rows, share, seed, cfg.rollout.protocol)
     return write_jsonl(rows, out_path)
 
 
-def read_sft_data(path: str | Path) -> list[dict[str, Any]]:
-    """Read and validate SFT JSONL rows (any source in our tag format); errors name the file and line."""
+# RubricEM's start: a quarter of the gold rows get a reflection row and a reference-block copy. The share the
+# measured RubricEM start uses (bench/learning.py, docs/decisions.md); without the copies the policy wrote
+# reflections instead of its plan once its own reflection appeared in the prompt (train format-valid 0.00).
+RUBRICEM_REFLECTIONS = 0.25
+
+
+def reflection_share(cfg: Any) -> float:
+    """The run's ``sft.reflections``: as set, else ``RUBRICEM_REFLECTIONS`` under a staged protocol, else 0."""
+    if cfg.sft.reflections is not None:
+        return float(cfg.sft.reflections)
+    return RUBRICEM_REFLECTIONS if get_protocol(cfg.rollout.protocol).staged else 0.0
+
+
+def reflection_warning(cfg: Any) -> str | None:
+    """Why an SFT start will not suit ``run.method=rubricem`` (None when it will): no reflection rows."""
+    if cfg.run.method == "rubricem" and not reflection_share(cfg):
+        return ("sft.reflections=0 with run.method=rubricem: the start never sees a reflection request or a "
+                "<reference_examples> block, so its reflections are invalid and its plans derail once the bank "
+                f"injects one (docs/sft.md); leave sft.reflections unset ({RUBRICEM_REFLECTIONS}) or set a share")
+    return None
+
+
+def read_sft_data(path: str | Path, protocol: str | None = None) -> list[dict[str, Any]]:
+    """Read and validate SFT JSONL rows (any source in our tag format); errors name the file and line. With
+    ``protocol`` (the run's ``rollout.protocol``), a gold row written in another protocol's tool-output tags is
+    refused too: its tool output would not be loss-masked."""
+    numbered = read_numbered(path)
+    if protocol is not None:
+        tags = get_protocol(protocol)
+        for lineno, row in numbered:
+            text = row["response"]
+            if f"<{tags.result_tag}>" in text:
+                continue
+            other = [p for p in PROTOCOLS.values() if f"<{p.result_tag}>" in text]
+            if other:
+                hint = " (arbor-sft stages a flat file itself, docs/sft.md)" if tags.staged else ""
+                raise SFTDataError(f"{path}:{lineno}: the response uses <{other[0].result_tag}> ({other[0].name}'s "
+                                   f"tool output), but rollout.protocol={protocol} wraps it in "
+                                   f"<{tags.result_tag}>{hint}")
+    return [row for _, row in numbered]
+
+
+def read_numbered(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """``read_sft_data``'s rows with their line numbers (1-based), for messages that name the line."""
     rows = []
     with open(path) as f:
         for lineno, line in enumerate(f, 1):
@@ -172,8 +227,84 @@ def read_sft_data(path: str | Path) -> list[dict[str, Any]]:
                     raise SFTDataError(f"{where}: '{key}' must be a non-empty string")
             if "system" in row and not (isinstance(row["system"], str) and row["system"].strip()):
                 raise SFTDataError(f"{where}: 'system' (the row's own system prompt) must be a non-empty string")
-            rows.append(row)
+            rows.append((lineno, row))
     return rows
+
+
+@dataclass
+class StagingReport:
+    """What ``stage_sft_rows`` did to a file's rows: ``rows`` in file order, the counts and the dropped lines."""
+
+    source: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    staged: int = 0  # flat rows converted
+    kept: int = 0  # rows already staged
+    reflections: int = 0  # the file's own reflection rows (kept)
+    dropped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason)
+
+    def message(self, shown: int = 10) -> str:
+        lines = [f"{self.source}: {self.staged} flat rows staged, {self.kept} already staged, {self.reflections} "
+                 f"reflection rows; {len(self.dropped)} rows dropped"]
+        lines += [f"  {self.source}:{n}: {why}" for n, why in self.dropped[:shown]]
+        if len(self.dropped) > shown:
+            lines.append(f"  ... and {len(self.dropped) - shown} more")
+        return "\n".join(lines)
+
+
+def stage_sft_rows(numbered: Sequence[tuple[int, dict[str, Any]]], source: str | Path,
+                   protocol: TagProtocol) -> StagingReport:
+    """The rows of ``source`` in the staged ``protocol`` (``tasks.env.staging``): flat rows converted, staged rows
+    checked, reflection rows kept; a row that cannot be staged (or a staged row that fails the checker) is dropped
+    and reported by line."""
+    from arbor.tasks.env.staging import StagingError, row_kind, stage_row
+
+    report = StagingReport(str(source))
+    for lineno, row in numbered:
+        kind = row_kind(row["response"], protocol)
+        if kind == "reflection":
+            report.reflections += 1
+            report.rows.append(row)
+        elif kind == "staged":
+            fmt = check_format(row["response"], truncated=False, protocol=protocol)
+            if fmt.valid:
+                report.kept += 1
+                report.rows.append(row)
+            else:
+                report.dropped.append((lineno, f"staged row fails the {protocol.name} format check: {fmt.reason}"))
+        else:
+            try:
+                report.rows.append(stage_row(row, ARBOR, protocol))
+                report.staged += 1
+            except StagingError as e:
+                report.dropped.append((lineno, str(e)))
+    return report
+
+
+def build_user_sft_data(cfg: Any, source: str | Path, out_path: str | Path, *, seed: int = 0) -> Path:
+    """``sft.data`` = a user's JSONL under a staged protocol or with reflection rows: the file's rows staged
+    (``stage_sft_rows``; flat rows in arbor's tags), then reflection rows and reference-block copies for a share
+    ``reflection_share(cfg)`` of its gold rows unless the file brings reflection rows of its own; JSONL at
+    ``out_path``. Prints what was staged and dropped; raises when no row is left."""
+    from arbor.tasks.env.staging import row_kind
+    from arbor.tasks.reflection import reflection_sft_rows
+
+    protocol = get_protocol(cfg.rollout.protocol)
+    numbered = read_numbered(source)
+    if protocol.staged:
+        report = stage_sft_rows(numbered, source, protocol)
+        print(report.message(), flush=True)
+        if not report.staged + report.kept:
+            raise SFTDataError(f"{source}: no row could be staged for rollout.protocol={protocol.name} "
+                               f"(docs/sft.md, RubricEM's staged start)\n{report.message()}")
+        rows, own_reflections = report.rows, report.reflections
+    else:
+        rows = [row for _, row in numbered]
+        own_reflections = sum(row_kind(r["response"]) == "reflection" for r in rows)
+    share = reflection_share(cfg)
+    if share and not own_reflections:
+        gold = [r for r in rows if "<reference_examples>" not in r["question"]]
+        rows = rows + reflection_sft_rows(gold, share, seed, protocol.name)
+    return write_jsonl(rows, out_path)
 
 
 def tokenize_sft_example(tokenizer: Any, row: dict[str, Any], system_prompt: str | None = None,

@@ -587,7 +587,7 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
     """``sft.data: world:train``: gold trajectories for the first ``sft.questions`` world training questions
     (``sft.variants`` each), searched with the run's backend over the world corpus; JSONL at ``out_path``."""
     from arbor.tasks.env.search import make_search
-    from arbor.tasks.env.sft_data import SFTDataError, write_jsonl
+    from arbor.tasks.env.sft_data import SFTDataError, reflection_share, write_jsonl
 
     if split != "train":
         raise SFTDataError(f"sft.data: world:{split} — SFT data come from world:train only (world:eval is held out)")
@@ -601,9 +601,9 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
                             max_result_chars=cfg.search.max_result_chars,
                             max_searches=max(1, cfg.rollout.max_searches), variants=cfg.sft.variants,
                             protocol=get_protocol(cfg.rollout.protocol))
-    if cfg.sft.reflections:
+    if share := reflection_share(cfg):  # sft.reflections, or RubricEM's default share under the staged protocol
         from arbor.tasks.reflection import reflection_sft_rows
-        rows += reflection_sft_rows(rows, cfg.sft.reflections, cfg.run.seed, cfg.rollout.protocol)
+        rows += reflection_sft_rows(rows, share, cfg.run.seed, cfg.rollout.protocol)
     return write_jsonl(rows, out_path)
 
 

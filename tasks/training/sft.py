@@ -2,7 +2,9 @@
 
 Paper settings (qwen3 profiles): 3 epochs, max length 15,000, effective batch 16, lr 7e-6 cosine with 10% linear
 warm-up, bf16, DeepSpeed ZeRO-3. The data is any JSONL of ``{question_id?, question, golds?, response}`` rows in
-our tag format (docs/sft.md); ``<result>`` blocks are loss-masked (``tasks.env.agent.tokenize_trajectory``).
+our tag format (docs/sft.md); ``<result>`` blocks are loss-masked (``tasks.env.agent.tokenize_trajectory``). Rows
+must be written in the run's protocol (a row with another protocol's tool-output tag is refused by line: its tool
+output would be trained on); ``arbor-sft`` stages a flat file for ``rollout.protocol=rubricem`` itself.
 
 Loss: token-level mean negative log-likelihood over the policy tokens of one effective batch,
     L = - sum_{i,t} m_it log pi(y_it | y_<it, x_i) / sum_{i,t} m_it.
@@ -112,7 +114,7 @@ def run_sft(
     home = Path(home) if home is not None else arbor_home()
     out = Path(out_dir) if out_dir else home / (sc.output or f"sft/{cfg.run.run_id or 'default'}")
     tokenizer = tokenizer or load_tokenizer(model_path, cfg.policy)
-    examples, truncated = tokenize_rows(read_sft_data(data_path), tokenizer, sc.max_length,
+    examples, truncated = tokenize_rows(read_sft_data(data_path, cfg.rollout.protocol), tokenizer, sc.max_length,
                                         cfg.rollout.system_prompt, cfg.rollout.protocol)
     if not examples:
         raise ValueError(f"{data_path}: no usable SFT examples (sft.max_length={sc.max_length})")

@@ -198,10 +198,30 @@ class UpdateBatch:
     """One policy update as the controller sends it to the trainer (issue 32 item 2): the trajectories to train on
     (tokens, loss masks, behaviour log-probs, their policy versions), one advantage per response token of
     each, how many policy versions behind the trainer each was sampled, and this update's KL coefficient.
-    ``metrics``: the controller's figures about the choice (groups, groups kept), returned with the trainer's."""
+    ``metrics``: the controller's figures about the choice (groups, groups kept), returned with the trainer's.
+    ``phases``: each trajectory's update phase (default: all 0, one phase). Phases run in ascending order, each its
+    own pi_old, token-mean and optimiser steps (RubricEM: reflections in phase 0 = Alg. 1 line 10, the task batch
+    in phase 1 = line 29)."""
 
     trajectories: list[Trajectory]
     advantages: list[Any]  # torch.Tensor, one value per response token
     versions_behind: list[int]
     kl_coef: float
     metrics: dict[str, float] = field(default_factory=dict)
+    phases: list[int] | None = None
+    # the temperature each trajectory is scored at (None: the trainer's, the rollout temperature); one per phase
+    temperatures: list[float | None] | None = None
+
+    def phase_indices(self) -> list[list[int]]:
+        """The trajectories' indices per phase, phases in ascending order."""
+        ph = self.phases if self.phases is not None else [0] * len(self.trajectories)
+        if len(ph) != len(self.trajectories):
+            raise ValueError(f"{len(ph)} update phases for {len(self.trajectories)} trajectories")
+        return [[i for i, p in enumerate(ph) if p == q] for q in sorted(set(ph))]
+
+    def phase_temperature(self, members: list[int]) -> float | None:
+        """The scoring temperature of one phase (its trajectories must agree)."""
+        temps = {self.temperatures[i] for i in members} if self.temperatures is not None else {None}
+        if len(temps) > 1:
+            raise ValueError(f"one update phase mixes scoring temperatures {sorted(temps, key=str)}")
+        return temps.pop() if temps else None

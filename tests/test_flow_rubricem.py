@@ -147,7 +147,8 @@ REM = "rem"
 
 
 def _rem_overrides(start: Path) -> dict:
-    """Three steps with window K = 1: step 1 fresh (empty bank), step 2 replays it (within), step 3 fresh (cross)."""
+    """Three steps with window K = 1: step 1 fresh (empty bank), step 2 replays it (within), step 3 fresh (cross).
+    Only the fresh steps 1 and 3 reflect (D.4, ``rubricem.reflect_in=new-query``)."""
     return {**_overrides(start), "run.method": "rubricem", "run.steps": 3, "rubricem.window": 1,
             "rubricem.reflection_samples": 4}
 
@@ -183,7 +184,8 @@ def test_rubricem_reflects_banks_retrieves_and_trains_on_lagged_reflections(rem_
     home = rem_reference
     refl = table("reflections", REM, home)
     rollouts = {t["traj_id"]: t for t in table("rollouts", REM, home)}
-    assert len(refl) == 3 * 4 * 4  # steps x groups x m
+    assert len(refl) == 2 * 4 * 4  # reflecting steps (1 and 3: the new-query phase) x groups x m
+    assert {r["step"] for r in refl} == {1, 3}
     assert any(r["format_valid"] for r in refl), "the SFT start wrote no valid reflection"
     by_group: dict = {}
     for r in refl:
@@ -244,16 +246,16 @@ def test_rubricem_reflects_banks_retrieves_and_trains_on_lagged_reflections(rem_
                                "order by step", [REM]).fetchall()
     counts = {i: sum(r["item_id"] == i for r in got) for i in items}
     assert {i: n for i, n, _, _ in reuse} == counts and all(n == w + c for _, n, w, c in reuse)
-    assert [(s, n) for s, n, _ in per_step] == [(1, 16), (2, 16), (3, 16)]
-    assert [w for _, _, w in per_step] == [sum(b["step"] == s for b in bank) for s in (1, 2, 3)]
+    assert [(s, n) for s, n, _ in per_step] == [(1, 16), (3, 16)]
+    assert [w for _, _, w in per_step] == [sum(b["step"] == s for b in bank) for s in (1, 3)]
 
 
 def test_rubricem_resume_after_sigkill_mid_reflection_judging(rem_reference: Path, staged_start: Path,
                                                                tmp_path: Path, prefect_harness) -> None:
     home = tmp_path / "home"
     o = _rem_overrides(staged_start)
-    _killed_run(home, REM, o, "2:reflect:kill-mid", tmp_path / "killed.log")
-    assert not any(s["stage"] == "reflect" and s["step"] == 2 for s in table("stage_runs", REM, home))
+    _killed_run(home, REM, o, "3:reflect:kill-mid", tmp_path / "killed.log")  # step 2 (a replay) reflects nothing
+    assert not any(s["stage"] == "reflect" and s["step"] == 3 for s in table("stage_runs", REM, home))
     assert table("reflections", REM, home) and all(r["step"] == 1 for r in table("reflections", REM, home))
     _train(home, o, resume=True, run_id=REM)
     assert _rem_stored(home) == _rem_stored(rem_reference)

@@ -60,6 +60,18 @@ def test_windowed_curriculum_replays_each_window_within_episode() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- D.6.2 utility
+def test_reflection_only_in_the_new_query_phase_by_default() -> None:
+    """Issue 33 item 2 (D.4): with K = 3, steps 1-3 draw fresh batches and reflect, 4-6 replay them and do not;
+    every-step reflects always; with the curriculum off every batch is fresh."""
+    from arbor.config.rubricem import RubricEMConfig
+    from arbor.tasks.methods.rubricem.method import reflects_at
+
+    assert RubricEMConfig().reflect_in == "new-query"
+    assert [reflects_at(s, "new-query", "windowed", 3) for s in range(1, 10)] == [True] * 3 + [False] * 3 + [True] * 3
+    assert all(reflects_at(s, "every-step", "windowed", 3) for s in range(1, 10))
+    assert all(reflects_at(s, "new-query", "off", 3) for s in range(1, 10))
+
+
 def test_utility_weights_the_three_dimensions() -> None:
     assert reflection_utility(ReflectionGrade(1.0, 0.5, 0.0)) == pytest.approx(0.4 + 0.15)
     assert reflection_utility(ReflectionGrade(0.5, 1.0, 1.0)) == pytest.approx(0.2 + 0.3 + 0.3)
@@ -207,6 +219,15 @@ def test_trainer_takes_lagged_reflections_and_refuses_stale_rollouts(tiny_dir: P
                                                                  for i in range(3)]
     m = tr.train_step(ok, 2)
     assert m["n_trajectories"] == 7.0
+    # issue 33 items 1 and 8: Phase A (the reflections, scored at their sampling T) before Phase B (the task batch)
+    assert m["phase0_loss_tokens"] == 3 * 5 and m["phase1_loss_tokens"] == 4 * 5
+    from arbor.tasks.training.update import policy_update
+
+    u = policy_update(ok, 2, cfg, tr.method, source="rubricem")
+    assert u.phases == [1] * 4 + [0] * 3 and u.temperatures == [None] * 4 + [0.7] * 3
+    joint = load_config("tiny-cpu", {"run.method": "rubricem", "rubricem.reflection_update": "joint"})
+    u = policy_update(ok, 2, joint, RubricEM(joint), source="rubricem")
+    assert u.phases == [0] * 7 and u.temperatures == [None] * 7
     with pytest.raises(AssertionError, match="policy version"):  # an off-policy task trajectory
         tr.train_step([traj(3, 0, i, 1, float(i % 2)) for i in range(4)], 3)
     with pytest.raises(AssertionError, match="policy version"):  # a reflection two steps old

@@ -229,3 +229,68 @@ def test_kl_to_the_frozen_reference(model_dir: Path, tmp_path: Path) -> None:
     assert all(torch.equal(a, b) for a, b in zip(ref_before, frozen.logprobs(b2, frozen.ref_engine), strict=True))
     old.train_step(batch, 1)
     assert old.train_step(b2, 2)["ref_kl"] == pytest.approx(0.0, abs=1e-9)  # k3 against pi_old
+
+
+def two_phase_batches() -> tuple[list[Trajectory], list[Trajectory]]:
+    """Phase 0 (RubricEM's reflection candidates) and phase 1 (the task batch): different groups and lengths."""
+    a = make_batch(1, 0, n_groups=1, k=4, seed=1)
+    b = make_batch(1, 0, n_groups=1, k=4, seed=2)
+    for t in b:
+        t.group = 1
+        t.response_ids = t.response_ids * 3  # the task phase has most of the tokens, as at paper sizes
+        t.loss_mask = t.loss_mask * 3
+        t.rollout_logprobs = t.rollout_logprobs * 3
+    return a, b
+
+
+def test_two_phases_are_two_updates_in_order(model_dir: Path, tmp_path: Path) -> None:
+    """Issue 33 item 1 (Alg. 1 lines 10 and 29): an update in two phases equals the phase-0 update followed by the
+    phase-1 update (pi_old re-read after phase 0, each phase its own token-mean), and differs from one joint update
+    where phase 0's tokens would only count by their share."""
+    from arbor.tasks.training.update import policy_update
+
+    a, b = two_phase_batches()
+    phased = make_trainer(model_dir, tmp_path / "phased")
+    u = policy_update([*a, *b], 1, phased.cfg)
+    u.phases = [0] * len(a) + [1] * len(b)
+    m = phased.trainer.train_step(u, 1)
+    assert m["phase0_loss_tokens"] == sum(sum(t.loss_mask) for t in a)
+    assert m["phase1_loss_tokens"] == sum(sum(t.loss_mask) for t in b)
+    assert m["updates"] == 2.0 and phased.policy_version == 1
+
+    seq = make_trainer(model_dir, tmp_path / "seq")
+    seq.trainer.train_step(policy_update(a, 1, seq.cfg), 1)
+    ub = policy_update(b, 2, seq.cfg)
+    ub.versions_behind = [1] * len(b)  # sampled before the phase-0 update, as in the step
+    seq.trainer.train_step(ub, 2)
+    joint = make_trainer(model_dir, tmp_path / "joint")
+    joint.trainer.train_step(policy_update([*a, *b], 1, joint.cfg), 1)
+
+    pp, ps, pj = params(phased), params(seq), params(joint)
+    for k in pp:
+        assert torch.allclose(pp[k], ps[k], atol=1e-5), k
+    assert max(float((pp[k] - pj[k]).abs().max()) for k in pp) > 1e-3
+
+
+def test_a_phase_scored_at_its_sampling_temperature_has_unit_tis_weights(model_dir: Path, tmp_path: Path) -> None:
+    """Issue 33 item 8: candidates sampled at T = 0.7 by the current weights, in a run whose rollouts use T = 1.0.
+    Scored at their own temperature every TIS weight is 1; scored at the rollout temperature they are not."""
+    from arbor.tasks.training.update import policy_update
+
+    tr = make_trainer(model_dir, tmp_path, **{"rollout.temperature": 1.0})
+    cands = make_batch(1, 0, n_groups=2, k=4, seed=3)
+    tr.trainer._set_temperature(0.7)
+    lp = tr.trainer.logprobs(cands)
+    tr.trainer._set_temperature(1.0)
+    for t, v in zip(cands, lp, strict=True):
+        it = iter(v.tolist())
+        t.rollout_logprobs = [next(it) if m else 0.0 for m in t.loss_mask]
+    u = policy_update(cands, 1, tr.cfg)
+    u.temperatures = [0.7] * len(cands)
+    m = tr.trainer.train_step(u, 1)
+    assert m["tis_mean"] == pytest.approx(1.0, abs=1e-5) and m["tis_clip_frac"] == 0.0
+    assert tr.trainer.engine.module.temperature == 1.0  # restored after the phase
+
+    other = make_trainer(model_dir, tmp_path / "other", **{"rollout.temperature": 1.0})
+    m1 = other.trainer.train_step(policy_update(cands, 1, other.cfg), 1)
+    assert abs(m1["tis_mean"] - 1.0) > 1e-3

@@ -107,7 +107,10 @@ def test_update_file_round_trips_exactly(tmp_path: Path) -> None:
     update = policy_update(_trajectories(3, 2), 3, load_config("tiny-cpu"))
     update.advantages[1] = update.advantages[1].double() / 3.0  # a float64 vector with a non-terminating value
     update.kl_coef, update.versions_behind[0] = 0.1 + 0.2, 1
+    update.phases, update.temperatures = [1, 0, 1, 1], [None, 0.7, None, None]  # a RubricEM-style two-phase update
     got = read_update(write_update(update, tmp_path / "u" / "step_000003.parquet"))
+    assert got.phases == [1, 0, 1, 1] and got.temperatures == [None, 0.7, None, None]
+    assert got.phase_indices() == [[1], [0, 2, 3]] and got.phase_temperature([1]) == 0.7
     assert [t.to_row() for t in got.trajectories] == [t.to_row() for t in update.trajectories]
     assert [a.dtype for a in got.advantages] == [torch.float32, torch.float64, torch.float32, torch.float32]
     assert all(torch.equal(a, b) for a, b in zip(got.advantages, update.advantages, strict=True))

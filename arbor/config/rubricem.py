@@ -38,6 +38,14 @@ class RubricEMConfig(Section):
         "retrieval, then replays them in order with within-episode retrieval (D.3); off: every batch fresh, "
         "cross-episode retrieval only")
     window: int = Field(3, ge=1, description="K of the windowed curriculum (D.3, F.1.2)")
+    reflect_in: Literal["new-query", "every-step"] = Field(
+        "new-query", description="which steps reflect: new-query, the windowed curriculum's fresh batches only "
+        "(D.3, D.4: a replayed batch was conditioned on its own bank item); every-step, replays too (the new item "
+        "replaces the question's old one)")
+    reflection_update: Literal["two-phase", "joint"] = Field(
+        "two-phase", description="two-phase: last step's reflection candidates are their own update before the "
+        "task update (Alg. 1 lines 10 and 29, D.1 Phase A / B), each a token-mean over its own tokens; joint: one "
+        "update over both, the reflections weighted by their share of the tokens")
 
     @field_validator("lambda_matrix")
     @classmethod

@@ -488,47 +488,70 @@ class Trainer:
         adv = update.advantages
         check_token_advantages(batch, adv, "the update batch")
         self.engine.train()  # Qwen3 has no dropout; train mode keeps gradient checkpointing active
-        t0 = time.perf_counter()
-        logp_old = self.logprobs(batch)  # pi_old: the weights at the start of the step
-        logp_ref = self.logprobs(batch, self.ref_engine) if self.ref_engine is not None else logp_old
-        synchronize()
-        t_old = time.perf_counter() - t0
-
-        # mini-batches: a seeded permutation cut into updates_per_batch parts
-        g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, step, "minibatch") % (2**63))
-        perm = torch.randperm(len(batch), generator=g).tolist()
-        n_mb = min(tc.updates_per_batch, len(batch))
-        minis = [perm[k::n_mb] for k in range(n_mb)]
         keys = ("loss", "tokens", "clip", "kl", "tis", "tis_clip", "ent", "ref_kl")
         sums = dict.fromkeys(keys, 0.0)
         grad_norms = []
-        t_fwd = t_bwd = t_opt = 0.0
+        t_old = t_fwd = t_bwd = t_opt = 0.0
         n_tokens_total = 0
-        for mini in minis:
-            n_loss_tokens = float(sum(sum(batch[i].loss_mask) for i in mini))
-            lens = [len(batch[i].prompt_ids) + len(batch[i].response_ids) for i in mini]
-            micro = self._rank_shards([[mini[j] for j in mb] for mb in pack_by_tokens(lens, tc.micro_batch_tokens)])
-            for k, mb in enumerate(micro):
-                self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
-                t0 = time.perf_counter()
-                out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens, logp_ref)
-                synchronize()
-                t1 = time.perf_counter()
-                self.engine.backward(out.loss, scale_wrt_gas=False)
-                synchronize()
-                t2 = time.perf_counter()
-                self.engine.step()
-                synchronize()
-                t3 = time.perf_counter()
-                t_fwd, t_bwd, t_opt = t_fwd + t1 - t0, t_bwd + t2 - t1, t_opt + t3 - t2
-                n_tokens_total += n_tok
-                for key, v in zip(keys, (float(out.loss.detach()) / self.world, out.tokens, out.clip_sum,
-                                         out.approx_kl_sum, out.tis_sum, out.tis_clip_sum, out.entropy_sum,
-                                         out.ref_kl_sum),
-                                  strict=True):
-                    sums[key] += v
-            gn = self.engine.get_global_grad_norm()
-            grad_norms.append(float(gn) if gn is not None else float("nan"))
+        n_minis = 0
+        phases = update.phase_indices()
+        default_temperature = self.engine.module.temperature
+        for p, members in enumerate(phases):
+            # each phase is its own update: pi_old from the weights at its start, its own token-mean and steps,
+            # and its own scoring temperature (the one its trajectories were sampled at)
+            self._set_temperature(update.phase_temperature(members) or default_temperature)
+            t0 = time.perf_counter()
+            logp_old = [torch.zeros(0)] * len(batch)
+            logp_ref = [torch.zeros(0)] * len(batch)
+            sub = [batch[i] for i in members]
+            for i, v in zip(members, self.logprobs(sub), strict=True):
+                logp_old[i] = v
+            if self.ref_engine is not None:
+                for i, v in zip(members, self.logprobs(sub, self.ref_engine), strict=True):
+                    logp_ref[i] = v
+            else:
+                logp_ref = logp_old
+            synchronize()
+            t_old += time.perf_counter() - t0
+
+            # mini-batches: a seeded permutation cut into updates_per_batch parts
+            tag = "minibatch" if len(phases) == 1 else f"minibatch-phase{p}"
+            g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, step, tag) % (2**63))
+            perm = [members[j] for j in torch.randperm(len(members), generator=g).tolist()]
+            n_mb = min(tc.updates_per_batch, len(members))
+            minis = [perm[k::n_mb] for k in range(n_mb)]
+            n_minis += len(minis)
+            phase_tokens = 0.0
+            for mini in minis:
+                n_loss_tokens = float(sum(sum(batch[i].loss_mask) for i in mini))
+                lens = [len(batch[i].prompt_ids) + len(batch[i].response_ids) for i in mini]
+                micro = self._rank_shards([[mini[j] for j in mb]
+                                           for mb in pack_by_tokens(lens, tc.micro_batch_tokens)])
+                for k, mb in enumerate(micro):
+                    self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+                    t0 = time.perf_counter()
+                    out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens, logp_ref)
+                    synchronize()
+                    t1 = time.perf_counter()
+                    self.engine.backward(out.loss, scale_wrt_gas=False)
+                    synchronize()
+                    t2 = time.perf_counter()
+                    self.engine.step()
+                    synchronize()
+                    t3 = time.perf_counter()
+                    t_fwd, t_bwd, t_opt = t_fwd + t1 - t0, t_bwd + t2 - t1, t_opt + t3 - t2
+                    n_tokens_total += n_tok
+                    phase_tokens += out.tokens
+                    for key, v in zip(keys, (float(out.loss.detach()) / self.world, out.tokens, out.clip_sum,
+                                             out.approx_kl_sum, out.tis_sum, out.tis_clip_sum, out.entropy_sum,
+                                             out.ref_kl_sum),
+                                      strict=True):
+                        sums[key] += v
+                gn = self.engine.get_global_grad_norm()
+                grad_norms.append(float(gn) if gn is not None else float("nan"))
+            if len(phases) > 1:
+                metrics[f"phase{p}_loss_tokens"] = phase_tokens
+        self._set_temperature(default_temperature)
         if self.world > 1:
             import deepspeed.comm as dist
 
@@ -537,7 +560,7 @@ class Trainer:
             sums = dict(zip(keys, vec.tolist(), strict=True))
         n = max(1.0, sums["tokens"])
         metrics.update(
-            loss=sums["loss"] / len(minis),
+            loss=sums["loss"] / n_minis,
             clip_frac=sums["clip"] / n,
             approx_kl=sums["kl"] / n,
             ref_kl=sums["ref_kl"] / n if self.kl_coef else float("nan"),
@@ -546,7 +569,7 @@ class Trainer:
             entropy=sums["ent"] / n if (tc.entropy_diagnostic or tc.entropy_coef) else float("nan"),
             grad_norm=sum(grad_norms) / len(grad_norms),
             lr=float(self.engine.get_lr()[0]),
-            updates=float(len(minis)),
+            updates=float(n_minis),
             loss_tokens=sums["tokens"],
         )
         self.last_timing = dict(old_logprobs=t_old, forward=t_fwd, backward=t_bwd, optimizer=t_opt,
@@ -555,6 +578,12 @@ class Trainer:
         self.policy_version += 1
         metrics["policy_version"] = float(self.policy_version)
         return metrics
+
+    def _set_temperature(self, temperature: float) -> None:
+        """The temperature the policy (and the frozen reference) score tokens at, for one update phase."""
+        for engine in (self.engine, self.ref_engine):
+            if engine is not None:
+                engine.module.temperature = float(temperature)
 
     def _micro_loss(
         self, batch: list[Trajectory], mb: list[int], logp_old: list[torch.Tensor], adv: list[torch.Tensor],

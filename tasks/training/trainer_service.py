@@ -93,7 +93,7 @@ def build_launch_command(
 
 
 # ---------------------------------------------------------------------------------------------- server side
-UPDATE_COLUMNS = ("advantages", "advantage_dtype", "versions_behind")
+UPDATE_COLUMNS = ("advantages", "advantage_dtype", "versions_behind", "update_phase", "scoring_temperature")
 
 
 def write_update(update: UpdateBatch, path: str | Path) -> Path:
@@ -105,8 +105,10 @@ def write_update(update: UpdateBatch, path: str | Path) -> Path:
     import pyarrow.parquet as pq
 
     rows = [{**t.to_row(), "advantages": a.tolist(), "advantage_dtype": str(a.dtype).removeprefix("torch."),
-             "versions_behind": v}
-            for t, a, v in zip(update.trajectories, update.advantages, update.versions_behind, strict=True)]
+             "versions_behind": v, "update_phase": ph, "scoring_temperature": temp}
+            for t, a, v, ph, temp in zip(update.trajectories, update.advantages, update.versions_behind,
+                                         update.phases or [0] * len(update.trajectories),
+                                         update.temperatures or [None] * len(update.trajectories), strict=True)]
     table = pa.Table.from_pylist(rows).replace_schema_metadata({
         "arbor.kl_coef": repr(float(update.kl_coef)), "arbor.metrics": json.dumps(update.metrics)})
     p = Path(path)
@@ -132,7 +134,9 @@ def read_update(path: str | Path) -> UpdateBatch:
         trajectories=[Trajectory.from_row({k: v for k, v in r.items() if k not in UPDATE_COLUMNS}) for r in rows],
         advantages=[torch.tensor(r["advantages"], dtype=getattr(torch, r["advantage_dtype"])) for r in rows],
         versions_behind=[int(r["versions_behind"]) for r in rows],
-        kl_coef=float(meta[b"arbor.kl_coef"]), metrics=json.loads(meta[b"arbor.metrics"]))
+        kl_coef=float(meta[b"arbor.kl_coef"]), metrics=json.loads(meta[b"arbor.metrics"]),
+        phases=[int(r["update_phase"]) for r in rows],
+        temperatures=[None if r["scoring_temperature"] is None else float(r["scoring_temperature"]) for r in rows])
 
 
 def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ arbor does the same. ``policy_update`` turns a step's shaped trajectories into a
      ``train.overlong_penalty`` is on;
   2. the trajectories to keep (an ``UpdateRule``'s ``select_groups``: DAPO drops zero-variance groups);
   3. one advantage per response token (``token_advantages``; GRPO: A_i of ``group_advantages`` on every token);
-  4. the KL coefficient of this update and how many policy versions behind the trainer each trajectory is.
+  4. the KL coefficient of this update and how many policy versions behind the trainer each trajectory is;
+  5. each trajectory's update phase (RubricEM: its reflections before the task batch, Alg. 1 lines 10 and 29).
 
 The trainer (``tasks.training.train``) only checks and applies it: it imports no method and builds none. An ``UpdateRule``
 is anything with the four decisions below, a training method (``tasks.methods.base.Method``) among them;
@@ -39,6 +40,10 @@ class UpdateRule(Protocol):
 
     def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                          train: TrainConfig) -> list[Tensor]: ...
+
+    def update_phase(self, t: Trajectory) -> int: ...
+
+    def scoring_temperature(self, t: Trajectory) -> float | None: ...
 
 
 def reward_of(t: Trajectory) -> float:
@@ -74,6 +79,17 @@ class GRPORule:
         """One advantage per response token of each trajectory (masked tokens are ignored by the loss).
         GRPO: A_i = (R_i - mean_g) / (std_g + eps) on every token (App. B.2)."""
         return grpo_token_advantages(batch, rewards, groups, train)
+
+    def update_phase(self, t: Trajectory) -> int:
+        """The phase of the step's update ``t`` is trained in (default 0: one phase, one token-mean over the whole
+        batch). Phases run in ascending order, each with its own pi_old, token-mean and optimiser steps."""
+        return 0
+
+    def scoring_temperature(self, t: Trajectory) -> float | None:
+        """The temperature ``t``'s tokens are scored at (pi_old, pi_theta); None: the trainer's, the rollout
+        temperature. A trajectory sampled at another temperature names it here, so that TIS weighs only the
+        staleness and not the temperature (RubricEM's reflections, issue 33 item 8)."""
+        return None
 
 
 GRPO_RULE = GRPORule()
@@ -127,7 +143,9 @@ def policy_update(batch: Sequence[Trajectory], step: int, cfg: ArborConfig, rule
         adv = rule.token_advantages(kept, [rewards[i] for i in keep], [groups[i] for i in keep], tc)
         check_token_advantages(kept, adv, f"method {source}")
     return UpdateBatch(trajectories=kept, advantages=adv, versions_behind=[behind[i] for i in keep],
-                       kl_coef=float(rule.kl_coef_at(step, tc)), metrics=metrics)
+                       kl_coef=float(rule.kl_coef_at(step, tc)), metrics=metrics,
+                       phases=[rule.update_phase(t) for t in kept],
+                       temperatures=[rule.scoring_temperature(t) for t in kept])
 
 
 def grpo_loss_settings(train: TrainConfig) -> LossSettings:

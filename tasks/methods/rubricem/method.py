@@ -7,14 +7,15 @@ Everything of ``ss-grpo`` (stage scores, Lambda returns, per-stage advantages, t
     reflect   per group, one trajectory drawn uniformly (D.4) is reflected on by the policy itself: m candidates at
               T = 0.7, graded by the judge with the trajectory's stage grades as privileged context (D.6.2),
               u = 0.4 diagnosis + 0.3 specificity + 0.3 scope; the best valid candidate enters the bank (D.5)
-    train     the task batch (SS-GRPO) plus the previous step's candidates (one-step lag, D.2): each reflected
-              query's m candidates are one GRPO group on the reflection tokens, rewarded by u
+    train     Phase A: the previous step's candidates (one-step lag, D.2), each reflected query's m candidates one
+              GRPO group on the reflection tokens, rewarded by u; then Phase B: the task batch (SS-GRPO), Alg. 1
 
-Choices where arbor's setting leaves the paper open (docs/decisions.md "Issue 15"): every step reflects (also in
-the replay phase, where the new item replaces the question's old one, D.5); a candidate group whose utilities do not
-vary is stored but not trained (all advantages are 0); candidates are sampled at T = 0.7 but trained as the policy at
-the rollout temperature, and TIS weighs each token by pi_old / pi_behaviour (capped), which covers the temperature
-and the one-step staleness alike.
+Choices where arbor's setting leaves the paper open (docs/decisions.md "Issue 15", "Issue 33"): only the new-query
+steps reflect (D.4; ``rubricem.reflect_in=every-step`` also reflects in the replay phase); last step's candidates
+are their own update before the task update (Phase A / B, D.1; ``reflection_update=joint`` folds them in); a
+candidate group whose utilities do not vary is stored but not trained (all advantages are 0); candidates sampled at
+T = 0.7 are scored at 0.7 in their phase, so TIS (pi_old / pi_behaviour, capped) weighs only the one-step staleness
+(``joint``: at the rollout temperature, where TIS also covers the temperature, truncated at C).
 
 The bank changes only through ``rubric_bank`` events, the stage buffer through ``stage_rubrics`` events: a resumed
 run replays both (``restore``).
@@ -114,8 +115,11 @@ class RubricEM(SSGRPO):
 
     # ------------------------------------------------------------------------------------------ reflect
     def reflect(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
-        """PREPAREREFLECTIONBATCH of Alg. 1 for every group: sample, reflect (m candidates), judge, bank the best."""
+        """PREPAREREFLECTIONBATCH of Alg. 1 for every group: sample, reflect (m candidates), judge, bank the best.
+        Only at the steps ``reflects_at`` names (D.4: the new-query phase); elsewhere the stage stores nothing."""
         rc = self.cfg.rubricem
+        if not reflects_at(step, rc.reflect_in, rc.curriculum, rc.window):
+            return {"judge_calls": [], "reflections": [], "rubric_bank": []}
         groups = run.groups(trajs)
         grades = _grades_by_traj(run.store.load(step, "score", ("stage_grades",))["stage_grades"])
         chosen = [g[random.Random(derive_seed(run.seed, step, "reflect", g[0].group)).randrange(len(g))]
@@ -186,6 +190,21 @@ class RubricEM(SSGRPO):
     def policy_lag(self, t: Trajectory) -> int:
         return 1 if t.group >= REFLECTION_GROUP else 0
 
+    def update_phase(self, t: Trajectory) -> int:
+        """Phase A (0): last step's reflection candidates; phase B (1): the task batch (Alg. 1 lines 10 and 29).
+        ``reflection_update=joint``: one phase."""
+        if self.cfg.rubricem.reflection_update == "joint":
+            return 0
+        return 0 if t.group >= REFLECTION_GROUP else 1
+
+    def scoring_temperature(self, t: Trajectory) -> float | None:
+        """Two-phase: Phase A scores the candidates at the temperature they were sampled at (D.4's 0.7), so TIS
+        weighs only the one-step staleness; at the paper's rollout T = 1.0 scoring them at T would make most
+        weights differ from 1 and cap many at C (issue 33 item 8; bench/tis.py). Joint: the rollout temperature."""
+        if t.group >= REFLECTION_GROUP and self.cfg.rubricem.reflection_update == "two-phase":
+            return self.cfg.rubricem.reflection_temperature
+        return None
+
     def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                          train: TrainConfig) -> list[Tensor]:
         """SS-GRPO's A_{i,k} on task tokens; GRPO's group advantage of u on each reflection candidate's tokens."""
@@ -203,6 +222,14 @@ class RubricEM(SSGRPO):
             for j, i in enumerate(refl):
                 out[i] = adv_r[j].expand(len(batch[i].response_ids))
         return [a for a in out if a is not None]
+
+
+def reflects_at(step: int, reflect_in: str, curriculum: str, window: int) -> bool:
+    """Whether step ``step`` reflects: every step, or (``new-query``, D.4) only when its batch is fresh, i.e. the
+    windowed curriculum's cross-episode steps (every step when the curriculum is off: each batch is fresh)."""
+    if reflect_in == "every-step" or curriculum != "windowed":
+        return True
+    return windowed_batch(step, window)[1] == "cross"
 
 
 def _grades_by_traj(rows: Rows) -> dict[str, list[tuple[StageRubric, RubricGrade]]]:

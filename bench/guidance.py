@@ -4,8 +4,9 @@
 
 Every (checkpoint, seed, source) is one ``arbor eval`` of the ``--profile`` (``tiny-world``, or ``smol-world``:
 SmolLM2-135M-Instruct, a policy that reads instructions) on ``world:eval``: the same
-questions and sampling seeds answered unguided, then under Co-ReAct guidance (inject, verify, retry) with the
-source's step rubrics: ``judge`` (the rules judge's prompt-only writer), ``memory`` (an ARBOR run's exported
+questions and seeds answered unguided, then under Co-ReAct guidance (inject, verify, retry) with the
+source's step rubrics, both under the paper's inference protocol (issue 33 item 4: a greedy agent, so seeds of one
+checkpoint agree; ``--set guidance.agent_temperature=null`` samples at the profile's temperature instead): ``judge`` (the rules judge's prompt-only writer), ``memory`` (an ARBOR run's exported
 common pool, ``--pool``) and ``generator`` (a trained generator, ``--generator``). A checkpoint named ``X-sN`` is
 one training seed N of X and is evaluated with seed N; any other is evaluated with every ``--seeds`` seed.
 
@@ -28,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SOURCES = ("judge", "memory", "generator")
-# guidance text needs room: the rubric lands in the prompt and in every result block (the budgets are equal for
-# the unguided answers, which never use the extra room)
+# guidance text needs context room: the rubric lands in the prompt and in the result blocks (it counts against the
+# context budget, not the response budget, since issue 33 item 4; the budgets are equal for the unguided answers)
 ROOM: dict[str, Any] = {"rollout.max_response_tokens": 768, "rollout.max_context_tokens": 1280}
 
 

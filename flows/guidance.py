@@ -72,6 +72,8 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     judge = make_judge(cfg.judge, home=home)
     out_dir = generator_dir(rid, home)
     store = StageStore(rid, home)
+    # the ranking council (§3.1): built before any rollout, so a missing key stops the run at once, naming its key
+    council = None if store.done(0, "rank") else rank_council(cfg, home)
 
     def stage(step: int, name: str, table: str, compute: Any) -> list[dict[str, Any]]:
         """The stage's rows, computed and committed once; read back from storage either way, so a resumed run
@@ -90,13 +92,13 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
 
     points = stage(0, "branch", "branch_points", branch)
 
-    # ---- rank: list-wise judges, Borda consensus
+    # ---- rank: the council's list-wise rankings (each reasoned, read from its final answer), Borda consensus
     def rank() -> dict[str, list[dict[str, Any]]]:
-        judges: list[tuple[str, Any]] = [(judge_name(cfg.judge), judge)]
-        for model in g.rank_models:
-            judges.append((model, make_judge(rank_judge_config(cfg.judge, model), home=home)))
+        assert council is not None
+        judges = [(name, j) for name, j, _ in council]
         ranked = rank_points(points, judges, min_rankings=g.min_rankings, seed=cfg.run.seed,
-                             ctx=CallContext(run_id=rid, step=0, stage="rank"))
+                             ctx=CallContext(run_id=rid, step=0, stage="rank"),
+                             rationale={name: reasoned for name, _, reasoned in council})
         return {"branch_points": ranked, "judge_calls": [c for _, j in judges for c in j.drain_calls()]}
 
     ranked = stage(0, "rank", "branch_points", rank)
@@ -167,17 +169,62 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     return rid, final, {"points": len(ranked), "kept": len(kept), "updates": n_updates, "rewards": rewards}
 
 
-def judge_name(judge_cfg: Any) -> str:
-    """The name a judge's rankings are stored under: its rank_actions model (``rules`` offline)."""
-    return "rules" if judge_cfg.backend == "rules" else str(judge_cfg.for_role("rank_actions")["model"])
+def rank_judge_names(cfg: Any) -> list[str]:
+    """What each judge of ``guidance.rank_judges`` is stored under (``branch_points.judge_ranks``; it also seeds
+    the judge's label shuffle): its ``name``, else its model (the judge's rank_actions role's when unset); offline
+    (judge.backend=rules) ``rules-1``, ``rules-2``, ... (``rules`` alone). ValueError naming the key on a clash."""
+    entries = cfg.guidance.rank_judges
+    names = []
+    for i, e in enumerate(entries):
+        if e.name:
+            names.append(e.name)
+        elif cfg.judge.backend == "rules":
+            names.append("rules" if len(entries) == 1 else f"rules-{i + 1}")
+        else:
+            names.append(str(e.model or cfg.judge.for_role("rank_actions")["model"]))
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise ValueError(f"guidance.rank_judges: more than one judge would be stored as {clash[0]!r}; give each a "
+                         "distinct name (guidance.rank_judges[i].name) or model")
+    return names
 
 
-def rank_judge_config(judge_cfg: Any, model: str) -> Any:
-    """The judge config with the rank_actions role's model swapped for ``model`` (guidance.rank_models)."""
+def rank_judge_config(judge_cfg: Any, entry: Any) -> Any:
+    """The judge config of one council member: the ``rank_actions`` role with the entry's set fields (model,
+    base_url, api_key_env, temperature, max_tokens, prices) over it. The offline rules judge has no endpoint: its
+    config is the judge's own."""
     if judge_cfg.backend == "rules":
-        raise ValueError(f"guidance.rank_models: {model!r} needs an LLM judge (judge.backend=openai)")
-    role = judge_cfg.roles.rank_actions.model_copy(update={"model": model})
+        return judge_cfg
+    from arbor.config.judge import JudgeRoleConfig
+
+    over = {k: getattr(entry, k) for k in JudgeRoleConfig.model_fields if getattr(entry, k) is not None}
+    role = judge_cfg.roles.rank_actions.model_copy(update=over)
     return judge_cfg.model_copy(update={"roles": judge_cfg.roles.model_copy(update={"rank_actions": role})})
+
+
+def rank_council(cfg: Any, home: Path) -> list[tuple[str, Any, bool]]:
+    """(name, judge, rationale) of each judge of ``guidance.rank_judges``. A key variable that is not set is a
+    ``JudgeSetupError`` naming the entry's key (``guidance.rank_judges.<i>.api_key_env``); the key itself is only
+    ever read from the environment by the client."""
+    from arbor.llm import make_judge
+
+    names = rank_judge_names(cfg)
+    out = []
+    for i, (name, entry) in enumerate(zip(names, cfg.guidance.rank_judges, strict=True)):
+        jc = rank_judge_config(cfg.judge, entry)
+        if jc.backend == "openai":
+            env = str(jc.for_role("rank_actions")["api_key_env"])
+            if not os.environ.get(env):
+                from arbor.llm.openai_backend import JudgeSetupError
+
+                where = (f"guidance.rank_judges.{i}.api_key_env" if entry.api_key_env else
+                         "judge.roles.rank_actions.api_key_env" if cfg.judge.roles.rank_actions.api_key_env
+                         else "judge.api_key_env")
+                raise JudgeSetupError(f"{where}: environment variable {env!r} is not set (the key of rank judge "
+                                      f"{name!r}; the paper's council needs one key per vendor, or set "
+                                      "guidance.rank_judges)")
+        out.append((name, make_judge(jc, home=home), entry.rationale))
+    return out
 
 
 @flow(name="arbor-guidance-train", log_prints=True)

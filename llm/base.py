@@ -133,8 +133,9 @@ class Role(Generic[Q, T]):
     items: Callable[[Q], int | None] = _no_items  # entries the reply must hold (with ``reply``: its max_tokens)
     reply: tuple[int, int] | None = None  # (fixed, per item) reply tokens; None: judge.max_tokens
     skip: Callable[[Q], T | None] = _never  # the answer when there is nothing to judge (no call is made)
-    # the reply schema narrowed to one request (how many items, which indices or labels): llm.parse.exactly
-    narrow: Callable[[Q, dict[str, Any]], dict[str, Any]] | None = None
+    # the reply schema narrowed to one request (how many items, which indices or labels): llm.parse.exactly;
+    # None for a request whose reply is free text (no response_format is sent)
+    narrow: Callable[[Q, dict[str, Any]], dict[str, Any] | None] | None = None
 
     def reply_budget(self, items: int) -> int:
         """max_tokens a reply of ``items`` entries needs (``reply``)."""
@@ -304,13 +305,15 @@ class Judge(ABC):
                               ctx=ctx)
 
     async def rank_actions(self, question: str, golds: Sequence[str] | None, history: str,
-                           candidates: Sequence[str], *, order: Sequence[int],
+                           candidates: Sequence[str], *, order: Sequence[int], rationale: bool = True,
                            ctx: CallContext | None = None) -> JudgeOutcome[list[int]]:
         """§3.1's list-wise expert ranking of candidate next actions. ``order`` is a permutation of
         range(len(candidates)) drawn by the caller: candidate ``order[j]`` is shown at position j as
         ``RANK_LABELS[j]``. Returns ``ranks`` in the caller's order (``ranks[i]``: rank of ``candidates[i]``,
-        1 = best); the relabelling is undone here. No candidates: ``[]`` without a call. ValueError on more
-        candidates than labels or an ``order`` that is no permutation."""
+        1 = best); the relabelling is undone here. ``rationale`` (App. A): the judge writes its reasoning first and
+        the ranking is read from its final answer (``parse.parse_final_ranking``); False: a bare JSON ranking. No
+        candidates: ``[]`` without a call. ValueError on more candidates than labels or an ``order`` that is no
+        permutation."""
         if len(candidates) > len(RANK_LABELS):
             raise ValueError(f"rank_actions: {len(candidates)} candidates, at most {len(RANK_LABELS)} labels")
         if sorted(order) != list(range(len(candidates))):
@@ -318,7 +321,8 @@ class Judge(ABC):
         if not candidates:
             return JudgeOutcome([], None, 0, False)
         shown = [candidates[i] for i in order]
-        out = await self.ask("rank_actions", question=question, golds=golds, history=history, shown=shown, ctx=ctx)
+        out = await self.ask("rank_actions", question=question, golds=golds, history=history, shown=shown,
+                             rationale=rationale, ctx=ctx)
         ranks = None if out.value is None else unshuffle_ranking(out.value, order)
         return JudgeOutcome(ranks, out.error, out.attempts, out.cache_hit)
 

@@ -302,7 +302,7 @@ class OpenAIJudge(Judge):
         while True:
             dialect = self._dialect(base_url)  # type: ignore[arg-type]
             body: dict[str, Any] = {"model": model, "messages": messages, "temperature": rc["temperature"],
-                                    "max_tokens": rc["max_tokens"]}
+                                    str(rc["reply_limit_field"]): rc["max_tokens"]}
             if (fmt := response_format(role, dialect, schema)) is not None:
                 body["response_format"] = fmt
             try:

@@ -282,6 +282,41 @@ def parse_ranking(text: str, labels: Sequence[str]) -> list[str]:
     return list(ranking)
 
 
+# the heading: "Final answer" then a colon or the line's end (markdown around it allowed), not the phrase in a sentence
+_FINAL_ANSWER = re.compile(r"final\s+answer[ \t*_#`]*(?::|\n|$)", re.I)
+_LABEL_TOKEN = re.compile(r"(?<![A-Za-z0-9_'])([A-Z])(?![A-Za-z0-9_'])")
+
+
+def parse_final_ranking(text: str, labels: Sequence[str]) -> list[str]:
+    """Co-ReAct's list-wise ranking read from a judge's final answer (App. A: a rationale, then the ranking): the
+    text after the LAST "Final answer:" heading (any case, markdown around it is fine), and in it the last JSON list
+    of labels (or ``{"ranking": [...]}``); a final answer without JSON is read as the labels in the order they are
+    written ("Y > X > W > Z"). It must hold the shown ``labels`` (any case), each exactly once, best first. No final
+    answer, or one that is no such permutation: ``InvalidOutput`` (that judge's ranking is invalid)."""
+    heads = list(_FINAL_ANSWER.finditer(text))
+    if not heads:
+        raise InvalidOutput("no 'Final answer:' section in the reply")
+    section = text[heads[-1].end():].lstrip(" \t*_#:>`\n")
+    found: list[Any] | None = None
+    decoder = json.JSONDecoder(strict=False)
+    for start in sorted((i for i, ch in enumerate(section) if ch in "[{"), reverse=True):  # the last one first
+        try:
+            obj, _ = decoder.raw_decode(section, start)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("ranking"), list):
+            obj = obj["ranking"]
+        if isinstance(obj, list) and obj and all(isinstance(x, str) for x in obj):
+            found = obj
+            break
+    if found is None:
+        found = [m.group(1) for m in _LABEL_TOKEN.finditer(section) if m.group(1) in labels]
+    ranking = [str(x).strip().upper() for x in found]
+    if len(ranking) != len(labels) or set(ranking) != set(labels):
+        raise InvalidOutput(f"final answer {ranking} is not a permutation of {list(labels)}")
+    return ranking
+
+
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
 
 

@@ -33,7 +33,8 @@ VERSIONS = {
     "step_labels": "step_labels.v1",  # ARCO's warm-up teacher
     "step_rubric": "step_rubric.v1",  # Co-ReAct §3.2 (prompt-only rubric writer)
     "step_verify": "step_verify.v1",  # Co-ReAct §3.3 verifier
-    "rank_actions": "rank_actions.v1",  # Co-ReAct §3.1 list-wise expert ranking
+    "rank_actions": "rank_actions.v2",  # Co-ReAct §3.1, App. A: rationale, then the ranking as the final answer
+    "rank_actions_json": "rank_actions.v1",  # arbor's bare-JSON ranking (guidance.rank_judges[i].rationale=false)
 }
 STAGE_LABELS = {1: "Plan", 2: "Research", 3: "Review", 4: "Answer"}
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
@@ -270,10 +271,11 @@ def step_verify_messages(question: str, history: str, action: str, rubric: StepR
 
 
 def rank_actions_messages(question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str],
-                          max_tokens: int) -> tuple[str, Messages]:
+                          max_tokens: int, rationale: bool = True) -> tuple[str, Messages]:
     """Co-ReAct §3.1: the history and the candidates in shown order, ``shown[j]`` under ``RANK_LABELS[j]`` (each
-    compacted to ``max_tokens // 2``)."""
-    version = VERSIONS["rank_actions"]
+    compacted to ``max_tokens // 2``). ``rationale`` (App. A): the judge reasons first and ends with a "Final
+    answer:" holding the ranking (v2); otherwise it replies with the JSON ranking only (v1)."""
+    version = VERSIONS["rank_actions" if rationale else "rank_actions_json"]
     labels = RANK_LABELS[: len(shown)]
     blocks = [f'<candidate label="{lab}">\n{_action(a, max_tokens // 2)}\n</candidate>'
               for lab, a in zip(labels, shown, strict=True)]

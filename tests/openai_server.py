@@ -110,7 +110,7 @@ def _norm(s: str) -> str:
     return " ".join(w for w in s.split() if w not in {"a", "an", "the"})
 
 
-def answer_for(role: str, user: str, plan: FaultPlan, model: str | None = None) -> str:
+def answer_for(role: str, user: str, plan: FaultPlan, model: str | None = None, system: str = "") -> str:
     """A well-formed answer for the role (deterministic in the prompt and, for accuracy, the requested model)."""
     if role == "pairwise":
         if plan.always:
@@ -176,6 +176,9 @@ def answer_for(role: str, user: str, plan: FaultPlan, model: str | None = None) 
                            "feedback": f"Items {', '.join(unmet)} are unmet." if unmet else ""})
     if role == "rank_actions":  # the shown candidates in reverse: the last label shown is ranked best
         labels = re.findall(r'<candidate label="(\w+)">', _block(user, "candidates"))
+        if "Final answer:" in system:  # rank_actions.v2: a rationale, then the ranking as the final answer
+            return (f"Rationale: the later candidates target the missing fact; {labels[0]} is the weakest.\n\n"
+                    f"**Final answer:**\n{json.dumps(labels[::-1])}")
         return json.dumps({"ranking": labels[::-1]})
     raise ValueError(role)
 
@@ -261,7 +264,7 @@ class OpenAIServer:
         if fault == "hang":
             await asyncio.sleep(self.plan.hang_s)
         user = next((m.get("content", "") for m in messages if m.get("role") == "user"), "")
-        content = answer_for(role, user, self.plan, body.get("model"))
+        content = answer_for(role, user, self.plan, body.get("model"), system)
         if fault == "malformed":
             content = "Let me think about this... {not json"
         elif fault == "fenced":

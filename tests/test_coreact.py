@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,8 @@ class _Down:
 
     FAILING = "answer names: Rema"
 
-    async def rank_actions(self, question, golds, history, candidates, *, order, ctx=None):  # noqa: ANN001, ANN201
+    async def rank_actions(self, question, golds, history, candidates, *, order, rationale=True,  # noqa: ANN001, ANN201
+                           ctx=None):
         from arbor.llm.base import JudgeOutcome
 
         return JudgeOutcome(None, "InvalidOutput: not a permutation", 3, False)
@@ -196,3 +198,56 @@ def test_failed_rankings_and_verifications_leave_the_generators_credit_neutral(t
     # .75 x .9665 + .15 x 1 + .10 x .5
     assert rows[2]["reward"] == pytest.approx(0.75 * (1 + (r3 + 1) / 2) / 2 + 0.15 + 0.05)
     assert rows[3]["reward"] == pytest.approx(0.75 * 0.5)  # no items: r_atom 0, r_fmt 0
+
+
+class _Replies:
+    """A judge backend that answers ``rank_actions`` with a fixed reply text, read by the role's own parser (the
+    parsing an LLM judge's reply goes through; the rules backend parses nothing)."""
+
+    def __init__(self, reply: str, home: Path) -> None:
+        from arbor.config.judge import JudgeConfig
+        from arbor.llm.base import Judge, JudgeOutcome
+        from arbor.llm.parse import InvalidOutput
+
+        class Backend(Judge):
+            backend = "replies"
+
+            async def _answer(self, role, request, ctx):  # noqa: ANN001, ANN202
+                self.seen.append(request)
+                try:
+                    return JudgeOutcome(role.parse(reply, request), None, 1, False)
+                except InvalidOutput as e:
+                    return JudgeOutcome(None, f"InvalidOutput: {e}", 1, False)
+
+        self.judge = Backend(JudgeConfig(backend="rules"), home=home)
+        self.judge.seen = []
+
+
+def test_a_judge_without_a_final_ranking_is_left_out_and_two_valid_rankings_keep_the_point(tmp_path: Path) -> None:
+    """Issue 33 item 4 (§3.1, App. A): each judge reasons and ends with a final answer; the ranking is read from it.
+    A judge whose reply holds no parseable final ranking (a bare JSON reply, a final answer that is no permutation)
+    has an invalid ranking, stored as null; the point is kept with at least min_rankings (2) valid ones."""
+    from arbor.tasks.methods.coreact.generator import rank_points, shuffled_order
+
+    def reasoned(name: str) -> _Replies:  # ranks the shown labels in their shown order, after a rationale
+        return _Replies('Rationale: X names the missing entity; Z answers too early.\n\nFinal answer:\n["X", "Y", "Z"]',
+                        tmp_path / name)
+
+    good_a, good_b = reasoned("a"), reasoned("b")
+    bare = _Replies('{"ranking": ["X", "Y", "Z"]}', tmp_path / "c")  # no final answer: today's bare JSON
+    short = _Replies('Rationale: ...\nFinal answer: ["X", "Y"]', tmp_path / "d")
+    judges = [("a", good_a.judge), ("b", good_b.judge), ("c", bare.judge)]
+    [kept] = rank_points([POINT], judges, min_rankings=2, seed=0)
+    ranks = json.loads(kept["judge_ranks"])
+    assert ranks["c"] is None and kept["n_rankings"] == 2 and kept["kept"] is True
+    for name in ("a", "b"):  # shown order best first, mapped back through the judge's own shuffle
+        order = shuffled_order(0, POINT["point_id"], name, 3)
+        assert [ranks[name][order[j]] for j in range(3)] == [1, 2, 3]
+    assert kept["consensus"] == consensus_ranks([ranks["a"], ranks["b"]])
+    assert all(q.rationale for q in good_a.judge.seen)  # asked for the reasoned ranking
+    [dropped] = rank_points([POINT], [("a", good_a.judge), ("c", bare.judge), ("d", short.judge)], min_rankings=2,
+                            seed=0)
+    assert dropped["n_rankings"] == 1 and dropped["kept"] is False and dropped["consensus"] is None
+    # arbor's bare-JSON variant (rank_judges[i].rationale=false) reads that same JSON reply
+    [json_kept] = rank_points([POINT], judges, min_rankings=3, seed=0, rationale={"c": False})
+    assert json_kept["n_rankings"] == 3 and json_kept["kept"]

@@ -12,7 +12,13 @@ import pytest
 from arbor.config.judge import JudgeConfig
 from arbor.llm import ROLES, make_judge, prompts
 from arbor.llm.base import RANK_LABELS, unshuffle_ranking
-from arbor.llm.parse import InvalidOutput, parse_ranking, parse_step_rubric, parse_step_verdict
+from arbor.llm.parse import (
+    InvalidOutput,
+    parse_final_ranking,
+    parse_ranking,
+    parse_step_rubric,
+    parse_step_verdict,
+)
 from arbor.llm.rules import STEP_CONDITIONS, RulesJudge, step_condition_met
 from arbor.tasks.types import RubricItem, StepRubric, StepVerdict
 
@@ -107,6 +113,33 @@ def test_parse_ranking_needs_a_permutation_of_the_shown_labels() -> None:
             parse_ranking(bad, labels)
 
 
+def test_the_ranking_is_read_from_the_final_answer_after_the_rationale() -> None:
+    """Issue 33 item 4 (App. A): a judge reasons first; its ranking is the last JSON list (or labels written in
+    order) after its LAST "Final answer:" heading. Lists in the rationale do not count; a reply without a final
+    answer, or with one that is no permutation of the shown labels, is that judge's invalid ranking."""
+    labels = RANK_LABELS[:4]
+    reply = ('Rationale: I first thought ["X", "Y", "Z", "W"], but Y names the entity.\n'
+             'Final answer:\n["Y", "x", " W", "Z"]')
+    assert parse_final_ranking(reply, labels) == ["Y", "X", "W", "Z"]
+    assert parse_final_ranking('**Final Answer:** {"ranking": ["W", "Z", "Y", "X"]}', labels) == ["W", "Z", "Y", "X"]
+    assert parse_final_ranking("## Final answer\n```json\n[\"Z\", \"Y\", \"X\", \"W\"]\n```", labels) == \
+        ["Z", "Y", "X", "W"]
+    assert parse_final_ranking("Z is weakest.\nFinal answer: Y > X > W > Z", labels) == ["Y", "X", "W", "Z"]
+    # the phrase inside a sentence is no heading: the heading before it is the final answer
+    assert parse_final_ranking('Final answer:\n["W", "X", "Y", "Z"]\nThat is my final answer.', labels) == \
+        ["W", "X", "Y", "Z"]
+    # a later heading counts, not the earlier one
+    assert parse_final_ranking('Final answer: ["X", "Y", "Z", "W"]\nOn reflection:\nFinal answer: ["Z", "W", "Y", '
+                               '"X"]', labels) == ["Z", "W", "Y", "X"]
+    for bad in ['{"ranking": ["Y", "X", "W", "Z"]}',  # bare JSON: no final answer (v1's shape)
+                'Rationale: Y is best.\nRanking: ["Y", "X", "W", "Z"]',
+                'Rationale: ["Y", "X", "W", "Z"]\nFinal answer: I cannot decide.',
+                'Final answer: ["Y", "X", "W"]', 'Final answer: ["Y", "X", "W", "V"]', 'Final answer: Y, Y, X, W',
+                "Final answer:"]:
+        with pytest.raises(InvalidOutput):
+            parse_final_ranking(bad, labels)
+
+
 # ---- rules heuristic -----------------------------------------------------------------------------------------------
 def test_rules_step_rubric_searches_the_entity_then_the_bridge_then_answers(tmp_path: Path) -> None:
     judge = make_judge(JudgeConfig(backend="rules"), home=tmp_path)
@@ -172,8 +205,13 @@ def test_prompts_state_the_phase_and_escape_the_history() -> None:
     assert version == "step_verify.v1" and "1. [0.4] searches\n2. [-0.2] query repeats" in msgs[1]["content"]
     assert "exactly 2 verdicts" in msgs[0]["content"]
     version, msgs = prompts.rank_actions_messages(Q, ["Rema"], H2, [WRONG, RIGHT], 3000)
-    assert version == "rank_actions.v1" and "(X, Y)" in msgs[0]["content"]
+    assert version == "rank_actions.v2" and "(X, Y)" in msgs[0]["content"]
     assert f'<candidate label="X">\n{WRONG}\n</candidate>\n<candidate label="Y">\n{RIGHT}' in msgs[1]["content"]
+    # issue 33 item 4 (App. A): a rationale first, the ranking as the final answer, no bare JSON
+    system = msgs[0]["content"]
+    assert system.index('"Rationale:"') < system.index('"Final answer:"') and "Reply with JSON only" not in system
+    version, msgs = prompts.rank_actions_messages(Q, ["Rema"], H2, [WRONG, RIGHT], 3000, rationale=False)
+    assert version == "rank_actions.v1" and "Reply with JSON only" in msgs[0]["content"]  # arbor's variant
 
 
 # ---- the openai backend through the local server ----------------------------------------------------------------
@@ -193,12 +231,15 @@ def test_openai_roles_through_a_local_server_with_a_retried_fault(tmp_path: Path
             try:
                 return (await judge.step_rubric(Q, "", tool_calls=0, max_tool_calls=4),
                         await judge.step_verify(Q, H1, SEARCH_ANN, rubric),
-                        await judge.rank_actions(Q, ["Rema"], H2, ["a", "b", "c", "d"], order=[2, 0, 3, 1]))
+                        await judge.rank_actions(Q, ["Rema"], H2, ["a", "b", "c", "d"], order=[2, 0, 3, 1]),
+                        await judge.rank_actions(Q, ["Rema"], H2, ["a", "b", "c", "d"], order=[2, 0, 3, 1],
+                                                 rationale=False))
             finally:
                 await judge.aclose()
 
-        written, verdict, ranked = asyncio.run(go())
+        written, verdict, ranked, ranked_json = asyncio.run(go())
         temps = {recognise_role(b["messages"]): b["temperature"] for b in srv.bodies}
+        rank_bodies = [b for b in srv.bodies if recognise_role(b["messages"]) == "rank_actions"]
     assert written.ok and written.attempts == 2
     assert written.value == StepRubric((RubricItem(0.6, "The query names the question's entity"),
                                         RubricItem(0.4, "The query is new")), "search for the question's entity")
@@ -206,10 +247,14 @@ def test_openai_roles_through_a_local_server_with_a_retried_fault(tmp_path: Path
                                                                                  "Items 2 are unmet.")
     # the server ranks the shown labels in reverse: W (cand 1), Z (cand 3), Y (cand 0), X (cand 2)
     assert ranked.ok and ranked.attempts == 2 and ranked.value == [3, 1, 4, 2]
+    assert ranked_json.ok and ranked_json.value == [3, 1, 4, 2]  # the bare-JSON variant (no fault left)
+    # the reasoned ranking goes without a response_format (a schema would forbid the rationale); the JSON one with
+    assert ["response_format" in b for b in rank_bodies] == [False, False, True]
     rows = judge.drain_calls()
     assert [(r["role"], r["attempts"], r["error"]) for r in rows] == [
-        ("step_rubric", 2, None), ("step_verify", 2, None), ("rank_actions", 2, None)]
+        ("step_rubric", 2, None), ("step_verify", 2, None), ("rank_actions", 2, None), ("rank_actions", 1, None)]
     assert "sk-coreact" not in str(rows)
-    assert [r["prompt_version"] for r in rows] == ["step_rubric.v1", "step_verify.v1", "rank_actions.v1"]
+    assert [r["prompt_version"] for r in rows] == ["step_rubric.v1", "step_verify.v1", "rank_actions.v2",
+                                                   "rank_actions.v1"]
     # App. A: the rubric writer samples at 0.7, the verifier decodes greedily
     assert temps == {"step_rubric": 0.7, "step_verify": 0.0, "rank_actions": 0.0}

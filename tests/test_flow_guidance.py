@@ -61,8 +61,10 @@ def test_generator_training_stores_points_consensus_and_rewards(reference: tuple
     assert points and summary["kept"] == len([p for p in points if p["kept"]]) >= 3
     for p in points:
         assert len(p["candidates"]) == 3 and len(set(p["candidates"])) == 3  # slate_k distinct actions
-        ranks = [v for v in json.loads(p["judge_ranks"]).values() if v is not None]
-        assert p["n_rankings"] == len(ranks) == 1 and p["kept"]  # one rules judge: min(2, 1) ranking needed
+        by_judge = json.loads(p["judge_ranks"])
+        assert sorted(by_judge) == ["rules-1", "rules-2", "rules-3"]  # the paper's J = 3, offline (issue 33 item 4)
+        ranks = [v for v in by_judge.values() if v is not None]
+        assert p["n_rankings"] == len(ranks) == 3 and p["kept"]  # at least min_rankings = 2 valid
         assert p["consensus"] == consensus_ranks(ranks)
     samples = table("generator_samples", RUN, home)
     assert summary["updates"] == max(s["step"] for s in samples) == -(-summary["kept"] // 3)
@@ -148,23 +150,29 @@ def test_guided_eval_with_the_generator_through_a_faulty_judge(reference: tuple[
 
 def test_generator_training_through_a_faulty_openai_judge(sft_policy: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every role through HTTP with one fault each (retried); the server ranks the shown slate in reverse, so each
-    stored rank must undo the seeded label shuffle exactly."""
+    """Every role through HTTP with one fault each (retried); a council of three rank judges (issue 33 item 4),
+    each answering with a rationale and then its final answer; the server ranks the shown slate in reverse, so
+    each judge's stored ranks must undo its own seeded label shuffle exactly."""
     from arbor.tasks.methods.coreact.generator import shuffled_order
 
     monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
     faults = FaultPlan(by_role={"rank_actions": ["invalid"], "step_rubric": ["malformed"], "step_verify": ["429"]})
+    council = [{"model": "test-judge"}, {"model": "judge-b"}, {"name": "judge-c", "model": "judge-c"}]
     with OpenAIServer(faults, api_key=JUDGE_KEY) as srv:
-        o = _overrides(sft_policy, **openai_judge(srv.base_url), **{"guidance.branch_questions": 2})
+        o = _overrides(sft_policy, **openai_judge(srv.base_url), **{"guidance.branch_questions": 2,
+                                                                     "guidance.rank_judges": council})
         _, path, summary = _train(tmp_path / "home", o)
+        ranked_by = {b["model"] for b in srv.bodies if "Final answer:" in b["messages"][0]["content"]}
+    assert ranked_by == {"test-judge", "judge-b", "judge-c"}  # every judge was asked for a reasoned ranking
     home = tmp_path / "home"
     assert (path / "config.json").exists() and summary["updates"] >= 1
     points = [p for p in table("branch_points", RUN, home) if p["kept"] is not None]
-    assert points and all(p["kept"] for p in points)
+    assert points and all(p["kept"] and p["n_rankings"] == 3 for p in points)
     for p in points:
-        ranks = json.loads(p["judge_ranks"])["test-judge"]
-        order = shuffled_order(0, p["point_id"], "test-judge", len(p["candidates"]))
-        assert [ranks[order[j]] for j in range(len(order))] == list(range(len(order), 0, -1))
+        for name in ("test-judge", "judge-b", "judge-c"):
+            ranks = json.loads(p["judge_ranks"])[name]
+            order = shuffled_order(0, p["point_id"], name, len(p["candidates"]))
+            assert [ranks[order[j]] for j in range(len(order))] == list(range(len(order), 0, -1))
     samples = table("generator_samples", RUN, home)
     assert any(s["n_items"] for s in samples)  # some rubrics were verified on the slate
     calls = table("judge_calls", RUN, home)

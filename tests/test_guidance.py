@@ -99,17 +99,24 @@ def test_guidance_is_loss_masked_replaced_on_retry_and_keeps_the_protocol(tok: A
 
 class ScriptedEngine:
     """The model's place in the loop: a first attempt searches the wrong thing; with the verifier's feedback in
-    context it searches what the rubric asked for; after a result naming the director it answers."""
+    context it searches what the rubric asked for; after a result naming the director it answers (and, told to
+    answer now, it does)."""
 
     def __init__(self, loop: AgentLoop, cfg: Any) -> None:
         self.loop, self.cfg, self.calls = loop, cfg, 0
+        self.contexts: list[str] = []
+        self.temperatures: list[float] = []
 
     def complete(self, requests: list[GenRequest], *, temperature: float, stop_strings: list[str]) -> list[Generation]:
         out = []
         for r in requests:
             self.calls += 1
+            self.temperatures.append(temperature)
             ctx = self.loop.tokenizer.decode(r.context_ids)
-            if "Kerar Silix is a poet" in ctx:
+            self.contexts.append(ctx)
+            if "Answer now" in ctx:
+                text = "<answer>\\boxed{Kerar Silix}</answer>"
+            elif "Kerar Silix is a poet" in ctx:
                 text = "<answer>\\boxed{Delina}</answer>"
             elif "directed by Kerar Silix" in ctx:
                 text = "<search>Kerar Silix</search>"
@@ -141,9 +148,96 @@ def test_coreact_verifies_retries_and_records_every_guided_step(tok: Any, search
     assert s.search_queries == ["Tobara", "Kerar Silix"]  # the failed action never ran
     assert "weather" not in s.text and check_format(s.text, s.truncated).valid
     assert engine.calls == 4  # three turns and one retry
+    # issue 33 item 4 (§3.3): only tool calls are verified; the proposed answer (turn 2) is the answer step
+    assert rows[2]["rubric"] and rows[2]["action"].startswith("<answer>")
+    assert rows[2]["verify_score"] is None and rows[2]["passed"] is None and not rows[2]["retried"]
     roles = [c["role"] for c in judge.drain_calls()]
-    assert roles.count("step_rubric") == 3 and roles.count("step_verify") == 4
+    assert roles.count("step_rubric") == 3 and roles.count("step_verify") == 3
     assert guide.drain_records() == []
+    assert set(engine.temperatures) == {cfg.rollout.temperature}  # outside guided inference: the rollout's sampling
+    # arbor's earlier variant: every turn, the answer included, is verified
+    every = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.steps": "every"})
+    guide = CoReAct(every.guidance, JudgeRubrics(judge, 3), judge)
+    s = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    guide.run(ScriptedEngine(loop, every), [s], [(0, 0)])
+    rows = guide.drain_records()
+    assert rows[2]["action"].startswith("<answer>") and rows[2]["verify_score"] is not None
+    assert [c["role"] for c in judge.drain_calls()].count("step_verify") == 4
+
+
+class FeedbackJudge(RulesJudge):
+    """The rules judge whose verifier writes its own feedback sentence."""
+
+    async def step_verify(self, question, history, action, rubric, *, ctx=None):  # noqa: ANN001, ANN201
+        from dataclasses import replace
+
+        out = await super().step_verify(question, history, action, rubric, ctx=ctx)
+        note = "The query must name the film Tobara." if out.value and not all(out.value.satisfied) else ""
+        return replace(out, value=replace(out.value, feedback=note)) if out.value else out
+
+
+@pytest.mark.parametrize("mode", ["verifier", "items"])
+def test_the_verifiers_written_feedback_reaches_the_retry(tok: Any, search: BM25Search, tmp_path: Path,
+                                                          mode: str) -> None:
+    """Issue 33 item 4 (§3.3: the retry re-plans with the verifier's per-criterion feedback pinned in context): the
+    retry reads the unmet items and the verifier's own sentence; retry_feedback=items keeps the names only."""
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.retry_feedback": mode})
+    judge = FeedbackJudge(cfg.judge, home=tmp_path)
+    loop = _loop(tok, search)
+    engine = ScriptedEngine(loop, cfg)
+    s = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    make_guide(cfg, judge).run(engine, [s], [(0, 0)])  # type: ignore[union-attr]
+    retry = engine.contexts[1]  # the re-plan of turn 0
+    assert "did not pass: query names: Tobara" in retry
+    assert ("Verifier's feedback: The query must name the film Tobara." in retry) == (mode == "verifier")
+    assert s.search_queries[0] == "Tobara"
+
+
+def test_guidance_text_carries_the_verifier_sentence() -> None:
+    assert guidance_text(RUBRIC, ["searches"], "Search for  the film\n") .endswith(
+        "did not pass: searches. Verifier's feedback: Search for the film. Revise it.")
+    assert guidance_text(RUBRIC, [], "No search.").endswith("did not pass. Verifier's feedback: No search. Revise it.")
+    assert "did not pass" not in guidance_text(RUBRIC, [], "")
+
+
+def test_the_answer_step_gets_no_rubric(tok: Any, search: BM25Search, tmp_path: Path) -> None:
+    """Issue 33 item 4 (§3.3: inject and verify at each tool-calling step): once no search can run (the search
+    budget is spent) the remaining turns are the answer step: no rubric is written or placed there."""
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react"})
+    judge = RulesJudge(cfg.judge, home=tmp_path)
+    loop = AgentLoop(tok, search, Budgets(max_turns=5, max_searches=1, max_response_tokens=4000,
+                                          max_context_tokens=8000, max_new_tokens_per_turn=200, top_k=1))
+    guide = make_guide(cfg, judge)
+    s = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    guide.run(ScriptedEngine(loop, cfg), [s], [(0, 0)])  # type: ignore[union-attr]
+    rows = guide.drain_records()  # type: ignore[union-attr]
+    assert s.search_queries == ["Tobara"] and s.forced_final == 1 and s.finish_reason == "answer"
+    assert [r["rubric"] is not None for r in rows] == [True, False, False]
+    assert all(r["rubric_error"] is None and r["passed"] is None for r in rows[1:])
+    assert [c["role"] for c in judge.drain_calls()].count("step_rubric") == 1
+    assert "Step rubric" not in s.text  # turn 0's rubric is in the prompt; none after the search budget is spent
+
+
+def test_rubric_tokens_do_not_count_against_the_response_budget(tok: Any, search: BM25Search) -> None:
+    """Issue 33 item 4: guidance placed in an observation takes context, not the agent's response budget (a long
+    rubric used to end the trajectory as a truncation); a retry's guidance replaces the first, not adds to it."""
+    budgets = Budgets(max_turns=5, max_searches=3, max_response_tokens=120, max_context_tokens=8000,
+                      max_new_tokens_per_turn=200, top_k=1)
+    loop = AgentLoop(tok, search, budgets)
+    plain, guided = (loop.start("q1", QUESTION, ["Delina"], seed=1) for _ in range(2))
+    for st in (plain, guided):
+        loop.advance([st], [_gen(tok, "<search>Tobara</search>")])
+    long = StepRubric(tuple(RubricItem(0.1, f"query names: Kerar Silix {i}") for i in range(10)))
+    loop.place_guidance(guided, guidance_text(long))
+    n_long = guided.guidance_tokens
+    assert n_long > budgets.max_response_tokens - len(plain.response_ids)  # more than the room left
+    assert not guided.done and guided.trajectory_tokens == len(plain.response_ids)
+    assert loop.next_request(guided).max_new_tokens == loop.next_request(plain).max_new_tokens
+    loop.place_guidance(guided, guidance_text(RUBRIC, ["query names: Tobara"]))  # the retry's
+    assert 0 < guided.guidance_tokens < n_long and guided.trajectory_tokens == len(plain.response_ids)
+    loop.advance([guided], [_gen(tok, "<search>Kerar Silix</search>")])
+    check_prefix_property(guided)
+    assert guided.trajectory_tokens == len(guided.response_ids) - guided.guidance_tokens
 
 
 def test_inject_only_never_verifies(tok: Any, search: BM25Search, tmp_path: Path) -> None:
@@ -179,6 +273,150 @@ def test_memory_rubrics_weight_by_rho_and_retrieve_by_words() -> None:
     assert r2.items[0].condition == "No query repeats an earlier one" and r2.items[0].weight == 1.0
     with pytest.raises(ValueError, match="no rubrics"):
         MemoryRubrics({"rubrics": []}, "top", 2)
+
+
+def test_the_trajectory_budget_hands_the_agent_over_to_the_answer_step(tok: Any, search: BM25Search,
+                                                                        tmp_path: Path) -> None:
+    """Issue 33 item 4 (App. A: each search trajectory is cut at 6,000 tokens before the answer): inside guided
+    inference, once the trajectory (rubrics not counted) reaches guidance.trajectory_tokens, the results that reach
+    it carry the order to answer, no further rubric is written and the next step answers; the loop's own budgets
+    come back after the block."""
+    from arbor.tasks.methods.coreact.guidance import guided_inference
+
+    action = len(encode_text(tok, "<search>Tobara</search>"))
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.trajectory_tokens": action + 1})
+    judge = RulesJudge(cfg.judge, home=tmp_path)
+    loop = _loop(tok, search)
+    engine = ScriptedEngine(loop, cfg)
+    guide = make_guide(cfg, judge)
+    s = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    with guided_inference(engine, cfg.guidance) as temperature:
+        assert temperature == 0.0 and loop.budgets.max_trajectory_tokens == action + 1
+        guide.run(engine, [s], [(0, 0)])  # type: ignore[union-attr]
+    assert loop.budgets.max_trajectory_tokens is None  # restored
+    rows = guide.drain_records()  # type: ignore[union-attr]
+    assert s.search_queries == ["Tobara"] and s.finish_reason == "answer" and len(s.turns) == 2
+    block = s.text.split("</result>")[0]
+    assert "directed by Kerar Silix" in block and "Answer now" in block  # the hand-over, inside the results block
+    assert [r["rubric"] is not None for r in rows] == [True, False]
+    assert check_format(s.text, s.truncated).valid
+    # without the budget the same agent searches on
+    s2 = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    guide.run(ScriptedEngine(loop, cfg), [s2], [(0, 0)])  # type: ignore[union-attr]
+    assert s2.search_queries == ["Tobara", "Kerar Silix"]
+
+
+def test_a_search_past_the_trajectory_budget_does_not_run(tok: Any, search: BM25Search) -> None:
+    """A turn that itself takes the trajectory past the budget is the answer step: its search gets the forced
+    message, not results."""
+    import dataclasses
+
+    loop = _loop(tok, search)
+    loop.budgets = dataclasses.replace(loop.budgets, max_trajectory_tokens=3)
+    s = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    assert loop.may_search(s)
+    loop.advance([s], [_gen(tok, "<think>the film</think><search>Tobara</search>")])
+    assert s.search_queries == [] and s.forced_final == 1 and not loop.may_search(s)
+
+
+class RecordingEngine:
+    """An engine without a model: records, for each pass of an evaluation, whether it was guided, the agent's
+    temperature and the trajectory budget it ran under (no questions: nothing to judge)."""
+
+    def __init__(self, cfg: Any, loop: AgentLoop) -> None:
+        self.cfg, self.loop, self.guide, self.passes = cfg, loop, None, []
+
+    def generate_groups(self, questions: Any, k: int, seed: int, step: int, run_id: str) -> list:
+        self.passes.append((self.guide is not None, self.cfg.rollout.temperature,
+                            self.loop.budgets.max_trajectory_tokens))
+        return []
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({}, (0.0, 6000)),  # the paper's: greedy agent, 6,000-token trajectories, in both arms of the comparison
+    ({"guidance.agent_temperature": None, "guidance.trajectory_tokens": None}, (0.3, None)),  # arbor's sampling
+])
+def test_guided_evaluation_runs_the_papers_inference_protocol(tok: Any, search: BM25Search, tmp_path: Path,
+                                                              overrides: dict, expected: tuple) -> None:
+    """Issue 33 item 4 (§4.1, App. A: the search agent decodes greedily; trajectories are cut at 6,000 tokens):
+    ``arbor eval`` with guidance answers both passes greedily under the trajectory budget by default; an unguided
+    evaluation and the engine afterwards keep their own settings."""
+    from arbor.tasks.reporting.evaluate import evaluate_questions
+
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", **overrides})
+    judge = RulesJudge(cfg.judge, home=tmp_path)
+    engine = RecordingEngine(cfg, _loop(tok, search))
+    guide = make_guide(cfg, judge)
+    evaluate_questions(engine, judge, {"s": []}, runs=1, seed=0, run_id="r", step=0, checkpoint=None,
+                       temperature=0.3, guide=guide, guidance="co-react:judge")
+    assert engine.passes == [(False, *expected), (True, *expected)]
+    assert engine.loop.budgets.max_trajectory_tokens is None and engine.cfg.rollout.temperature == 0.7
+    engine.passes = []
+    evaluate_questions(engine, judge, {"s": []}, runs=1, seed=0, run_id="r", step=0, checkpoint=None,
+                       temperature=0.3)
+    assert engine.passes == [(False, 0.3, None)]  # no guidance: eval.temperature, the rollout budgets
+
+
+def test_guidance_defaults_are_the_papers_and_bad_settings_name_their_key() -> None:
+    """Issue 33 item 4: J = 3 rank judges of three vendors, each with its own endpoint and key variable, a point
+    kept with 2 valid rankings; tool-step guidance, the verifier's feedback, a 6,000-token trajectory budget and a
+    greedy agent by default. A setting that cannot work names its key (and never echoes a key)."""
+    from arbor.config import ConfigError
+
+    g = load_config("tiny-cpu").guidance
+    assert len(g.rank_judges) == 3 and g.min_rankings == 2
+    assert len({j.model for j in g.rank_judges}) == len({j.base_url for j in g.rank_judges}) == 3
+    assert [j.api_key_env for j in g.rank_judges] == ["ANTHROPIC_API_KEY", "GEMINI_API_KEY", "OPENAI_API_KEY"]
+    assert all(j.rationale for j in g.rank_judges)
+    assert (g.steps, g.retry_feedback, g.trajectory_tokens, g.agent_temperature) == ("tool", "verifier", 6000, 0.0)
+    with pytest.raises(ConfigError, match="guidance.min_rankings"):
+        load_config("tiny-cpu", {"guidance.rank_judges": [{}], "guidance.min_rankings": 2})
+    with pytest.raises(ConfigError, match="guidance.rank_judges"):
+        load_config("tiny-cpu", {"guidance.rank_judges": []})
+    with pytest.raises(ConfigError, match=r"guidance\.rank_judges\.1: api_key_env") as err:
+        load_config("tiny-cpu", {"guidance.rank_judges": [{}, {"api_key_env": "sk-live-0123456789"}]})
+    assert "sk-live" not in str(err.value)
+    with pytest.raises(ConfigError, match="guidance.rank_judges.0.modle"):
+        load_config("tiny-cpu", {"guidance.rank_judges": [{"modle": "x"}]})
+    # a stored config of the earlier shape (model names on the judge's endpoint) reads as that council
+    from arbor.config.guidance import GuidanceConfig
+
+    old = GuidanceConfig.model_validate({"rank_models": ["m1", "m2"], "min_rankings": 2})
+    assert [j.model for j in old.rank_judges] == [None, "m1", "m2"] and old.min_rankings == 2
+    assert GuidanceConfig.model_validate({"rank_models": []}).min_rankings == 1  # the earlier cap
+
+
+def test_rank_council_gives_each_judge_its_own_endpoint_and_key(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33 item 4: each council member is its own judge: the rank_actions role with the entry's model,
+    base_url and key variable (the other roles untouched); offline three rules judges; a missing key variable
+    stops the run naming the entry's key; the key itself never enters the config or the judge's ledger."""
+    from arbor.flows.guidance import rank_council, rank_judge_names
+    from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge
+
+    offline = rank_council(load_config("tiny-cpu"), tmp_path)
+    assert [n for n, _, _ in offline] == ["rules-1", "rules-2", "rules-3"]
+    assert all(isinstance(j, RulesJudge) and why for _, j, why in offline)
+    cfg = load_config("tiny-cpu", {"judge.backend": "openai", "judge.base_url": "http://127.0.0.1:9/v1",
+                                   "judge.api_key_env": "MAIN_KEY"})
+    assert rank_judge_names(cfg) == ["claude-sonnet-4-5", "gemini-2.5-pro", "gpt-5"]
+    for env in ("MAIN_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.setenv(env, f"sk-secret-{env}")
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    with pytest.raises(JudgeSetupError, match=r"guidance\.rank_judges\.1\.api_key_env: .*'GEMINI_API_KEY'"):
+        rank_council(cfg, tmp_path)
+    monkeypatch.setenv("GEMINI_API_KEY", "sk-secret-GEMINI")
+    council = rank_council(cfg, tmp_path)
+    assert all(isinstance(j, OpenAIJudge) for _, j, _ in council)
+    roles = [j.cfg.for_role("rank_actions") for _, j, _ in council]
+    assert [(r["model"], r["base_url"], r["api_key_env"]) for r in roles] == [
+        (e.model, e.base_url, e.api_key_env) for e in cfg.guidance.rank_judges]
+    assert roles[2]["temperature"] == 1.0 and roles[0]["temperature"] == 0.0
+    assert all(j.cfg.for_role("pairwise")["base_url"] == "http://127.0.0.1:9/v1" for _, j, _ in council)
+    assert "sk-secret" not in cfg.to_json() and "sk-secret" not in str([j.cfg for _, j, _ in council])
+    clash = load_config("tiny-cpu", {"judge.backend": "openai", "guidance.rank_judges": [{}, {}]})
+    with pytest.raises(ValueError, match="guidance.rank_judges: more than one judge would be stored as"):
+        rank_judge_names(clash)
 
 
 def test_make_guide_names_the_missing_key(tmp_path: Path) -> None:
@@ -257,8 +495,12 @@ def test_a_failed_verification_or_rubric_leaves_the_step_as_unverified_or_unguid
     assert down.text == inject.text and down.response_ids == inject.response_ids
     assert down.search_queries[0] == "weather today" and calls == inject_calls == len(rows)  # no retry turn
     assert all(r["passed"] is None and r["verify_score"] is None and not r["retried"] for r in rows)
-    assert all(r["verify_error"] == "RateLimitError" and r["rubric"] for r in rows)
-    assert roles.count("step_rubric") == len(rows)
+    # every search proposed while searches remained met the failing verifier; once the three searches are spent
+    # the turns are the answer step: no rubric, nothing verified (issue 33 item 4)
+    assert [(bool(r["rubric"]), r["verify_error"]) for r in rows] == [(True, "RateLimitError")] * 3 + [
+        (False, None)] * 2
+    assert rows[-1]["action"].startswith("<answer>")
+    assert roles.count("step_rubric") == 3
     # a rubric writer that fails: the unguided policy's trajectory, no verification call
     unguided_loop = _loop(tok, search)
     engine = ScriptedEngine(unguided_loop, load_config("tiny-cpu"))
@@ -269,6 +511,9 @@ def test_a_failed_verification_or_rubric_leaves_the_step_as_unverified_or_unguid
     no_rubric, rows, calls, roles = _guided(tok, search, tmp_path / "writer", WriterDown)
     assert no_rubric.text == bare.text and no_rubric.prompt_ids == bare.prompt_ids
     assert no_rubric.response_ids == bare.response_ids and "Step rubric" not in no_rubric.text
-    assert all(r["rubric"] is None and r["rubric_error"].startswith("InvalidOutput") and r["passed"] is None
-               and not r["retried"] and r["verify_error"] is None for r in rows)
+    assert all(r["rubric"] is None and r["passed"] is None and not r["retried"] and r["verify_error"] is None
+               for r in rows)
+    errors = [r["rubric_error"] for r in rows]  # the tool-calling steps' failed calls, then the answer step's none
+    k = sum(e is not None for e in errors)
+    assert k >= 1 and all(e.startswith("InvalidOutput") for e in errors[:k]) and errors[k:] == [None] * (len(rows) - k)
     assert "step_verify" not in roles and calls == engine.calls == len(rows)

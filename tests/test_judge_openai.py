@@ -118,7 +118,8 @@ def test_structured_outputs_send_each_roles_schema(server: OpenAIServer, tmp_pat
 
 def test_a_requests_schema_carries_its_counts(server: OpenAIServer, tmp_path: Path) -> None:
     """The schema sent is narrowed to the request: three rubrics -> exactly three grades, indices 1-3; three
-    shown candidates -> a ranking of exactly three of X, Y, Z; k criteria -> k scores per step."""
+    shown candidates -> a ranking of exactly three of X, Y, Z (the bare-JSON ranking: a reasoned one, App. A, carries
+    no schema); k criteria -> k scores per step."""
     from arbor.tasks.types import StageRubric
 
     judge = make_judge(config(server), home=tmp_path)
@@ -126,7 +127,7 @@ def test_a_requests_schema_carries_its_counts(server: OpenAIServer, tmp_path: Pa
 
     async def three():  # noqa: ANN202
         return (await judge.stage_grades(Q, ["Paris"], traj(0, 1), rubrics),
-                await judge.rank_actions(Q, ["Paris"], "", ["a", "b", "c"], order=[2, 0, 1]),
+                await judge.rank_actions(Q, ["Paris"], "", ["a", "b", "c"], order=[2, 0, 1], rationale=False),
                 await judge.step_labels(Q, ["Paris"], traj(0, 2), [("s1", "r1"), ("s2", "r2")], 4))
 
     grades, ranks, labels = run(_with(judge, three()))
@@ -388,6 +389,20 @@ def test_per_role_overrides_reach_the_server(server: OpenAIServer, tmp_path: Pat
     assert [r["model"] for r in rows] == ["small-judge", "test-judge"]
     assert rows[0]["cache_key"] == cache_key("pairwise", "small-judge", "pairwise.v1", pw["messages"],
                                              {"temperature": 0.3, "max_tokens": 16})
+
+
+def test_a_role_can_send_its_reply_limit_as_max_completion_tokens(server: OpenAIServer, tmp_path: Path) -> None:
+    """OpenAI's reasoning models (GPT-5, one of Co-ReAct's default rank judges) refuse max_tokens."""
+    cfg = config(server, roles={"pairwise": {"reply_limit_field": "max_completion_tokens", "max_tokens": 16}})
+    judge = make_judge(cfg, home=tmp_path)
+    run(_with(judge, judge.pairwise(Q, traj(0, 1), traj(1, 2), RUBRIC)))
+    run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    pw, acc = server.bodies
+    assert pw["max_completion_tokens"] == 16 and "max_tokens" not in pw
+    assert acc["max_tokens"] == 1024 and "max_completion_tokens" not in acc
+    from arbor.config.guidance import paper_rank_judges
+
+    assert [j.reply_limit_field for j in paper_rank_judges()] == [None, None, "max_completion_tokens"]
 
 
 def test_accuracy_incorrect_reply_is_false(server: OpenAIServer, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ class JudgeRoleConfig(Section):
     api_key_env: str | None = None
     temperature: float | None = Field(None, ge=0.0)
     max_tokens: int | None = Field(None, ge=1)
+    reply_limit_field: Literal["max_tokens", "max_completion_tokens"] | None = None
     price_in_per_mtok: float | None = Field(None, ge=0.0)
     price_out_per_mtok: float | None = Field(None, ge=0.0)
 
@@ -42,7 +43,9 @@ class JudgeRoles(Section):
     # config cannot set) with up to 1024 tokens a rubric; the verifier decodes greedily (temperature 0)
     step_rubric: JudgeRoleConfig = Field(default_factory=lambda: JudgeRoleConfig(temperature=0.7, max_tokens=1024))
     step_verify: JudgeRoleConfig = Field(default_factory=lambda: JudgeRoleConfig(temperature=0.0))
-    rank_actions: JudgeRoleConfig = Field(default_factory=JudgeRoleConfig)  # Co-ReAct §3.1: list-wise expert ranking
+    # Co-ReAct §3.1, App. A: list-wise expert ranking, the ranking read from the final answer after a rationale
+    # (room for both; guidance.rank_judges[i] may override it per judge)
+    rank_actions: JudgeRoleConfig = Field(default_factory=lambda: JudgeRoleConfig(max_tokens=2048))
 
 
 class JudgeConfig(Section):
@@ -53,6 +56,10 @@ class JudgeConfig(Section):
     api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key")
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(1024, ge=1)
+    reply_limit_field: Literal["max_tokens", "max_completion_tokens"] = Field(
+        "max_tokens", description="the request field that carries max_tokens: max_tokens (llama.cpp, vLLM, most "
+        "OpenAI-compatible servers) or max_completion_tokens (OpenAI's reasoning models, e.g. GPT-5, refuse "
+        "max_tokens)")
     concurrency: int = Field(32, ge=1)
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(4, ge=0, description="retries after the first attempt (transport errors and invalid output)")

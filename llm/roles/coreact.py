@@ -14,6 +14,7 @@ from arbor.llm.parse import (
     StepVerdictOut,
     exactly,
     one_of,
+    parse_final_ranking,
     parse_ranking,
     parse_step_rubric,
     parse_step_verdict,
@@ -72,24 +73,33 @@ register(Role(
 @dataclass(frozen=True)
 class RankActions:
     """Candidates in the order they are *shown*, ``shown[j]`` labelled ``RANK_LABELS[j]`` (``Judge.rank_actions``
-    draws the relabelling and undoes it)."""
+    draws the relabelling and undoes it). ``rationale`` (App. A, the default): the judge reasons first and the
+    ranking is read from its final answer; False: a bare JSON ranking under the role's schema."""
 
     question: str
     golds: Sequence[str] | None
     history: str
     shown: Sequence[str]
+    rationale: bool = True
 
 
 def _rank_prompt(q: RankActions, budget: int) -> tuple[str, Messages]:
-    return prompts.rank_actions_messages(q.question, q.golds, q.history, q.shown, budget)
+    return prompts.rank_actions_messages(q.question, q.golds, q.history, q.shown, budget, q.rationale)
+
+
+def _parse_rank(text: str, q: RankActions) -> list[str]:
+    labels = RANK_LABELS[: len(q.shown)]
+    return parse_final_ranking(text, labels) if q.rationale else parse_ranking(text, labels)
 
 
 register(Role(
-    # rank_actions.v1: every shown label exactly once, best first (else invalid output)
-    name="rank_actions", request=RankActions, render=_rank_prompt,
-    parse=lambda text, q: parse_ranking(text, RANK_LABELS[: len(q.shown)]), schema=RankingOut,
+    # rank_actions.v2 (rationale): free text whose final answer holds every shown label exactly once, best first;
+    # rank_actions.v1 (rationale=False): that ranking as JSON only. Anything else is invalid output
+    name="rank_actions", request=RankActions, render=_rank_prompt, parse=_parse_rank, schema=RankingOut,
     heuristic=lambda q, cfg: rules.rank_actions(q.question, q.golds, q.history, q.shown),
     identity=lambda q: (q.question, tuple(q.golds or ()), q.history, tuple(q.shown)),
     texts=lambda q: 1 + len(q.shown),
-    narrow=lambda q, s: exactly(s, "ranking", len(q.shown), one_of(RANK_LABELS[: len(q.shown)])),
+    # a free-text reasoned reply sends no response_format (a schema would forbid the rationale)
+    narrow=lambda q, s: None if q.rationale else exactly(s, "ranking", len(q.shown),
+                                                         one_of(RANK_LABELS[: len(q.shown)])),
 ))

@@ -14,7 +14,10 @@ masks and rollout log-probs stay aligned with what the policy actually sampled.
 
 Budgets (App. B.2): ``max_turns`` generations, ``max_searches`` executed searches (a search call beyond the budget
 gets the configurable forced-finalisation message instead of results), ``max_response_tokens`` response tokens and
-``max_context_tokens`` prompt + response tokens. Running out of tokens or turns is a truncation.
+``max_context_tokens`` prompt + response tokens. Running out of tokens or turns is a truncation. Co-ReAct's step
+rubrics placed in the context (``place_guidance``) count against the context budget only, not the response budget;
+its trajectory budget (``max_trajectory_tokens``, App. A) hands the agent over to an answer step: no search runs
+once the trajectory holds that many tokens.
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ class Budgets:
     top_k: int = 10
     max_result_chars: int | None = None
     force_answer_message: str = ARBOR.force_answer_message
+    # Co-ReAct's trajectory budget (App. A: 6,000): once the trajectory (response tokens without placed guidance)
+    # holds this many, the agent is handed over to an answer step (None: off; set for guided inference only)
+    max_trajectory_tokens: int | None = None
 
     @classmethod
     def from_config(cls, rollout: RolloutConfig, search: SearchConfig) -> Budgets:
@@ -161,8 +167,10 @@ class AgentState:
     started_at: float = field(default_factory=time.perf_counter)
     gen_seconds: float = 0.0
     user_text: str = ""  # the user message of the prompt, before any guidance (Co-ReAct)
+    guidance_tokens: int = 0  # tokens of placed guidance inside response_ids (outside the response budget)
     _pending: str | None = None
     _bare_observation: str | None = None  # the last observation as appended, before guidance was placed in it
+    _turn_guidance: int = 0  # of guidance_tokens, those inside the last observation (replaced on a retry)
 
     @property
     def done(self) -> bool:
@@ -183,6 +191,11 @@ class AgentState:
     @property
     def truncated(self) -> bool:
         return self.finish_reason in ("length", "max_turns")
+
+    @property
+    def trajectory_tokens(self) -> int:
+        """The response's tokens without placed guidance: the agent's turns and the observations it received."""
+        return len(self.response_ids) - self.guidance_tokens
 
 
 class AgentLoop:
@@ -222,10 +235,21 @@ class AgentLoop:
         return s
 
     def _room(self, s: AgentState) -> int:
-        """Tokens the response may still grow by (response budget and context budget)."""
+        """Tokens the response may still grow by (response budget, placed guidance not counted, and context
+        budget, everything counted)."""
         b = self.budgets
-        return min(b.max_response_tokens - len(s.response_ids),
+        return min(b.max_response_tokens - s.trajectory_tokens,
                    b.max_context_tokens - len(s.prompt_ids) - len(s.response_ids))
+
+    def handed_over(self, s: AgentState) -> bool:
+        """Whether the trajectory budget is spent (``max_trajectory_tokens``): the agent's next step is the answer."""
+        b = self.budgets.max_trajectory_tokens
+        return b is not None and s.trajectory_tokens >= b
+
+    def may_search(self, s: AgentState) -> bool:
+        """Whether a search the agent issues next would run (search and trajectory budgets left): a tool-calling
+        step, not the answer step (Co-ReAct guides only the former by default)."""
+        return not s.done and s.search_calls < self.budgets.max_searches and not self.handed_over(s)
 
     def next_request(self, s: AgentState) -> GenRequest:
         if s.done:
@@ -266,12 +290,17 @@ class AgentLoop:
             self._append_observation(s, result_block("Empty query: write the query between <search> and </search>.",
                                                      self.protocol))
             return None
-        if s.search_calls >= self.budgets.max_searches:  # search budget spent: forced finalisation, no search
+        if s.search_calls >= self.budgets.max_searches or self.handed_over(s):
+            # search or trajectory budget spent: forced finalisation (the answer step), no search
             s.forced_final += 1
             self._append_observation(s, self.budgets.force_answer_message)
             return None
         s._pending = query
         return query
+
+    def is_search(self, turn_text: str) -> bool:
+        """Whether a proposed turn calls the search tool (it stops at ``</search>`` before any ``</answer>``)."""
+        return self._classify(turn_text, [], "stop")[0] == "search"
 
     def _classify(self, turn_text: str, ids: list[int], finish_reason: str) -> tuple[str, str | None]:
         i_answer, i_search = turn_text.find(self.answer_stop), turn_text.find(self.search_stop)
@@ -294,7 +323,21 @@ class AgentLoop:
         s.search_queries.append(s._pending)
         s._pending = None
         body = self.format_results(hits, self.budgets.max_result_chars)
-        self._append_observation(s, result_block(body, self.protocol))
+        block = result_block(body, self.protocol)
+        limit = self.budgets.max_trajectory_tokens
+        if limit is not None and s.trajectory_tokens + len(encode_text(self.tokenizer, block)) >= limit:
+            block = self._hand_over(block)  # the trajectory budget is spent with these results: answer next
+        self._append_observation(s, block)
+
+    def _hand_over(self, block: str) -> str:
+        """The results block with the forced-finalisation message's text inside it, before the closing tag: the
+        trajectory budget is spent and the next step is the answer (App. A)."""
+        close = self.protocol.result_close
+        note = self.budgets.force_answer_message.strip()
+        opening = f"<{self.protocol.result_tag}>"
+        note = note.removeprefix(opening).removesuffix(close).strip()
+        at = block.rfind(close)
+        return f"{block[:at].rstrip()}\n{note}\n{block[at:]}" if at != -1 else f"{block}{note}"
 
     def place_guidance(self, s: AgentState, text: str) -> None:
         """Put ``text`` where the next turn reads it, loss-masked (Co-ReAct's injected step rubric, §3.3): inside
@@ -304,7 +347,7 @@ class AgentLoop:
         if s.done:
             raise ValueError(f"trajectory for {s.question_id} is finished ({s.finish_reason})")
         text = sanitize_tool_text(text, self.protocol).strip()
-        if not s.turns:
+        if not s.turns:  # in the prompt: counts against the context budget only
             s.prompt_ids = build_prompt_ids(self.tokenizer, f"{s.user_text}\n\n{text}", self.system_prompt)
         else:
             bare, n = s._bare_observation, s.turns[-1].observation_tokens
@@ -313,6 +356,8 @@ class AgentLoop:
                                  f"carry guidance")
             del s.response_ids[-n:], s.loss_mask[-n:], s.logprobs[-n:]
             s.text_parts.pop()
+            s.guidance_tokens -= s._turn_guidance  # the earlier guidance of this observation goes with it
+            s._turn_guidance = 0
             close = bare.rfind(self.protocol.result_close)
             guided = f"{bare[:close].rstrip()}\n\n{text}\n{bare[close:]}" if close != -1 else f"{bare}{text}"
             self._append_observation(s, guided, bare=bare)
@@ -320,19 +365,26 @@ class AgentLoop:
             s.finish_reason = "length"  # the guidance filled the budget
 
     def _append_observation(self, s: AgentState, text: str, bare: str | None = None) -> None:
-        """Append an observation block (loss mask 0); ``bare``: the block without guidance, when ``text`` has it."""
+        """Append an observation block (loss mask 0); ``bare``: the block without guidance, when ``text`` has it
+        (the guidance's tokens, the difference, count against the context budget but not the response budget)."""
         s._bare_observation = text if bare is None else bare
         ids = encode_text(self.tokenizer, text)
-        room = self._room(s)
+        extra = max(0, len(ids) - len(encode_text(self.tokenizer, bare))) if bare is not None else 0
+        b = self.budgets
+        room = min(b.max_response_tokens - s.trajectory_tokens + extra,
+                   b.max_context_tokens - len(s.prompt_ids) - len(s.response_ids))
         if len(ids) >= room:  # the observation does not fit: fill the budget and stop (a truncation)
             ids = ids[: max(room, 0)]
             text = self.tokenizer.decode(ids, skip_special_tokens=False)
             s.finish_reason = "length"
+            extra = min(extra, len(ids))
         s.response_ids += ids
         s.loss_mask += [0] * len(ids)
         s.logprobs += [0.0] * len(ids)
         s.text_parts.append(text)
         s.turns[-1].observation_tokens = len(ids)
+        s.guidance_tokens += extra
+        s._turn_guidance = extra
 
     def advance(self, states: Sequence[AgentState], generations: Sequence[Generation]) -> None:
         """Observe one turn for each state, run all their searches as one batch, append the results."""

@@ -415,7 +415,11 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
     ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
     model in ``judge_model`` and its ledger stage ``eval-second``. ``guide`` (a ``tasks.methods.coreact.guidance.CoReAct``) answers
     the same questions a second time, with the same seeds, under Co-ReAct guidance: those rows carry ``guidance``
-    and their guided turns collect in ``guide.records``."""
+    and their guided turns collect in ``guide.records``. With a guide both passes follow Co-ReAct's inference
+    protocol (App. A, ``guided_inference``): the agent at ``guidance.agent_temperature`` (greedy) instead of
+    ``temperature`` and the trajectory budget ``guidance.trajectory_tokens``, so the comparison differs in the
+    guidance only."""
+    from contextlib import nullcontext
 
     async def judge_all(preds: list[Any], tag: str | None = None) -> list[dict[str, Any]]:
         kw: dict[str, Any] = {"run_id": run_id, "step": step, "checkpoint": checkpoint, "guidance": tag}
@@ -433,10 +437,19 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
     rows: list[dict[str, Any]] = []
     saved_guide = getattr(engine, "guide", None)  # a run's guided training rollouts: evaluate unguided here
     engine.guide = None
+    if guide is not None:
+        from arbor.tasks.methods.coreact.guidance import guided_inference
+
+        protocol_cm: Any = guided_inference(engine, guide.cfg)
+    else:
+        protocol_cm = nullcontext(None)
     try:
-        for split, questions in questions_by_split.items():
-            rows += _evaluate_split(engine, split, questions, runs, seed, step, run_id, temperature, protocol,
-                                    judge_all, guide, guidance)
+        with protocol_cm as agent_temperature:
+            if agent_temperature is not None:
+                temperature = agent_temperature
+            for split, questions in questions_by_split.items():
+                rows += _evaluate_split(engine, split, questions, runs, seed, step, run_id, temperature, protocol,
+                                        judge_all, guide, guidance)
     finally:
         engine.guide = saved_guide
     return rows

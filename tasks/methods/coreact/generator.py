@@ -5,8 +5,9 @@
    duplicates go and ``slate_k`` diverse ones stay (``coreact.select_diverse``: MMR over BM25); a point with fewer
    distinct candidates is dropped. The paper extends a spine by the top-ranked action at each depth; we branch
    along the policy's own sampled trajectory (docs/decisions.md).
-2. ``rank_points``: every configured judge ranks each slate list-wise under a seeded shuffle of neutral labels;
-   the Borda count of the valid rankings is the consensus sigma*; a point needs ``min_rankings`` valid ones.
+2. ``rank_points``: every judge of ``guidance.rank_judges`` (the paper's council of three) ranks each slate
+   list-wise under a seeded shuffle of neutral labels, reasoning first and answering with the ranking; the Borda
+   count of the valid rankings is the consensus sigma*; a point needs ``min_rankings`` (2) valid ones.
 3. ``warm_rows``: the generator's warm start: the judge's own step rubric at each point as an SFT target (a tiny
    model cannot write the rubric format unprompted; the paper starts from Qwen3-14B, which can).
 4. ``sample_update`` and ``update_batch``: one GRPO update: G rubrics per point from the current generator, each
@@ -19,7 +20,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -104,13 +105,17 @@ def shuffled_order(seed: int, point_id: str, judge_name: str, n: int) -> list[in
 
 
 def rank_points(rows: Sequence[dict[str, Any]], judges: Sequence[tuple[str, Any]], *, min_rankings: int,
-                seed: int, ctx: Any = None) -> list[dict[str, Any]]:
+                seed: int, ctx: Any = None, rationale: Mapping[str, bool] | None = None) -> list[dict[str, Any]]:
     """Each judge's ranks of each slate (caller order, 1 = best), their Borda consensus, and whether the point is
-    kept (at least min(min_rankings, judges) valid rankings)."""
+    kept (at least min(min_rankings, judges) valid rankings). ``rationale`` (by judge name; default True, App. A):
+    the judge reasons first and its ranking is read from its final answer; a reply without a parseable final
+    ranking (after the client's retries) is that judge's invalid ranking, stored as null."""
     need = min(min_rankings, len(judges))
+    reasoned = rationale or {}
     by_judge = {name: run_judge(judge, [judge.rank_actions(r["question"], r["golds"], r["history"], r["candidates"],
                                                            order=shuffled_order(seed, r["point_id"], name,
-                                                                                len(r["candidates"])), ctx=ctx)
+                                                                                len(r["candidates"])),
+                                                           rationale=reasoned.get(name, True), ctx=ctx)
                                         for r in rows])
                 for name, judge in judges}
     out = []

@@ -1,11 +1,19 @@
 """Co-ReAct guided inference: inject a step rubric, verify the proposed action, retry once (Kang et al., 2026, §3.3).
 
-Before every agent turn a rubric source writes a step rubric for the branching point (question, history so far);
-``AgentLoop.place_guidance`` puts it where the turn reads it, loss-masked (inside the last observation block, or in the
-user prompt before the first turn), so the protocol stays valid and training never fits the rubric's tokens. The
-agent proposes an action; before it runs, the judge's ``step_verify`` role checks it item by item, the score is
-``coreact.verification_score`` and a score <= tau fails. A failed action is re-planned (up to ``max_retries``) with
-the same rubric and the verifier's feedback in context, and the re-planned action replaces it whatever its score.
+Before each tool-calling step (a turn whose search would still run: searches left, trajectory budget not spent;
+``guidance.steps=every``: before every turn) a rubric source writes a step rubric for the branching point (question,
+history so far); ``AgentLoop.place_guidance`` puts it where the turn reads it, loss-masked (inside the last
+observation block, or in the user prompt before the first turn), so the protocol stays valid, training never fits
+the rubric's tokens and they do not count against the response budget. The agent proposes an action; before a
+proposed search runs, the judge's ``step_verify`` role checks it item by item, the score is
+``coreact.verification_score`` and a score <= tau fails (a proposed answer is the answer step: not verified, unless
+``steps=every``). A failed action is re-planned (up to ``max_retries``) with the same rubric, the unmet items and
+the verifier's written feedback in context, and the re-planned action replaces it whatever its score. The answer
+step (no search left, or the trajectory budget spent) gets no rubric.
+
+At inference (``arbor eval`` with guidance, ``guided_inference``) the agent decodes greedily and the trajectory
+budget (``guidance.trajectory_tokens``, App. A: 6,000) hands it over to the answer step; guided training rollouts
+keep the rollout's temperature and budgets.
 
 Sources (``guidance.source``):
 
@@ -21,8 +29,10 @@ Every guided step is a ``guided_steps`` row: rubric, action, verification score,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,12 +80,39 @@ def branch_point(s: AgentState, max_chars: int, result_close: str = "</result>")
     return BranchPoint(s.question, strip_guidance(s.text, result_close)[-max_chars:], s.search_calls)
 
 
-def guidance_text(rubric: StepRubric, feedback: Sequence[str] = ()) -> str:
-    """What the agent reads before its step: the rubric, and after a failed verification the unmet items."""
+def guidance_text(rubric: StepRubric, feedback: Sequence[str] = (), note: str = "") -> str:
+    """What the agent reads before its step: the rubric, and after a failed verification the unmet items
+    (``feedback``) and the verifier's own written feedback (``note``, §3.3's per-criterion feedback)."""
     text = f"{GUIDANCE_HEAD}\n{render_rubric(rubric)}"
-    if feedback:
-        text += "\nYour previous attempt at this step did not pass: " + "; ".join(feedback) + ". Revise it."
+    note = " ".join(note.split())
+    if feedback or note:
+        text += "\nYour previous attempt at this step did not pass"
+        text += (": " + "; ".join(feedback) + ".") if feedback else "."
+        if note:
+            text += f" Verifier's feedback: {note}" + ("" if note[-1] in ".!?" else ".")
+        text += " Revise it."
     return text
+
+
+def retry_text(cfg: GuidanceConfig, rubric: StepRubric, verdict: StepVerdict) -> str:
+    """The guidance of a retry: the same rubric, the unmet items and (``retry_feedback=verifier``, the paper's) the
+    verifier's written feedback."""
+    note = verdict.feedback if cfg.retry_feedback == "verifier" else ""
+    return guidance_text(rubric, verifier_feedback(rubric, verdict.satisfied), note)
+
+
+@contextmanager
+def guided_inference(engine: Any, cfg: GuidanceConfig) -> Iterator[float | None]:
+    """Co-ReAct's inference settings on ``engine`` inside the block (App. A): the trajectory budget
+    (``guidance.trajectory_tokens``) on its agent loop, restored after. Yields the agent's temperature
+    (``guidance.agent_temperature``: 0, greedy; None: the caller's own)."""
+    loop = engine.loop
+    saved = loop.budgets
+    loop.budgets = dataclasses.replace(saved, max_trajectory_tokens=cfg.trajectory_tokens)
+    try:
+        yield cfg.agent_temperature
+    finally:
+        loop.budgets = saved
 
 
 def generator_user(point: BranchPoint) -> str:
@@ -270,10 +307,19 @@ class CoReAct:
         def generate(reqs: list[GenRequest]) -> list[Generation]:
             return engine.complete(reqs, temperature=engine.cfg.rollout.temperature, stop_strings=loop.stop_strings)
 
+        every = self.cfg.steps == "every"
+
+        def verified(st: _Step) -> bool:  # a proposed search (tool mode) or any action (every turn)
+            assert st.gen is not None
+            return every or loop.is_search(decode(st.gen))
+
         while active := [s for s in states if not s.done]:
-            points = [branch_point(s, self.cfg.max_history_chars, loop.protocol.result_close) for s in active]
-            written = self.source.write(points, [derive_seed(s.seed, "rubric", len(s.turns)) for s in active])
-            steps = [_Step(s, p, r, e) for s, p, (r, e) in zip(active, points, written, strict=True)]
+            tool = [s for s in active if every or loop.may_search(s)]  # the answer step gets no rubric
+            points = [branch_point(s, self.cfg.max_history_chars, loop.protocol.result_close) for s in tool]
+            written = self.source.write(points, [derive_seed(s.seed, "rubric", len(s.turns)) for s in tool])
+            by_state = {id(s): _Step(s, p, r, e) for s, p, (r, e) in zip(tool, points, written, strict=True)}
+            steps = [by_state.get(id(s)) or _Step(s, BranchPoint(s.question, "", s.search_calls), None, None)
+                     for s in active]
             for st in steps:
                 if st.rubric is not None:
                     loop.place_guidance(st.state, guidance_text(st.rubric))
@@ -284,7 +330,7 @@ class CoReAct:
                 st.gen, st.attempts = g, 1
             first = {id(st): (decode(st.gen), None, None) for st in steps}  # type: ignore[arg-type]
             if self.cfg.verify:
-                checked = [st for st in steps if st.rubric is not None]
+                checked = [st for st in steps if st.rubric is not None and verified(st)]
                 self._verify(checked, [first[id(st)][0] for st in checked])
                 first = {id(st): (first[id(st)][0], st.score, st.verify_error) for st in steps}
                 for attempt in range(self.cfg.max_retries):
@@ -292,8 +338,7 @@ class CoReAct:
                               and st.attempts == attempt + 1 and not st.state.done]
                     for st in failed:
                         assert st.rubric is not None and st.verdict is not None
-                        loop.place_guidance(st.state, guidance_text(st.rubric, verifier_feedback(st.rubric,
-                                                                                                  st.verdict.satisfied)))
+                        loop.place_guidance(st.state, retry_text(self.cfg, st.rubric, st.verdict))
                     failed = [st for st in failed if not st.state.done]
                     if not failed:
                         break
@@ -305,7 +350,11 @@ class CoReAct:
                                                            attempt)))
                     for st, g in zip(failed, generate(reqs), strict=True):
                         st.gen, st.attempts = g, attempt + 2
-                    self._verify(failed, [decode(st.gen) for st in failed])  # type: ignore[arg-type]
+                    for st in failed:  # a re-plan that answers is the answer step: it stands unverified
+                        if not verified(st):
+                            st.verdict, st.score, st.verify_error = None, None, None
+                    again = [st for st in failed if verified(st)]
+                    self._verify(again, [decode(st.gen) for st in again])  # type: ignore[arg-type]
             for st in steps:
                 action0, score0, err0 = first[id(st)]
                 group, sample = key_of[id(st.state)]

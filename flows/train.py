@@ -133,9 +133,16 @@ def _git_sha() -> str | None:
 
 
 def start_checkpoint(cfg: ArborConfig, home: Path) -> Path:
-    """The RL start point: an explicit checkpoint, an SFT warm start (cached), or the base policy."""
+    """The RL start point: an explicit checkpoint, an SFT warm start (cached), or the base policy. An explicit
+    checkpoint that ``arbor-sft`` trained in another protocol than ``rollout.protocol`` is refused
+    (``PreflightError`` naming both keys); one without ``arbor_sft.json`` (a Hub model, a user's path) is taken."""
     if cfg.run.start_checkpoint and (resolve_home_path(cfg.run.start_checkpoint) / "config.json").exists():
-        return resolve_home_path(cfg.run.start_checkpoint)
+        from arbor.preflight import PreflightError, start_protocol_problem
+
+        start = resolve_home_path(cfg.run.start_checkpoint)
+        if problem := start_protocol_problem(cfg, start, "run.start_checkpoint"):
+            raise PreflightError(problem)
+        return start
     if cfg.run.sft_warm_start:
         from arbor.flows.sft import sft_checkpoint
 

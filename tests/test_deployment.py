@@ -2,7 +2,7 @@
 `prefect deploy --all` from prefect.yaml, `prefect deployment run 'arbor-train/tiny-cpu'`, a worker — and a
 completed 1-step run in the workspace. Then Retry as the Prefect UI does it (issue 13): a deployment run without
 `run_id` fails at step 2 (`ARBOR_FAULT`), is set back to AwaitingRetry through the API, and resumes the same arbor
-run, its finished stages Cached."""
+run, its finished stages Cached. The fast tests read prefect.yaml: each paper's profile is deployed (issue 33)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ import pytest
 
 from arbor.paths import PROJECT_ROOT
 from arbor.storage.parquet import read_table
-
-pytestmark = pytest.mark.slow
 
 PREFECT = str(Path(sys.executable).parent / "prefect")
 
@@ -39,6 +37,44 @@ def _prefect(args: list[str], env: dict[str, str], timeout: float = 300, ok: boo
     return proc
 
 
+def _deployments() -> dict[tuple[str, str], dict]:
+    """prefect.yaml's deployments by (flow, name)."""
+    import yaml
+
+    flows = {"flows/train.py:arbor_train": "arbor-train", "flows/sft.py:arbor_sft": "arbor-sft",
+             "flows/evaluate.py:arbor_eval": "arbor-eval",
+             "flows/guidance.py:arbor_guidance_train": "arbor-guidance-train"}
+    spec = yaml.safe_load((PROJECT_ROOT / "prefect.yaml").read_text())
+    return {(flows[d["entrypoint"]], d["name"]): d for d in spec["deployments"]}
+
+
+@pytest.mark.parametrize(("flow", "profile"), [
+    ("arbor-sft", "qwen3-8b-rubricem"), ("arbor-train", "qwen3-8b-rubricem"), ("arbor-eval", "qwen3-8b-rubricem"),
+    ("arbor-sft", "qwen3-4b-arco"), ("arbor-train", "qwen3-4b-arco"),
+    ("arbor-guidance-train", "qwen3-8b-coreact"), ("arbor-eval", "qwen3-8b-coreact"),
+])
+def test_paper_profiles_are_deployed(flow: str, profile: str) -> None:
+    """Issue 33: each paper's profile is deployed (RubricEM and ARCO: their SFT start, then RL; Co-ReAct, which
+    trains no policy: its generator, then guided evaluation), one run at a time, and its parameters load."""
+    from arbor.config import load_config
+
+    dep = _deployments()[(flow, profile)]
+    assert dep["parameters"]["profile"] == profile and dep["concurrency_limit"] == 1
+    cfg = load_config(profile, dep["parameters"].get("overrides"))
+    assert cfg.run.profile == profile
+
+
+def test_coreact_generator_is_trained_against_the_papers_evaluator() -> None:
+    """App. A: Gemini 2.5 Pro scores the slates while the generator trains; the profile keeps the inference verifier."""
+    from arbor.config import load_config
+
+    dep = _deployments()[("arbor-guidance-train", "qwen3-8b-coreact")]
+    train = load_config("qwen3-8b-coreact", dep["parameters"]["overrides"]).judge.for_role("step_verify")
+    assert (train["model"], train["api_key_env"]) == ("gemini-2.5-pro", "GEMINI_API_KEY")
+    assert load_config("qwen3-8b-coreact").judge.for_role("step_verify")["model"] == "Qwen/Qwen3-14B"
+
+
+@pytest.mark.slow
 def test_deploy_and_run_tiny_cpu(tmp_path: Path) -> None:
     port = _free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -73,6 +109,8 @@ def test_deploy_and_run_tiny_cpu(tmp_path: Path) -> None:
         deps = httpx.post(f"{api}/deployments/filter", json={}, timeout=10).json()
         limits = {(d["name"], (d.get("global_concurrency_limit") or {}).get("limit")) for d in deps}
         assert all((lim == 1) == name.startswith("qwen3") for name, lim in limits), limits  # GPU: one at a time
+        papers = [d for d in deps if d["name"] in ("qwen3-8b-rubricem", "qwen3-4b-arco", "qwen3-8b-coreact")]
+        assert len(papers) == 7, [d["name"] for d in papers]  # issue 33: sft, train, eval / guidance-train, eval
 
         # Retry in the UI: a run without run_id, failed at step 2, resumes the same arbor run
         two = {**overrides, "run.steps": 2}

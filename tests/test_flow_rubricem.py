@@ -273,8 +273,9 @@ def test_reflection_judge_through_the_openai_server_under_faults(staged_start: P
     monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)
     plan = FaultPlan(by_role={"reflection_grades": ["429", "malformed"] + ["invalid"] * 12})
     with OpenAIServer(plan) as srv:
-        _train(tmp_path / "home", {**_rem_overrides(staged_start), **openai_judge(srv.base_url), "run.steps": 2},
-               run_id=REM)
+        # every-step: step 2 (a replay under window 1) reflects too, so two steps show both sides of the faults
+        _train(tmp_path / "home", {**_rem_overrides(staged_start), **openai_judge(srv.base_url), "run.steps": 2,
+                                   "rubricem.reflect_in": "every-step"}, run_id=REM)
         assert srv.roles["reflection_grades"] == 4 * 3 + 4 + 2
     home = tmp_path / "home"
     calls = [c for c in table("judge_calls", REM, home) if c["role"] == "reflection_grades"]

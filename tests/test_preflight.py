@@ -102,3 +102,97 @@ def test_cpu_profile_check_does_not_import_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+# ---- issue 33: the per-paper profiles, and a start checkpoint of another protocol -----------------------------
+
+@pytest.mark.parametrize(("profile", "own"), [
+    ("qwen3-8b-rubricem", ["memory.embedder: 'Qwen/Qwen3-Embedding-0.6B'", "GEMINI_API_KEY"]),
+    ("qwen3-4b-arco", ["policy.model: 'Qwen/Qwen3-4B-Instruct-2507'",
+                       "judge.roles.step_labels.api_key_env: environment variable OPENAI_API_KEY"]),
+    ("qwen3-8b-coreact", ["guidance.generator:", "judge.roles.step_verify.api_key_env: environment variable "
+                          "VLLM_API_KEY", "judge.roles.step_verify.base_url: nothing answers at"]),
+])
+def test_paper_profiles_on_a_cpu_box_list_what_is_missing(profile: str, own: list[str]) -> None:
+    """Each preflights like the qwen3 profiles: GPUs, the model and its own needs reported as missing, not raised."""
+    cfg = load_config(profile)
+    missing = check(cfg, gpu_count=0, env={})
+    text = "\n".join(missing)
+    assert f"policy.model: '{cfg.policy.model}'" in text  # not a local path, not in the local HF cache
+    assert "cluster:" in text and "this machine has 0" in text
+    assert cfg.search.api_key_env in text
+    for item in own:
+        assert item in text, text
+    with pytest.raises(PreflightError, match=f"profile '{profile}' cannot start here"):
+        require(cfg, gpu_count=0, env={})
+
+
+def _checkpoint(path, protocol: str | None) -> str:
+    """A directory that looks like a model (config.json), with arbor-sft's record of its protocol if given."""
+    import json
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    if protocol is not None:
+        (path / "arbor_sft.json").write_text(json.dumps({"key": "0123456789ab", "protocol": protocol}))
+    return str(path)
+
+
+STAGED = {"rollout.protocol": "rubricem", "run.method": "ss-grpo"}
+
+
+def test_a_start_checkpoint_of_another_protocol_is_refused(arbor_home) -> None:
+    flat = _checkpoint(arbor_home / "sft" / "flat", "arbor")
+    [problem] = [m for m in check(load_config("tiny-cpu", {**STAGED, "run.start_checkpoint": "sft/flat"}),
+                                  gpu_count=0, env={}) if "protocol" in m]
+    assert problem.startswith(f"run.start_checkpoint: {flat} is an SFT start trained in protocol 'arbor'")
+    assert "rollout.protocol=rubricem" in problem and "sft.output" in problem
+    # the same start for its own protocol, and a staged start for a staged run, are fine
+    assert not any("protocol" in m for m in check(load_config("tiny-cpu", {"run.start_checkpoint": flat}),
+                                                   gpu_count=0, env={}))
+    staged = _checkpoint(arbor_home / "sft" / "staged", "rubricem")
+    assert not any("protocol" in m for m in check(load_config("tiny-cpu", {**STAGED, "run.start_checkpoint": staged}),
+                                                   gpu_count=0, env={}))
+    # before arbor_sft.json had the field, every start was the arbor protocol's
+    old = _checkpoint(arbor_home / "sft" / "old", None)
+    (arbor_home / "sft" / "old" / "arbor_sft.json").write_text('{"key": "0123456789ab"}')
+    assert any(m.startswith("run.start_checkpoint:") for m in check(
+        load_config("tiny-cpu", {**STAGED, "run.start_checkpoint": old}), gpu_count=0, env={}))
+
+
+def test_a_checkpoint_without_arbor_sft_json_is_taken_as_it_is(arbor_home) -> None:
+    """A Hub model or a user's own checkpoint says nothing of its protocol: accepted, by preflight and train."""
+    from arbor.flows.train import start_checkpoint
+
+    mine = _checkpoint(arbor_home / "mine", None)
+    cfg = load_config("tiny-cpu", {**STAGED, "run.start_checkpoint": mine})
+    assert not any("protocol" in m for m in check(cfg, gpu_count=0, env={}))
+    assert str(start_checkpoint(cfg, arbor_home)) == mine
+
+
+def test_train_start_up_refuses_a_start_of_another_protocol(arbor_home) -> None:
+    """flows.train.start_checkpoint (arbor-train, arbor-guidance-train) checks the same, naming both keys."""
+    from arbor.flows.train import start_checkpoint
+
+    _checkpoint(arbor_home / "sft" / "flat", "arbor")
+    cfg = load_config("tiny-cpu", {**STAGED, "run.start_checkpoint": "sft/flat"})
+    with pytest.raises(PreflightError, match=r"run\.start_checkpoint: .* protocol 'arbor'.*rollout\.protocol=rubricem"):
+        start_checkpoint(cfg, arbor_home)
+    staged = _checkpoint(arbor_home / "sft" / "staged", "rubricem")
+    assert str(start_checkpoint(load_config("tiny-cpu", {**STAGED, "run.start_checkpoint": "sft/staged"}),
+                                arbor_home)) == staged
+
+
+def test_an_existing_sft_output_of_another_protocol_is_named(arbor_home) -> None:
+    """With run.sft_warm_start and no start checkpoint yet, an existing sft.output is what arbor-sft would reuse:
+    preflight names a flat one under a staged run instead of treating it as done."""
+    _checkpoint(arbor_home / "sft" / "qwen3-8b", "arbor")
+    over = {**STAGED, "run.sft_warm_start": True, "sft.output": "sft/qwen3-8b", "run.start_checkpoint": None}
+    problems = [m for m in check(load_config("tiny-cpu", over), gpu_count=0, env={}) if "protocol" in m]
+    assert len(problems) == 1 and problems[0].startswith("sft.output: ")
+    assert not any("protocol" in m for m in check(load_config("tiny-cpu", {**over, "rollout.protocol": "arbor",
+                                                                           "run.method": "grpo"}),
+                                                   gpu_count=0, env={}))
+    # the rubricem profile's own start is its own directory, so the flat qwen3-8b start never stands in for it
+    cfg = load_config("qwen3-8b-rubricem")
+    assert not any("protocol" in m for m in check(cfg, gpu_count=0, env={}))

@@ -5,6 +5,7 @@ be in the ledger with its attempts, and whatever failed must have fallen back (t
 
 from __future__ import annotations
 
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,7 +64,13 @@ def test_one_step_of_each_method_with_the_real_judge(name: str, llama_judge: str
 
     monkeypatch.setenv(KEY_ENV, "local")
     monkeypatch.setenv("ARBOR_HOME", str(tmp_path))
-    o = {"run.steps": 1, "run.sft_warm_start": False, "run.start_checkpoint": str(sft_policy),
+    start = sft_policy
+    if METHODS[name].get("rollout.protocol", "arbor") != "arbor":
+        # the flat SFT start, as a user's own checkpoint (no arbor_sft.json): train start-up refuses an arbor SFT
+        # output of another protocol, and this test is about the judge's answers, not the policy's stages
+        start = tmp_path / "user-start"
+        shutil.copytree(sft_policy, start, ignore=shutil.ignore_patterns("arbor_sft.json"))
+    o = {"run.steps": 1, "run.sft_warm_start": False, "run.start_checkpoint": str(start),
          "run.eval_every": None, "rollout.batch_size": 2, "rollout.k": 4, "checkpoint.every": 1,
          "judge.backend": "openai", "judge.base_url": llama_judge, "judge.model": "smollm2",
          "judge.api_key_env": KEY_ENV, "judge.context_tokens": 4096, "judge.max_judge_tokens": 384,

@@ -416,7 +416,7 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
     model in ``judge_model`` and its ledger stage ``eval-second``. ``guide`` (a ``tasks.methods.coreact.guidance.CoReAct``) answers
     the same questions a second time, with the same seeds, under Co-ReAct guidance: those rows carry ``guidance``
     and their guided turns collect in ``guide.records``. With a guide both passes follow Co-ReAct's inference
-    protocol (App. A, ``guided_inference``): the agent at ``guidance.agent_temperature`` (greedy) instead of
+    protocol (App. A, ``guide.inference``): the agent at ``guidance.agent_temperature`` (greedy) instead of
     ``temperature`` and the trajectory budget ``guidance.trajectory_tokens``, so the comparison differs in the
     guidance only."""
     from contextlib import nullcontext
@@ -437,12 +437,7 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
     rows: list[dict[str, Any]] = []
     saved_guide = getattr(engine, "guide", None)  # a run's guided training rollouts: evaluate unguided here
     engine.guide = None
-    if guide is not None:
-        from arbor.tasks.methods.coreact.guidance import guided_inference
-
-        protocol_cm: Any = guided_inference(engine, guide.cfg)
-    else:
-        protocol_cm = nullcontext(None)
+    protocol_cm: Any = guide.inference(engine) if guide is not None else nullcontext(None)
     try:
         with protocol_cm as agent_temperature:
             if agent_temperature is not None:

@@ -32,7 +32,7 @@ import asyncio
 import dataclasses
 import re
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -271,6 +271,11 @@ class CoReAct:
         self.cfg, self.source, self.judge, self.ctx = cfg, source, judge, ctx
         self.records: list[dict[str, Any]] = []
         self.columns: dict[str, Any] = {}
+
+    def inference(self, engine: Any) -> AbstractContextManager[float | None]:
+        """Co-ReAct's inference settings on ``engine`` (``guided_inference``), for callers that get a guide and
+        import no method (``tasks.reporting.evaluate``)."""
+        return guided_inference(engine, self.cfg)
 
     def set_context(self, ctx: Any, **columns: Any) -> None:
         """The judge-ledger context of the calls to come (the source's too) and the columns of their records."""

@@ -120,13 +120,55 @@ def runs_cmd(
 
     A run whose process is gone shows `crashed`: its owner (host, pid) is checked on this host, and on another host
     its heartbeat must be younger than two minutes."""
+    import pyarrow as pa
+
     from arbor.storage.liveness import run_status_table
     from arbor.storage.sql import SqlError, render
 
     try:
-        sys.stdout.write(render(run_status_table(), fmt=fmt.value) + "\n")
+        tbl = run_status_table()
+        policies = [str(p) if (p := _final_policy(rid)) else None for rid in tbl.column("run_id").to_pylist()]
+        sys.stdout.write(render(tbl.append_column("policy", pa.array(policies, pa.string())), fmt=fmt.value) + "\n")
     except SqlError as e:
         _fail(e)
+
+
+def _final_policy(run_id: str) -> Path | None:
+    """The run's trained policy (``hf/`` of its latest complete checkpoint), found through its stored config."""
+    from arbor.storage.sql import SqlError, query, sql_file
+    from arbor.tasks.training.checkpoint import final_policy, run_root_from_config
+
+    home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser()
+    try:
+        rows = query(sql_file("run_config"), params={"run_id": run_id}).to_pylist()
+    except SqlError:  # no catalog yet: no run, no policy
+        return None
+    return final_policy(run_root_from_config(rows[0]["config_json"] if rows else None, run_id, home))
+
+
+@app.command("export")
+def export_cmd(
+    run_id: Annotated[str, typer.Argument(help="the run whose policy to export")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="a new folder for the HF model")],
+    step: Annotated[int | None, typer.Option(help="a checkpointed step (default: the latest, the final policy)")] = None,
+) -> None:
+    """Export a run's trained policy as a plain Hugging Face folder (safetensors, config, tokenizer): load it with
+    `AutoModelForCausalLM.from_pretrained(OUT)`, serve it with vLLM, or pass it as policy.model."""
+    from arbor.storage.sql import SqlError, query, sql_file
+    from arbor.tasks.training.checkpoint import export_policy, run_root_from_config
+
+    home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser()
+    try:
+        rows = query(sql_file("run_config"), params={"run_id": run_id}).to_pylist()
+    except SqlError as e:
+        _fail(e)
+    if not rows:
+        _fail(f"no run {run_id!r} in {home} (`{_me()} runs` lists them)")
+    try:
+        done = export_policy(run_root_from_config(rows[0]["config_json"], run_id, home), out, step)
+    except (FileNotFoundError, FileExistsError) as e:
+        _fail(e)
+    typer.echo(f"exported {run_id} to {done}")
 
 
 @app.command("verify")
@@ -233,6 +275,8 @@ def _next_steps(run_id: str, home: Path, seconds: float) -> None:
     me = _me()
     typer.echo(f"\nrun {run_id} finished in {seconds:.0f} s")
     typer.echo(f"results: {home}  (Parquet under data/, catalog.duckdb holds the SQL views)")
+    if (policy := _final_policy(run_id)) is not None:
+        typer.echo(f"policy: {policy}  (a plain HF folder; `{me} export {run_id} --out DIR` copies it)")
     typer.echo("next:")
     typer.echo(f"  {me} report {run_id}")
     typer.echo(f"  {me} sql '{STEPS_OF_RUN}' --param {shlex.quote('run_id=' + run_id)}")

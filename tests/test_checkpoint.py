@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 import torch
 
 from arbor.tasks.training import checkpoint as ckpt
@@ -79,3 +80,36 @@ def test_redo_discards_the_checkpoints_from_its_step_on(tmp_path: Path) -> None:
     assert discard_from(tmp_path, 2) == [2, 3, 4, 5]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step_000001"]
     assert discard_from(tmp_path / "missing", 1) == []
+
+
+def test_export_copies_the_latest_complete_policy_atomically(tmp_path: Path) -> None:
+    """``export_policy`` (issue 34 item 2): the latest *complete* checkpoint's hf/ (a crashed save's .tmp and a step
+    without its marker are skipped), a chosen step, provenance beside the weights, and no overwrite."""
+    import json
+
+    from arbor.tasks.training.checkpoint import MARKER, export_policy, final_policy, run_root_from_config
+
+    root = tmp_path / "ckpt"
+    for step, complete in ((1, True), (2, True), (3, False)):
+        hf = root / f"step_{step:06d}" / "hf"
+        hf.mkdir(parents=True)
+        (hf / "config.json").write_text(json.dumps({"step": step}))
+        (hf.parent / "state.json").write_text(json.dumps({"step": step, "policy_version": step, "metrics": {}}))
+        if complete:
+            (hf.parent / MARKER).write_text("")
+    (root / "step_000004.tmp" / "hf").mkdir(parents=True)
+    assert final_policy(root) == root / "step_000002" / "hf"
+    out = export_policy(root, tmp_path / "final")
+    assert json.loads((out / "config.json").read_text()) == {"step": 2}
+    assert json.loads((out / "arbor_export.json").read_text())["step"] == 2
+    assert json.loads((export_policy(root, tmp_path / "first", step=1) / "config.json").read_text()) == {"step": 1}
+    with pytest.raises(FileExistsError):
+        export_policy(root, tmp_path / "final")
+    with pytest.raises(FileNotFoundError, match="complete: 1, 2"):
+        export_policy(root, tmp_path / "third", step=3)
+    assert not (tmp_path / "third").exists() and not (tmp_path / "final.tmp").exists()
+    assert final_policy(tmp_path / "empty") is None
+    # where a stored run's checkpoints are: its checkpoint.dir, else {home}/checkpoints/{run_id}
+    assert run_root_from_config('{"checkpoint": {"dir": "/x/y"}}', "r", tmp_path) == Path("/x/y")
+    assert run_root_from_config('{"checkpoint": {"dir": null}}', "r", tmp_path) == tmp_path / "checkpoints" / "r"
+    assert run_root_from_config(None, "r", tmp_path) == tmp_path / "checkpoints" / "r"

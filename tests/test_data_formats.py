@@ -58,9 +58,16 @@ def test_verl_parquet_through_the_field_mapping(tmp_path: Path) -> None:
     cfg = load_config("tiny-cpu", {"data.question_field": "extra_info.question",
                                    "data.answer_field": "reward_model.ground_truth", "data.id_field": "extra_info.index"})
     assert fields_of(cfg.data) == VERL and load_questions(str(f), fields=fields_of(cfg.data)) == qs
-    with pytest.raises(DatasetError, match=r"train\.parquet: row 1: field 'question' must be a non-empty string "
+    assert read_questions(f) == qs  # arbor's default fields find verl's (extra_info.question, ground_truth, index)
+    f2 = tmp_path / "other.parquet"
+    pq.write_table(pa.Table.from_pylist([{"data_source": "nq", "ability": "qa"}]), f2)
+    with pytest.raises(DatasetError, match=r"other\.parquet: row 1: field 'question' must be a non-empty string "
+                                           r"\(missing, and no 'extra_info\.question' or 'prompt' chat list either; "
+                                           r"set data\.question_field\)"):
+        read_questions(f2)  # no question anywhere: the field and the key are named
+    with pytest.raises(DatasetError, match=r"row 1: field 'extra_info\.question' must be a non-empty string "
                                            r"\(missing; set data\.question_field\)"):
-        read_questions(f)  # arbor's default fields on verl data: the missing field is named
+        read_questions(f2, fields=VERL)
 
 
 def test_bad_nested_row_names_row_and_field(tmp_path: Path) -> None:

@@ -2,17 +2,39 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
 
 from arbor.config.base import Section
 
+FIELD_PATH = re.compile(r"[^.\[\]]+(\[-?\d+\])*(\.[^.\[\]]+(\[-?\d+\])*)*")  # a.b[0].c, prompt[-1].content
+
+
+def field_path(v: str | None) -> str | None:
+    """A row's field path: keys joined by '.', list positions as [i] (tasks.env.datasets.field_value)."""
+    if v is not None and not FIELD_PATH.fullmatch(v):
+        raise ValueError(f"malformed field path {v!r}: keys joined by '.', list positions as [i] "
+                         "(e.g. extra_info.question, prompt[-1].content)")
+    return v
+
+
+FieldPath = Annotated[str | None, AfterValidator(field_path)]
+
 
 class DataConfig(Section):
-    train: str = "offline:train"  # a JSONL/Parquet path or a named split of the shipped data
+    # a named split (offline:train, bench:hotpotqa, a source's <prefix>:<name>), a Hugging Face Hub question set
+    # (hf:<owner>/<name>/<file> or hf:<owner>/<name>[/<folder>]:<split>), or a JSONL / Parquet / save_to_disk path
+    train: str = "offline:train"
     eval: str = "offline:eval"
     train_size: int | None = Field(None, ge=1, description="seeded sample of the training pool")
-    question_field: str = Field("question", description="a file's question field; dotted for nested records")
-    answer_field: str | None = Field(None, description="a file's gold answer field (a string, a list, or a mapping "
-                                     "with 'target'), dotted for nested records, e.g. verl's "
-                                     "reward_model.ground_truth; None: answer, answers or golden_answers")
-    id_field: str | None = Field(None, description="a file's question id field; None: question_id or id")
+    question_field: FieldPath = Field(None, description="a file's question field, a path with dots and [i] (a chat "
+                                      "list gives its last user message); None: question, else extra_info.question, "
+                                      "else the last user message of a chat-list prompt (verl)")
+    answer_field: FieldPath = Field(None, description="a file's gold answer field (a string, a list, or a mapping "
+                                    "with 'target'), a path with dots and [i], e.g. verl's "
+                                    "reward_model.ground_truth; None: answer, answers or golden_answers, else "
+                                    "reward_model.ground_truth")
+    id_field: FieldPath = Field(None, description="a file's question id field; None: question_id, else id, else "
+                                "extra_info.index")

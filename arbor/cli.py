@@ -135,15 +135,17 @@ def runs_cmd(
 
 def _final_policy(run_id: str) -> Path | None:
     """The run's trained policy (``hf/`` of its latest complete checkpoint), found through its stored config."""
-    from arbor.storage.sql import SqlError, query, sql_file
+    from arbor.paths import arbor_home
+    from arbor.storage.runs import run_row
+    from arbor.storage.schemas import SchemaError
     from arbor.tasks.training.checkpoint import final_policy, run_root_from_config
 
-    home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser()
+    home = arbor_home()
     try:
-        rows = query(sql_file("run_config"), params={"run_id": run_id}).to_pylist()
-    except SqlError:  # no catalog yet: no run, no policy
+        row = run_row(run_id, home)
+    except (SchemaError, ValueError):
         return None
-    return final_policy(run_root_from_config(rows[0]["config_json"] if rows else None, run_id, home))
+    return final_policy(run_root_from_config(row["config_json"] if row else None, run_id, home))
 
 
 @app.command("export")
@@ -154,18 +156,20 @@ def export_cmd(
 ) -> None:
     """Export a run's trained policy as a plain Hugging Face folder (safetensors, config, tokenizer): load it with
     `AutoModelForCausalLM.from_pretrained(OUT)`, serve it with vLLM, or pass it as policy.model."""
-    from arbor.storage.sql import SqlError, query, sql_file
+    from arbor.paths import arbor_home
+    from arbor.storage.runs import run_row
+    from arbor.storage.schemas import SchemaError
     from arbor.tasks.training.checkpoint import export_policy, run_root_from_config
 
-    home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser()
+    home = arbor_home()
     try:
-        rows = query(sql_file("run_config"), params={"run_id": run_id}).to_pylist()
-    except SqlError as e:
+        row = run_row(run_id, home)
+    except (SchemaError, ValueError) as e:
         _fail(e)
-    if not rows:
+    if row is None:
         _fail(f"no run {run_id!r} in {home} (`{_me()} runs` lists them)")
     try:
-        done = export_policy(run_root_from_config(rows[0]["config_json"], run_id, home), out, step)
+        done = export_policy(run_root_from_config(row["config_json"], run_id, home), out.expanduser(), step)
     except (FileNotFoundError, FileExistsError) as e:
         _fail(e)
     typer.echo(f"exported {run_id} to {done}")
@@ -540,6 +544,40 @@ def rubrics_export_cmd(
     else:
         output.write_text(text + "\n")
         typer.echo(f"wrote {len(data.get('rubrics', []))} rubrics to {output}", err=True)
+
+
+sft_app = typer.Typer(help="SFT data: the paper's sources in arbor's rows.", no_args_is_help=True)
+app.add_typer(sft_app, name="sft")
+
+
+@sft_app.command("convert")
+def sft_convert_cmd(
+    sources: Annotated[list[Path], typer.Argument(help="Tool-Star-SFT-54K's JSON (alpaca layout) or conversation "
+                                                       "files (.json, .jsonl, .parquet)")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="the SFT JSONL to write (sft.data)")],
+    protocol: Annotated[str, typer.Option(help="arbor | search-r1 | rubricem: the tags the rows are written in")] = "arbor",
+    limit: Annotated[int | None, typer.Option(help="stop after this many kept rows")] = None,
+) -> None:
+    """Convert the paper's SFT sources to arbor's SFT rows: search-only trajectories, tags mapped, each row
+    format-checked; prints what was kept and why the rest was dropped (docs/sft.md)."""
+    from arbor.tasks.env.sft_convert import ConvertError, convert_file
+    from arbor.tasks.env.sft_data import write_jsonl
+    from arbor.tasks.format import PROTOCOLS
+
+    if protocol not in PROTOCOLS:
+        _fail(f"--protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    if out.exists():
+        _fail(f"--out {out} already exists: choose a new file")
+    try:
+        report = convert_file(list(sources), protocol, limit)
+    except ConvertError as e:
+        _fail(e)
+    if not report.rows:
+        _fail(f"no row could be converted:\n{report.message()}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(report.rows, out)
+    typer.echo(report.message())
+    typer.echo(f"wrote {len(report.rows)} rows to {out} (--set sft.data={out})")
 
 
 @app.command("eval")

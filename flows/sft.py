@@ -9,12 +9,12 @@ staged and given reflection rows first (RubricEM's staged start). The checkpoint
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 import shutil
-import time
-from collections.abc import Callable
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ def sft_key(cfg: ArborConfig) -> str:
     policy = cfg.policy.model_dump(mode="json", exclude={"tiny_shape"} if cfg.policy.tiny_shape == "5m" else None)
     from arbor.tasks.env.sft_data import reflection_share
 
-    sft = cfg.sft.model_dump(mode="json", exclude={"reflections"})
+    # how many ranks train and how often state is kept do not change what is trained
+    sft = cfg.sft.model_dump(mode="json", exclude={"reflections", "processes", "save_every"})
     if share := reflection_share(cfg):  # the share the rows get (unset: the protocol's default); 0 keeps old keys
         sft["reflections"] = share
     parts = {"sft": sft, "policy": policy,
@@ -94,7 +95,7 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     """The SFT'd policy for ``cfg`` (trained once, then reused); an HF checkpoint directory."""
     from arbor.tasks.env.policy import policy_source
     from arbor.tasks.env.sft_data import SFTDataError, reflection_share, reflection_warning
-    from arbor.tasks.training.sft import run_sft
+    from arbor.tasks.training.sft import launch_command, progress_printer, run_sft
 
     key = sft_key(cfg)
     out = resolve_home_path(cfg.sft.output) if cfg.sft.output else home / "sft" / f"{cfg.run.profile}-{key}"
@@ -117,7 +118,13 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     data = sft_data_path(cfg, home, key)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    summary = run_sft(cfg, base, data, tmp, home=home, log=_progress_log(cfg))
+    # the resumable state of this SFT (its key: the same settings and data), kept until the checkpoint is in place
+    state = home / "sft" / f".state-{key}"
+    state.mkdir(parents=True, exist_ok=True)
+    if launch_command(cfg, []) is None:
+        summary = run_sft(cfg, base, data, tmp, home=home, log=progress_printer(cfg.sft.epochs), state_dir=state)
+    else:
+        summary = launch_sft(cfg, base, data, tmp, state, home)
     (tmp / "arbor_sft.json").write_text(json.dumps({"key": key, "data": str(data), "protocol": cfg.rollout.protocol,
                                                     "reflections": reflection_share(cfg), **_jsonable(summary)},
                                                    indent=1))
@@ -125,18 +132,41 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
         os.replace(tmp, out)  # atomic: a crash never leaves a checkpoint that looks complete
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)  # another process finished first
+    shutil.rmtree(state, ignore_errors=True)  # the checkpoint is in place: nothing left to resume
     return out
 
 
-def _progress_log(cfg: ArborConfig) -> Callable[[dict[str, float]], None]:
-    """A line every tenth of the way: SFT is minutes of silence otherwise."""
-    t0 = time.monotonic()
+class SFTLaunchError(RuntimeError):
+    """The launched SFT process group failed (its log's tail is in the message)."""
 
-    def log(m: dict[str, float]) -> None:
-        if int(m["update"]) % max(1, int(m["total"]) // 10) == 0:
-            print(f"SFT update {m['update']:.0f}/{m['total']:.0f} (epoch {m['epoch'] + 1:.0f} of "
-                  f"{cfg.sft.epochs}): loss {m['loss']:.3f}, {time.monotonic() - t0:.0f} s", flush=True)
-    return log
+
+def launch_sft(cfg: ArborConfig, base: Path, data: Path, out: Path, state: Path, home: Path) -> dict[str, Any]:
+    """Run the SFT as a process group (``tasks.training.sft.launch_command``: deepspeed over the node's GPUs, or
+    torchrun's gloo ranks on CPU), its rank-0 lines relayed here; the summary rank 0 wrote."""
+    from arbor.tasks.training.sft import launch_command
+
+    config, summary = state / "config.json", state / "summary.json"
+    config.write_text(cfg.to_json())
+    summary.unlink(missing_ok=True)
+    cmd = launch_command(cfg, ["--config", str(config), "--model", str(base), "--data", str(data), "--out",
+                               str(out), "--state", str(state), "--summary", str(summary), "--home", str(home)])
+    assert cmd is not None
+    print(f"SFT: launching {' '.join(cmd[:cmd.index('--config')])}", flush=True)
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+    with open(state / "launch.log", "a") as log, subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            tail.append(line.rstrip())
+            if line.startswith("SFT"):  # rank 0's progress and resume lines
+                print(line.rstrip(), flush=True)
+        code = proc.wait()
+    if code != 0 or not summary.exists():
+        raise SFTLaunchError(f"the SFT process group exited with status {code} (log: {state / 'launch.log'}); "
+                             "run arbor-sft again to resume from its last kept state. Last lines:\n"
+                             + "\n".join(tail))
+    return json.loads(summary.read_text())
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

@@ -140,3 +140,53 @@ def test_sft_teaches_the_tiny_policy_to_search(sft_policy: Path, tmp_path: Path)
     assert summary["updates"] > 0 and not summary["stopped_early"]  # (its wall time is a benchmark figure)
     assert after["format_valid"] >= before["format_valid"] + 0.5
     assert after["searches"] >= before["searches"] + 1.0
+
+
+def test_the_sft_process_group_is_launched_over_the_nodes_gpus() -> None:
+    """Issue 34 item 1: on the qwen3 layout the SFT runs under the deepspeed launcher on every GPU of the node (no
+    rollout runs beside it), like the RL trainer; on CPU N gloo ranks under torchrun; one CPU rank trains in-process."""
+    from arbor.tasks.training.sft import launch_command
+
+    cmd = launch_command(load_config("qwen3-8b"), ["--config", "c.json"], master_port=29999)
+    assert cmd == ["deepspeed", "--include", "localhost:0,1,2,3,4,5,6,7", "--master_port", "29999",
+                   "--no_local_rank", "--module", "arbor.tasks.training.sft", "--config", "c.json"]
+    four = launch_command(load_config("qwen3-8b", {"sft.processes": 4}), [], master_port=1)
+    assert four is not None and four[:3] == ["deepspeed", "--include", "localhost:0,1,2,3"]
+    cpu = launch_command(load_config("tiny-cpu", {"sft.processes": 2}), ["--x"], python="py", master_port=7)
+    assert cpu == ["py", "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                   "--master_port", "7", "-m", "arbor.tasks.training.sft", "--x"]
+    assert launch_command(load_config("tiny-cpu"), []) is None
+
+
+@pytest.mark.slow
+def test_two_rank_sft_resumes_bit_identically_after_a_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34 item 1: a 2-rank DeepSpeed SFT on CPU (gloo, torchrun), killed after update 5 with its state kept at
+    update 4, resumes from update 4 when run again and ends with the uninterrupted run's exact weights."""
+    from safetensors.torch import load_file
+
+    from arbor.flows.sft import SFTLaunchError, sft_checkpoint
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS * 4))  # 8 rows, batch 2: 4 updates an epoch
+    overrides = {"sft.data": str(data), "sft.epochs": 2, "sft.batch_size": 2, "sft.processes": 2,
+                 "sft.save_every": 2, "sft.lr": 1e-3}
+
+    def sft(home: Path) -> Path:
+        monkeypatch.setenv("ARBOR_HOME", str(home))
+        return sft_checkpoint(load_config("tiny-cpu", overrides), home)
+
+    whole = sft(tmp_path / "whole")
+    monkeypatch.setenv("ARBOR_SFT_FAULT", "5")
+    with pytest.raises(SFTLaunchError, match=r"(?s)exited with status [1-9].*resume.*exitcode\s*: 137"):
+        sft(tmp_path / "killed")
+    (state,) = (tmp_path / "killed" / "sft").glob(".state-*")
+    assert json.loads((state / "sft_state.json").read_text())["update"] == 4
+    assert not list((tmp_path / "killed" / "sft").glob("tiny-cpu-*"))  # no checkpoint that looks complete
+    monkeypatch.delenv("ARBOR_SFT_FAULT")
+    resumed = sft(tmp_path / "killed")
+    made = json.loads((resumed / "arbor_sft.json").read_text())
+    assert (made["world_size"], made["resumed_from"], made["updates"]) == (2, 4, 8)
+    assert json.loads((whole / "arbor_sft.json").read_text())["resumed_from"] == 0
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not state.exists()  # the checkpoint is in place: the kept state is gone

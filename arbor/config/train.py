@@ -78,3 +78,10 @@ class SFTConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0, description="gradient norm clip (0: none)")
     output: str | None = Field(None, description="HF checkpoint directory (default: {ARBOR_HOME}/sft/{run_id})")
+    processes: int | None = Field(
+        None, ge=1, description="ranks of the SFT process group. None: one per GPU of the node layout "
+        "(cluster.rollout_gpus + train_gpus, or train.num_gpus / train.hostfile) under the deepspeed launcher, and "
+        "on CPU one rank in the flow's process; N: the first N GPUs, or on CPU N gloo ranks under torchrun")
+    save_every: int = Field(
+        0, ge=0, description="keep the resumable SFT state every N optimizer updates (0: every tenth of the run); "
+        "arbor-sft run again after a failure resumes from the latest")

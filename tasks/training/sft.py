@@ -12,9 +12,11 @@ Loss: token-level mean negative log-likelihood over the policy tokens of one eff
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,11 +101,17 @@ def run_sft(
     home: str | Path | None = None,
     tokenizer: Any = None,
     log: Callable[[dict[str, float]], None] | None = None,
+    state_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Train on the JSONL at ``data_path`` and write an HF checkpoint (weights + tokenizer) to ``out_dir``.
 
     ``out_dir`` defaults to ``sft.output`` (relative paths: under ARBOR_HOME). Stops after ``sft.epochs`` or when ``sft.max_minutes`` has elapsed (checked before each optimizer update).
-    Returns a summary: examples, truncated, updates, epochs_done, first/last loss, seconds, out, stopped_early.
+    Every rank of a launched group runs this (``main``); each trains its share of every effective batch's
+    micro-batches. With ``state_dir`` the DeepSpeed state (weights, optimizer, LR schedule) is kept there every
+    ``sft.save_every`` updates, and a later call with the same ``state_dir`` resumes after the latest kept update
+    (the data order is a function of seed and epoch, so the resumed run sees the batches it had not trained on).
+    Returns a summary: examples, truncated, updates, epochs_done, first/last loss, seconds, out, stopped_early,
+    resumed_from, world_size.
     """
     from arbor.tasks.env.policy import load_tokenizer
     from arbor.tasks.env.sft_data import read_sft_data
@@ -129,10 +137,18 @@ def run_sft(
     engine.train()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     budget_s = sc.max_minutes * 60.0 if sc.max_minutes is not None else math.inf
+    save_every = sc.save_every or max(1, total // 10)
+    state = Path(state_dir) if state_dir is not None else None
+    resumed = load_sft_state(engine, state, world, total) if state is not None else 0
+    if resumed and rank == 0:
+        print(f"SFT: resuming after update {resumed}/{total} from {state}", flush=True)
     losses: list[float] = []
     updates, epochs_done, stopped = 0, 0, False
     for epoch in range(sc.epochs):
         for idx in batches(len(examples), sc.batch_size, cfg.run.seed, epoch):
+            if updates < resumed:  # trained before the interruption: its weights and optimizer state are loaded
+                updates += 1
+                continue
             if time.monotonic() - t_start > budget_s:
                 stopped = True
                 break
@@ -154,9 +170,12 @@ def run_sft(
                 step_loss += float(loss.detach()) / world
             updates += 1
             losses.append(step_loss)
-            if log is not None:
+            if log is not None and rank == 0:
                 log({"update": float(updates), "epoch": float(epoch), "loss": step_loss,
                      "lr": float(engine.get_lr()[0]), "total": float(total)})
+            if state is not None and updates % save_every == 0 and updates < total:
+                save_sft_state(engine, state, updates, world, total, rank)
+            sft_fault_point(updates)
         if stopped:
             break
         epochs_done += 1
@@ -173,5 +192,122 @@ def run_sft(
     return dict(
         examples=len(examples), truncated=truncated, updates=updates, epochs_done=epochs_done,
         first_loss=losses[0] if losses else float("nan"), last_loss=losses[-1] if losses else float("nan"),
-        seconds=time.monotonic() - t_start, out=str(out), stopped_early=stopped,
+        seconds=time.monotonic() - t_start, out=str(out), stopped_early=stopped, resumed_from=resumed,
+        world_size=world,
     )
+
+
+# ------------------------------------------------------------------------------------------- resumable state
+STATE_FILE = "sft_state.json"
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def save_sft_state(engine: Any, state_dir: Path, update: int, world: int, total: int, rank: int) -> None:
+    """Keep the DeepSpeed state after ``update`` (collective: every rank calls). The record naming it is written
+    last and atomically, so a crash while saving leaves the previous state in force; older states are removed."""
+    tag = f"update_{update:07d}"
+    engine.save_checkpoint(str(state_dir), tag=tag, save_latest=False)
+    _barrier()
+    if rank == 0:
+        tmp = state_dir / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps({"update": update, "tag": tag, "world_size": world, "total": total}))
+        os.replace(tmp, state_dir / STATE_FILE)
+        for old in state_dir.glob("update_*"):
+            if old.name != tag:
+                shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def load_sft_state(engine: Any, state_dir: Path, world: int, total: int) -> int:
+    """Load the kept state under ``state_dir`` into ``engine``; the update it was kept after (0: none to load).
+
+    A state kept by a process group of another size, or for another number of updates, is not loaded (ZeRO
+    partitions are per rank; another schedule is another run): the SFT starts over, and says so."""
+    record = state_dir / STATE_FILE
+    if not record.exists():
+        return 0
+    kept = json.loads(record.read_text())
+    if kept.get("world_size") != world or kept.get("total") != total:
+        print(f"SFT: not resuming from {state_dir}: kept by {kept.get('world_size')} ranks for {kept.get('total')} "
+              f"updates, this run has {world} ranks and {total} updates; starting over", flush=True)
+        return 0
+    path, _ = engine.load_checkpoint(str(state_dir), tag=kept["tag"], load_optimizer_states=True,
+                                     load_lr_scheduler_states=True)
+    if path is None:
+        raise RuntimeError(f"{state_dir}/{kept['tag']}: DeepSpeed could not load the kept SFT state")
+    return int(kept["update"])
+
+
+def sft_fault_point(update: int) -> None:
+    """Failure drills and tests: ``ARBOR_SFT_FAULT=N`` ends every rank right after update N (and its kept state)
+    as a killed process would (exit status 137, nothing cleaned up)."""
+    if os.environ.get("ARBOR_SFT_FAULT") == str(update):
+        print(f"SFT: injected fault after update {update}", flush=True)
+        os._exit(137)
+
+
+def progress_printer(epochs: int) -> Callable[[dict[str, float]], None]:
+    """A line every tenth of the way: SFT is minutes of silence otherwise."""
+    t0 = time.monotonic()
+
+    def log(m: dict[str, float]) -> None:
+        if int(m["update"]) % max(1, int(m["total"]) // 10) == 0:
+            print(f"SFT update {m['update']:.0f}/{m['total']:.0f} (epoch {m['epoch'] + 1:.0f} of "
+                  f"{epochs}): loss {m['loss']:.3f}, {time.monotonic() - t0:.0f} s", flush=True)
+    return log
+
+
+# ------------------------------------------------------------------------------------------- launched ranks
+def launch_command(cfg: ArborConfig, args: list[str], *, python: str = sys.executable,
+                   master_port: int | None = None) -> list[str] | None:
+    """The command that starts the SFT process group, or None to train in this process.
+
+    GPUs (``cluster.rollout_gpus`` + ``cluster.train_gpus``, or ``train.num_gpus`` / ``train.hostfile``): the
+    ``deepspeed`` launcher over them, as the RL trainer is launched; SFT runs alone on the node, so the rollout
+    GPUs train too (``sft.processes`` N: the first N). CPU: ``sft.processes`` N > 1 ranks under torchrun (gloo)."""
+    from arbor.tasks.training.trainer_service import free_port
+
+    port = master_port or free_port()
+    tc, n = cfg.train, cfg.sft.processes
+    gpus = sorted(set(cfg.cluster.rollout_gpus) | set(cfg.cluster.train_gpus))
+    module = ["--module", "arbor.tasks.training.sft", *args]
+    if tc.hostfile:
+        return ["deepspeed", "--hostfile", tc.hostfile, "--master_port", str(port), "--no_local_rank", *module]
+    if gpus:
+        chosen = gpus[:n] if n else gpus
+        return ["deepspeed", "--include", "localhost:" + ",".join(map(str, chosen)), "--master_port", str(port),
+                "--no_local_rank", *module]
+    if tc.num_gpus > 0:
+        return ["deepspeed", "--num_gpus", str(n or tc.num_gpus), "--master_port", str(port), "--no_local_rank",
+                *module]
+    if n and n > 1:
+        return [python, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+                "--master_port", str(port), "-m", "arbor.tasks.training.sft", *args]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank of a launched SFT group: ``python -m arbor.tasks.training.sft --config C --model M --data D
+    --out O --state S --summary J`` (``launch_command``); rank 0 writes the summary JSON."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="one rank of arbor's SFT process group")
+    for flag in ("--config", "--model", "--data", "--out", "--state", "--summary", "--home"):
+        ap.add_argument(flag, required=flag != "--home")
+    a = ap.parse_args(argv)
+    cfg = ArborConfig.model_validate_json(Path(a.config).read_text())
+    summary = run_sft(cfg, a.model, a.data, a.out, home=a.home, state_dir=a.state,
+                      log=progress_printer(cfg.sft.epochs))
+    if int(os.environ.get("RANK", "0")) == 0:
+        Path(a.summary).write_text(json.dumps(summary, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,7 +3,7 @@
 
 # typer: the CLI's commands and an enum member
 _main, sql_cmd, runs_cmd, disk_cmd, train_cmd, demo_cmd, rubrics_export_cmd, judge_serve_cmd, eval_cmd, report_cmd, compare_cmd
-config_show_cmd, guidance_train_cmd, verify_cmd
+config_show_cmd, guidance_train_cmd, verify_cmd, export_cmd, sft_convert_cmd
 parquet
 # Prefect flow entry points named in prefect.yaml
 arbor_sft

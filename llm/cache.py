@@ -1,22 +1,21 @@
-"""Content-hash response cache: one JSON file per key under ``{home}/cache/judge/<k[:2]>/<k>.json``.
+"""Content-hash response cache: validated judge replies by key in one SQLite store,
+``{home}/cache/judge/entries.sqlite3`` (``storage.kvstore``: why SQLite in WAL mode, not a file per entry).
 
-Why one file per key rather than SQLite: a file is written to a unique temporary name in the same directory and
-``os.replace``d into place, so a reader sees either nothing or a complete entry (crash-safe), concurrent writers
-of the same key (other processes, a resumed run) never corrupt each other (the last complete rename wins, and both
-hold the same validated answer), and no process ever holds a lock: 32 concurrent coroutines and several worker
-processes write without contention. Only validated responses are stored; failures are never cached.
-No fsync: after a power loss an entry may be missing or empty, and an unreadable entry is simply a miss (the
-call is made again), so durability would only buy speed we lose on every write (bench/judge.py).
+A reader sees a whole entry or none (each write is one transaction, kill -9 included), several processes (rollout
+workers, a resumed run) read and write it at once, and 32 concurrent coroutines write through ``asyncio.to_thread``
+without corrupting each other. Only validated responses are stored; failures are never cached; an unreadable entry
+is a miss (the call is made again). Old workspaces (one JSON file per key under ``<k[:2]>/<k>.json``, the earlier
+layout) are read through and their entries copied into the store, so a resumed run never pays the judge twice.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from arbor.storage.kvstore import STORE_FILE, KVStore
 
 
 def cache_key(role: str, model: str, prompt_version: str, messages: list[dict[str, str]],
@@ -34,29 +33,16 @@ def prompt_hash(messages: list[dict[str, str]]) -> str:
 
 
 class ResponseCache:
+    """``key -> entry`` (a JSON object) under ``root``: the store ``root/entries.sqlite3``, and ``root`` itself
+    read through when it holds entries of the old one-file-per-key layout."""
+
     def __init__(self, root: Path):
         self.root = Path(root)
-        self._dirs: set[Path] = set()
-
-    def _path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.json"
+        self.store = KVStore(self.root / STORE_FILE, legacy_dir=self.root)
 
     def get(self, key: str) -> dict[str, Any] | None:
-        try:
-            return json.loads(self._path(key).read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        entry = self.store.get(key)
+        return entry if isinstance(entry, dict) else None
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
-        path = self._path(key)
-        if path.parent not in self._dirs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._dirs.add(path.parent)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entry, f, ensure_ascii=False)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        self.store.put(key, entry)

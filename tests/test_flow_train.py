@@ -350,8 +350,11 @@ def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
         assert t["base_reward"] == (pytest.approx(t["em"] - 0.05 * t["search_calls"]) if t["format_valid"] else -1.0)
     calls = table("judge_calls", "plugins", home)
     assert calls and {c["backend"] for c in calls} == {"lenient-rules"}
-    cached = list((home / "cache" / "search").rglob("*.json"))
-    assert all(json.loads(p.read_text())["backend"].startswith("keyword:") for p in cached)
+    import sqlite3
+
+    with sqlite3.connect(home / "cache" / "search" / "entries.sqlite3") as con:
+        cached = [json.loads(v) for (v,) in con.execute("select value from kv")]
+    assert cached and all(c["backend"].startswith("keyword:") for c in cached)
     _assert_tracked(home, "plugins")
 
 

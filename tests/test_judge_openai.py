@@ -17,7 +17,7 @@ from openai_server import FaultPlan, OpenAIServer
 from arbor.config.judge import JudgeConfig
 from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge, prompts, role_of
 from arbor.llm.base import RANK_LABELS
-from arbor.llm.cache import cache_key
+from arbor.llm.cache import ResponseCache, cache_key
 from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge, _role_schema
 from arbor.tasks.methods.arbor.judge import presentation_swapped, sparse_edges, verdict_to_outcome
 from arbor.tasks.reporting.evaluate import Prediction, judge_predictions, pass_at_1
@@ -438,7 +438,7 @@ def test_explanation_only_accuracy_reply_is_a_recorded_error_never_correct(
     assert pass_at_1(rows, "judge_correct") == 0.0
     [call] = judge.drain_calls()
     assert call["stage"] == "eval" and call["error"] == "InvalidOutput" and call["attempts"] == 3
-    assert not list((tmp_path / "cache").rglob("*.json"))  # failures are never cached
+    assert len(ResponseCache(tmp_path / "cache" / "judge").store) == 0  # failures are never cached
 
 
 def _scores_vs_rank(server: OpenAIServer, tmp_path: Path, use_swap: bool) -> float:
@@ -514,7 +514,7 @@ def test_api_key_never_appears_in_logs_ledger_cache_or_parquet(server: OpenAISer
     write_stage("judge_calls", rows, run_id="run1", step=0, stage="score", home=tmp_path)
     assert server.counts  # the key was used: the server refuses requests without it
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert any(p.suffix == ".parquet" for p in written) and any(p.suffix == ".json" for p in written)
+    assert any(p.suffix == ".parquet" for p in written) and any(p.name == "entries.sqlite3" for p in written)
     for p in written:
         assert SECRET.encode() not in p.read_bytes(), p
     assert SECRET not in caplog.text and SECRET not in repr(rows) and SECRET not in repr(vars(judge))

@@ -213,7 +213,8 @@ def test_cache_entries_are_written_atomically(tmp_path: Path) -> None:
     c.put("ab" * 32, {"content": "x"})
     c.put("ab" * 32, {"content": "y"})  # a second writer of the same key replaces, never corrupts
     assert c.get("ab" * 32) == {"content": "y"}
-    assert [p.name for p in tmp_path.rglob("*")] == ["ab", "ab" * 32 + ".json"]  # no temporary left behind
+    assert [p.name for p in tmp_path.glob("*.sqlite3")] == ["entries.sqlite3"]  # one store, no file per entry
+    assert not list(tmp_path.rglob("*.json")) and not list(tmp_path.rglob("*.tmp"))  # no temporary left behind
 
 
 def test_role_overrides_from_dotted_config_keys() -> None:

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import sqlite3
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import asdict
+from email.utils import formatdate
 from pathlib import Path
 from typing import Any
 
@@ -11,17 +17,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from flow_support import JsonServer
+from search_server import SearchServer
 
 from arbor.config.search import SearchConfig
+from arbor.storage.kvstore import KVStore
 from arbor.tasks.env.datasets import CORPUS_FILE, offline_questions
 from arbor.tasks.env.search import (
     BM25Search,
     CachedSearch,
+    HttpSearch,
+    RetryPolicy,
     SearchError,
     SearchHit,
+    WebSearch,
     format_results,
     load_corpus,
     make_search,
+    retry_after_s,
 )
 
 
@@ -134,8 +146,9 @@ def test_cache_hits_make_no_second_backend_call(server: JsonServer, tmp_path: Pa
     second.search(["q1", "q3"], 2)
     second.search(["q1"], 3)
     assert [r["body"]["queries"] for r in server.requests[1:]] == [["q3"], ["q1"]]
-    files = list((tmp_path / "cache" / "search").rglob("*.json"))
-    assert len(files) == 4 and not list((tmp_path / "cache" / "search").rglob("*.tmp"))
+    root = tmp_path / "cache" / "search"
+    assert len(second.store) == 4 and [p.name for p in root.glob("*.sqlite3")] == ["entries.sqlite3"]
+    assert not list(root.rglob("*.json"))  # one store, not a file per entry
 
 
 def test_web_backend_reads_key_from_env(server: JsonServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -164,10 +177,15 @@ def test_unreadable_cache_entry_is_a_miss_and_is_repaired(server: JsonServer, tm
     cached = make_search(SearchConfig(backend="http", url=server.url), home=tmp_path)
     assert isinstance(cached, CachedSearch)
     good = cached.search(["q"], 1)
-    (path,) = list((tmp_path / "cache" / "search").rglob("*.json"))
-    path.write_text('{"backend": "http:')  # e.g. a foreign partial write: never trusted
+    with sqlite3.connect(cached.store.path) as db:  # e.g. a foreign or truncated value: never trusted
+        db.execute("""UPDATE kv SET value = '{"backend": "http:'""")
     assert cached.search(["q"], 1) == good and len(server.requests) == 2
-    assert json.loads(path.read_text())["query"] == "q"
+    with sqlite3.connect(cached.store.path) as db:
+        ((value,),) = db.execute("SELECT value FROM kv").fetchall()
+    assert json.loads(value)["query"] == "q"
+    with sqlite3.connect(cached.store.path) as db:  # an entry of another (backend, query, k) is a miss too
+        db.execute("UPDATE kv SET value = ?", (json.dumps({**json.loads(value), "query": "other"}),))
+    assert cached.search(["q"], 1) == good and len(server.requests) == 3
 
 
 def _search_in_child(args: tuple[str, str, list[str]]) -> list[list[dict]]:
@@ -184,10 +202,177 @@ def test_cache_is_safe_across_processes(server: JsonServer, tmp_path: Path) -> N
         outs = pool.map(_search_in_child, [(server.url, str(tmp_path), queries[i:] + queries[:i]) for i in range(4)])
     for i, out in enumerate(outs):  # every process saw the same hits for the same query
         assert out == outs[0][i:] + outs[0][:i]
-    root = tmp_path / "cache" / "search"
-    files = list(root.rglob("*.json"))
-    assert len(files) == 30 and not list(root.rglob("*.tmp"))
-    assert all(json.loads(f.read_text())["k"] == 3 for f in files)
+    store = KVStore(tmp_path / "cache" / "search" / "entries.sqlite3")
+    assert len(store) == 30 and not list((tmp_path / "cache" / "search").rglob("*.json"))
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert sorted(json.loads(v)["query"] for (v,) in db.execute("SELECT value FROM kv")) == sorted(queries)
     n = len(server.requests)
     make_search(SearchConfig(backend="http", url=server.url), home=tmp_path).search(queries, 3)
     assert len(server.requests) == n  # all served from the cache the processes wrote
+
+
+def _old_layout_write(root: Path, backend: str, query: str, k: int, hits: list[SearchHit]) -> Path:
+    """An entry as the one-JSON-file-per-entry cache wrote it (before issue 34 item 6)."""
+    key = hashlib.sha256(json.dumps([backend, query, k]).encode()).hexdigest()
+    path = root / key[:2] / f"{key}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"backend": backend, "query": query, "k": k, "hits": [asdict(h) for h in hits]}))
+    return path
+
+
+def test_old_per_file_cache_is_read_through(server: JsonServer, tmp_path: Path) -> None:
+    """A run resumed over an old workspace finds the results the old layout holds: no backend call for them; they
+    are copied into the store (the old files stay), and only new queries reach the backend."""
+    cfg = SearchConfig(backend="http", url=server.url)
+    root = tmp_path / "cache" / "search"
+    name = f"http:{server.url}/retrieve"
+    old = {q: [SearchHit(f"{q}-old", "Old", f"cached {q}", 0.5)] for q in ("q1", "q2")}
+    paths = [_old_layout_write(root, name, q, 1, hits) for q, hits in old.items()]
+    cached = make_search(cfg, home=tmp_path)
+    assert isinstance(cached, CachedSearch)
+    assert cached.search(["q1", "q2"], 1) == [old["q1"], old["q2"]] and not server.requests
+    assert cached.store.imported == 2 and len(cached.store) == 2 and all(p.exists() for p in paths)
+    assert cached.search(["q2", "q3"], 1)[0] == old["q2"]
+    assert [r["body"]["queries"] for r in server.requests] == [["q3"]]
+    for p in paths:  # imported: found in the store without the old files
+        p.unlink()
+    again = make_search(cfg, home=tmp_path)
+    assert again.search(["q1", "q2", "q3"], 1)[:2] == [old["q1"], old["q2"]] and len(server.requests) == 1
+
+
+# ----------------------------------------------------------------------------------------------- web at scale
+
+
+@pytest.fixture()
+def _serper_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARBOR_TEST_SERPER_KEY", "sekret")
+
+
+def _web(url: str, *, concurrency: int = 4, sleeps: list[float] | None = None, **retry: Any) -> WebSearch:
+    """A web backend whose retries record their waits instead of sleeping."""
+    return WebSearch(url + "/search", "ARBOR_TEST_SERPER_KEY", concurrency=concurrency,
+                     retry=RetryPolicy(**retry), sleep=(sleeps if sleeps is not None else []).append)
+
+
+@pytest.mark.usefixtures("_serper_key")
+@pytest.mark.parametrize("concurrency", [1, 4, 8])
+def test_web_batch_reaches_the_concurrency_bound_and_never_exceeds_it(tmp_path: Path, concurrency: int) -> None:
+    queries = [f"query {i}" for i in range(24)]
+    with SearchServer(peak=concurrency, expected=len(queries)) as srv:
+        cfg = SearchConfig(backend="web", url=srv.url + "/search", api_key_env="ARBOR_TEST_SERPER_KEY",
+                           concurrency=concurrency, cache=False)
+        hits = make_search(cfg, home=tmp_path).search(queries, 2)
+    assert srv.max_inflight == concurrency  # the server held each request until this many were in flight
+    assert sorted(srv.requests) == sorted(queries)
+    assert [h[0].text for h in hits] == [f"{q} 0" for q in queries]  # the batch's order
+
+
+@pytest.mark.usefixtures("_serper_key")
+def test_web_results_keep_batch_order_when_answers_arrive_reversed() -> None:
+    queries = [f"q{i}" for i in range(6)]
+    with SearchServer(order=queries[::-1]) as srv:
+        hits = _web(srv.url, concurrency=6).search(queries, 1)
+    assert srv.answered == queries[::-1]  # the last query was answered first
+    assert [h[0].doc_id for h in hits] == [f"https://x/{q}/0" for q in queries]
+
+
+@pytest.mark.usefixtures("_serper_key")
+def test_web_bound_holds_across_concurrent_callers() -> None:
+    """Two threads (two rollout workers sharing a backend) searching at once share the bound."""
+    batches = [[f"a{i}" for i in range(8)], [f"b{i}" for i in range(8)]]
+    out: dict[int, list] = {}
+    with SearchServer(peak=3, expected=16) as srv:
+        web = _web(srv.url, concurrency=3)
+        threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, web.search(batches[i], 1)))
+                   for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert srv.max_inflight == 3 and len(srv.requests) == 16
+    assert [[h[0].text for h in out[i]] for i in range(2)] == [[f"{q} 0" for q in b] for b in batches]
+
+
+@pytest.mark.usefixtures("_serper_key")
+def test_429_honours_retry_after_then_succeeds() -> None:
+    sleeps: list[float] = []
+    script = {"rate limited": [(429, {"Retry-After": "0"}), (429, {"Retry-After": "1"})],
+              "overloaded": [(503, {"Retry-After": "2"})]}
+    with SearchServer(script=script) as srv:
+        hits = _web(srv.url, concurrency=1, sleeps=sleeps).search(["rate limited", "fine", "overloaded"], 1)
+    assert srv.requests == ["rate limited"] * 3 + ["fine"] + ["overloaded"] * 2
+    assert sleeps == [0.0, 1.0, 2.0]  # exactly what the server asked, in order
+    assert [h[0].text for h in hits] == ["rate limited 0", "fine 0", "overloaded 0"]
+
+
+@pytest.mark.usefixtures("_serper_key")
+def test_429_without_retry_after_backs_off_exponentially_with_jitter() -> None:
+    sleeps: list[float] = []
+    with SearchServer(script={"q": [(429, {}), (503, {}), (429, {"Retry-After": "soon"}), (500, {})]}) as srv:
+        assert _web(srv.url, sleeps=sleeps, backoff_base_s=0.5, backoff_max_s=1.5).search(["q"], 1)[0]
+    assert len(srv.requests) == 5 and len(sleeps) == 4  # an unreadable Retry-After: our own backoff
+    for wait, b in zip(sleeps, [0.5, 1.0, 1.5, 1.5], strict=True):  # b = min(max, base * 2^retry): in [b/2, b]
+        assert b / 2 <= wait <= b
+
+
+@pytest.mark.usefixtures("_serper_key")
+def test_retry_after_as_an_http_date() -> None:
+    sleeps: list[float] = []
+    with SearchServer(script={"q": [(429, {"Retry-After": formatdate(time.time() + 30, usegmt=True)})]}) as srv:
+        _web(srv.url, sleeps=sleeps).search(["q"], 1)
+    assert len(sleeps) == 1 and 25 < sleeps[0] <= 30
+    now = 1_445_412_480.0  # Wed, 21 Oct 2015 07:28:00 GMT
+    assert retry_after_s("Wed, 21 Oct 2015 07:28:05 GMT", now=now) == 5.0
+    assert retry_after_s("Wed, 21 Oct 2015 07:27:00 GMT", now=now) == 0.0  # in the past: at once
+    assert retry_after_s(" 7 ") == 7.0 and retry_after_s("-3") == 0.0
+    assert retry_after_s("soon") is None and retry_after_s("inf") is None and retry_after_s(None) is None
+
+
+@pytest.mark.usefixtures("_serper_key")
+def test_429_after_the_last_attempt_is_a_clear_error() -> None:
+    sleeps: list[float] = []
+    with SearchServer(script={"stuck": [(429, {"Retry-After": "0"})] * 10}) as srv:
+        with pytest.raises(SearchError, match=r"for query 'stuck' still answered HTTP 429 \(rate limited\) after 3 "
+                                              r"attempts \(search.max_attempts, last Retry-After 0 s\)"):
+            _web(srv.url, sleeps=sleeps, max_attempts=3).search(["fine", "stuck"], 1)
+    assert srv.requests.count("stuck") == 3 and sleeps == [0.0, 0.0]
+
+
+@pytest.mark.usefixtures("_serper_key")
+def test_retry_after_beyond_the_cap_fails_at_once() -> None:
+    sleeps: list[float] = []
+    with SearchServer(script={"quota": [(429, {"Retry-After": "86400"})]}) as srv:
+        with pytest.raises(SearchError, match=r"query 'quota' answered HTTP 429 asking to retry after 86400 s, "
+                                              r"more than search.retry_after_max_s=120"):
+            _web(srv.url, sleeps=sleeps).search(["quota"], 1)
+    assert srv.requests == ["quota"] and not sleeps
+
+
+@pytest.mark.usefixtures("_serper_key")
+def test_a_failing_query_in_a_concurrent_batch_is_named() -> None:
+    with SearchServer(script={"bad query": [(400, {})]}) as srv:
+        with pytest.raises(SearchError, match=r"for query 'bad query' answered HTTP 400"):
+            _web(srv.url).search(["ok 1", "bad query", "ok 2"], 1)
+
+
+def test_http_backend_retries_429_too() -> None:
+    sleeps: list[float] = []
+    with SearchServer(script={"first": [(429, {"Retry-After": "1"})]}) as srv:
+        backend = HttpSearch(srv.url, retry=RetryPolicy(max_attempts=2), sleep=sleeps.append)
+        hits = backend.search(["first", "second"], 2)
+        assert sleeps == [1.0] and srv.requests == ["first", "first"]
+        assert [h[0].text for h in hits] == ["first", "second"]
+        srv.script["first"] = [(503, {"Retry-After": "0"})] * 2
+        with pytest.raises(SearchError, match=r"batch of 1 queries \(first 'first'\) still answered HTTP 503 "
+                                              r"\(unavailable\) after 2 attempts"):
+            backend.search(["first"], 2)
+
+
+def test_search_config_retry_and_concurrency_keys() -> None:
+    cfg = SearchConfig(concurrency=32, max_attempts=2, backoff_base_s=0.1, backoff_max_s=1.0, retry_after_max_s=5)
+    assert RetryPolicy.from_config(cfg) == RetryPolicy(2, 0.1, 1.0, 5.0)
+    assert SearchConfig().concurrency == 16 and SearchConfig().max_attempts == 5
+    for bad in ({"concurrency": 0}, {"max_attempts": 0}, {"backoff_base_s": -1}):
+        with pytest.raises(ValueError):
+            SearchConfig(**bad)  # type: ignore[arg-type]

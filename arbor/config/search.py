@@ -18,7 +18,18 @@ class SearchConfig(Section):
     api_key_env: str = "SERPER_API_KEY"
     max_result_chars: int | None = Field(None, ge=1, description="truncate each result's text")
     timeout_s: float = Field(30.0, gt=0)
-    cache: bool = Field(True, description="persistent (backend, query, k) -> hits cache under {home}/cache/search")
+    concurrency: int = Field(16, ge=1, description="web backend: queries of a batch in flight at once (one "
+                             "request each; results keep the batch's order). The http backend sends a batch as "
+                             "one request")
+    max_attempts: int = Field(5, ge=1, description="http / web: attempts per request, the first included; "
+                              "retried: HTTP 429 / 503 (after Retry-After when given), other 5xx, connection errors")
+    backoff_base_s: float = Field(0.5, ge=0, description="retry backoff without Retry-After: a random wait in "
+                                  "[b/2, b], b = min(backoff_max_s, backoff_base_s * 2^retry)")
+    backoff_max_s: float = Field(30.0, ge=0)
+    retry_after_max_s: float = Field(120.0, ge=0, description="a 429 / 503 asking to wait longer than this (a spent "
+                                     "daily quota) fails at once instead of waiting")
+    cache: bool = Field(True, description="persistent (backend, query, k) -> hits cache, one SQLite file: "
+                        "{home}/cache/search/entries.sqlite3")
 
     @field_validator("backend")
     @classmethod

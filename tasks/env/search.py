@@ -7,23 +7,34 @@
   deduplicated Wikipedia paragraphs of the shipped offline HotpotQA / MuSiQue / 2Wiki files (``build_corpus``).
   ``search.corpus: <prefix>:<name>`` is the corpus file of a registered source (``tasks.env.sources``), which the
   source writes under ``{home}`` from the run's config.
-- ``http``: a retriever service with Search-R1's ``/retrieve`` interface.
-- ``web``: a Serper-style web search API (the paper searched Google, 10 results per query); key from the env.
-- ``CachedSearch``: (backend, query, k) -> hits as one JSON file each under ``{home}/cache/search/``, written to a
-  temporary name and renamed (atomic, safe across processes), so re-runs and resumes never call the backend twice.
+- ``http``: a retriever service with Search-R1's ``/retrieve`` interface (a batch is one request).
+- ``web``: a Serper-style web search API (the paper searched Google, 10 results per query); key from the env. A
+  batch's queries go out concurrently, at most ``search.concurrency`` in flight per backend; results keep the
+  batch's order.
+- Both remote backends retry (``RetryPolicy``): HTTP 429 / 503 after the server's ``Retry-After`` (seconds or an
+  HTTP date) or else exponential backoff with jitter, other 5xx and connection errors with backoff, at most
+  ``search.max_attempts`` attempts; then a ``SearchError`` naming the query.
+- ``CachedSearch``: (backend, query, k) -> hits in one SQLite store, ``{home}/cache/search/entries.sqlite3``
+  (``storage.kvstore``: atomic per entry, safe across processes and kill -9), so re-runs and resumes never call the
+  backend twice. Entries of the earlier one-JSON-file-per-entry layout in that folder are read through.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import random
 import shutil
 import tempfile
+import threading
 import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from datetime import UTC
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +43,7 @@ from arbor.config.search import SearchConfig
 from arbor.jsonl import jsonl_rows
 from arbor.paths import PROJECT_ROOT
 from arbor.plugins import PluginError, check_signature, load_plugin
+from arbor.storage.kvstore import STORE_FILE, KVStore
 from arbor.tasks.env.sources import spec_source
 
 BM25_TOKENIZER = "bm25s-0.3:lower,stopwords=en,no-stemmer"  # part of the index cache key
@@ -189,27 +201,85 @@ def _save_dir_atomic(write, final: Path) -> None:
 # ----------------------------------------------------------------------------------------------- remote backends
 
 
-def _post_json(client: Any, url: str, payload: dict, headers: dict | None, attempts: int = 3) -> Any:
+RETRY_AFTER_STATUSES = (429, 503)  # rate limited / overloaded: the server may say when to come back
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a remote backend retries one request (``search.max_attempts``, ``backoff_*``, ``retry_after_max_s``)."""
+
+    max_attempts: int = 5
+    backoff_base_s: float = 0.5
+    backoff_max_s: float = 30.0
+    retry_after_max_s: float = 120.0
+
+    @classmethod
+    def from_config(cls, cfg: SearchConfig) -> RetryPolicy:
+        return cls(cfg.max_attempts, cfg.backoff_base_s, cfg.backoff_max_s, cfg.retry_after_max_s)
+
+    def backoff(self, retry: int) -> float:
+        """Exponential backoff with "equal jitter": b = min(max, base * 2^retry), a wait in [b/2, b]."""
+        b = min(self.backoff_max_s, self.backoff_base_s * 2**retry)
+        return b * (0.5 + 0.5 * random.random())
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """The wait a ``Retry-After`` header asks for: delay-seconds or an HTTP date (``now``: the clock, epoch
+    seconds); None when absent or unreadable (the caller backs off on its own)."""
+    if value is None:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _post_json(client: Any, url: str, payload: dict, headers: dict | None, policy: RetryPolicy,
+               sleep: Callable[[float], None], what: str) -> Any:
+    """POST with retries; ``what`` names the request in errors (the query, or the batch)."""
     import httpx
 
-    for attempt in range(attempts):
+    for attempt in range(1, policy.max_attempts + 1):
+        last = attempt == policy.max_attempts
         try:
             r = client.post(url, json=payload, headers=headers)
         except httpx.TransportError as e:
-            if attempt == attempts - 1:
-                raise SearchError(f"search request to {url} failed: {e}") from e
-            time.sleep(0.5 * 2**attempt)
+            if last:
+                raise SearchError(f"search request to {url} for {what} failed after {attempt} attempts: "
+                                  f"{type(e).__name__}: {e}") from e
+            sleep(policy.backoff(attempt - 1))
             continue
-        if r.status_code >= 500 and attempt < attempts - 1:
-            time.sleep(0.5 * 2**attempt)
+        if r.status_code == 200:
+            try:
+                return r.json()
+            except ValueError as e:
+                raise SearchError(f"search response from {url} for {what} is not JSON") from e
+        if r.status_code in RETRY_AFTER_STATUSES:
+            asked = retry_after_s(r.headers.get("retry-after"))
+            if asked is not None and asked > policy.retry_after_max_s:
+                raise SearchError(f"search request to {url} for {what} answered HTTP {r.status_code} asking to "
+                                  f"retry after {asked:.0f} s, more than search.retry_after_max_s="
+                                  f"{policy.retry_after_max_s:g}: {r.text[:200]}")
+            if last:
+                hint = f", last Retry-After {asked:g} s" if asked is not None else ""
+                raise SearchError(f"search request to {url} for {what} still answered HTTP {r.status_code} "
+                                  f"({'rate limited' if r.status_code == 429 else 'unavailable'}) after {attempt} "
+                                  f"attempts (search.max_attempts{hint}): {r.text[:200]}")
+            sleep(asked if asked is not None else policy.backoff(attempt - 1))
             continue
-        if r.status_code != 200:
-            raise SearchError(f"search request to {url} answered HTTP {r.status_code}: {r.text[:200]}")
-        try:
-            return r.json()
-        except ValueError as e:
-            raise SearchError(f"search response from {url} is not JSON") from e
-    raise SearchError(f"search request to {url} failed after {attempts} attempts")
+        if r.status_code >= 500 and not last:
+            sleep(policy.backoff(attempt - 1))
+            continue
+        raise SearchError(f"search request to {url} for {what} answered HTTP {r.status_code}: {r.text[:200]}")
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 class HttpSearch:
@@ -222,17 +292,21 @@ class HttpSearch:
     scores each item is the document itself; we accept both.
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 30.0, retry: RetryPolicy = RetryPolicy(),
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         import httpx
 
         self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         self.name = f"http:{self.url}"
         self._client = httpx.Client(timeout=timeout_s)
+        self.retry, self._sleep = retry, sleep
 
     def search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
         if not queries:
             return []
-        data = _post_json(self._client, self.url, {"queries": list(queries), "topk": k, "return_scores": True}, None)
+        what = f"a batch of {len(queries)} queries (first {queries[0]!r})"
+        data = _post_json(self._client, self.url, {"queries": list(queries), "topk": k, "return_scores": True}, None,
+                          self.retry, self._sleep, what)
         result = data.get("result") if isinstance(data, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
             raise SearchError(f"{self.url}: expected 'result' with {len(queries)} lists, got {str(data)[:200]}")
@@ -250,9 +324,14 @@ def _parse_r1_item(item: Any, url: str) -> SearchHit:
 
 class WebSearch:
     """A Serper-style web search API: POST ``{"q": query, "num": k}`` with header ``X-API-KEY``; hits from
-    ``organic[*].{title, link, snippet}``. The key is read from the environment variable ``api_key_env``."""
+    ``organic[*].{title, link, snippet}``. The key is read from the environment variable ``api_key_env``.
 
-    def __init__(self, url: str, api_key_env: str, *, timeout_s: float = 30.0) -> None:
+    One request per query; a batch's queries go out concurrently, at most ``concurrency`` in flight for this
+    backend (all callers together: a semaphore), each retried by ``retry``; ``sleep``: how retries wait (tests
+    inject their own). The first failing query in batch order raises ``SearchError`` naming it."""
+
+    def __init__(self, url: str, api_key_env: str, *, timeout_s: float = 30.0, concurrency: int = 16,
+                 retry: RetryPolicy = RetryPolicy(), sleep: Callable[[float], None] = time.sleep) -> None:
         import httpx
 
         key = os.environ.get(api_key_env)
@@ -261,65 +340,78 @@ class WebSearch:
         self.url = url
         self.name = f"web:{url}"
         self._headers = {"X-API-KEY": key}
-        self._client = httpx.Client(timeout=timeout_s)
+        self.concurrency = concurrency
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self._client = httpx.Client(timeout=timeout_s, limits=limits)
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self.retry, self._sleep = retry, sleep
+
+    def _one(self, q: str, k: int) -> list[SearchHit]:
+        with self._slots:
+            data = _post_json(self._client, self.url, {"q": q, "num": k}, self._headers, self.retry, self._sleep,
+                              f"query {q!r}")
+        organic = data.get("organic", []) if isinstance(data, dict) else []
+        hits = []
+        for rank, o in enumerate(organic[:k]):
+            if isinstance(o, dict):
+                hits.append(SearchHit(str(o.get("link", "")), str(o.get("title", "")), str(o.get("snippet", "")),
+                                      1.0 / (rank + 1)))
+        return hits
 
     def search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
-        out = []
-        for q in queries:
-            data = _post_json(self._client, self.url, {"q": q, "num": k}, self._headers)
-            organic = data.get("organic", []) if isinstance(data, dict) else []
-            hits = []
-            for rank, o in enumerate(organic[:k]):
-                if isinstance(o, dict):
-                    hits.append(SearchHit(str(o.get("link", "")), str(o.get("title", "")), str(o.get("snippet", "")),
-                                          1.0 / (rank + 1)))
-            out.append(hits)
-        return out
+        if len(queries) <= 1:
+            return [self._one(q, k) for q in queries]
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(queries)), thread_name_prefix="web-search")
+        try:
+            futures = [pool.submit(self._one, q, k) for q in queries]
+            return [f.result() for f in futures]  # batch order; the first failure in that order raises
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # after a failure: the queued queries are not sent
 
 
 # ----------------------------------------------------------------------------------------------- cache
 
 
 class CachedSearch:
-    """Persistent (backend, query, k) -> hits cache in front of a backend; only misses reach the backend."""
+    """Persistent (backend, query, k) -> hits cache in front of a backend; only misses reach the backend.
+
+    The entries live in ``root/entries.sqlite3`` (``storage.kvstore.KVStore``), keyed by sha256 of
+    ``[backend name, query, k]`` as before; a ``root`` of the earlier layout (``<key[:2]>/<key>.json``) is read
+    through, so an old workspace's results are still found. An entry that does not match its (backend, query, k)
+    or does not parse is a miss, and is rewritten with the fresh answer."""
 
     def __init__(self, backend: SearchBackend, root: Path) -> None:
         self.backend = backend
         self.name = backend.name
         self.root = Path(root)
+        self.store = KVStore(self.root / STORE_FILE, legacy_dir=self.root)
         self.hits = 0
         self.misses = 0
 
-    def _path(self, query: str, k: int) -> Path:
-        key = hashlib.sha256(json.dumps([self.backend.name, query, k]).encode()).hexdigest()
-        return self.root / key[:2] / f"{key}.json"
+    def _key(self, query: str, k: int) -> str:
+        return hashlib.sha256(json.dumps([self.backend.name, query, k]).encode()).hexdigest()
 
-    def _read(self, query: str, k: int) -> list[SearchHit] | None:
+    def _entry(self, data: Any, query: str, k: int) -> list[SearchHit] | None:
+        if not isinstance(data, dict) or data.get("query") != query or data.get("k") != k \
+                or data.get("backend") != self.backend.name:
+            return None
         try:
-            data = json.loads(self._path(query, k).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            return [SearchHit(**h) for h in data["hits"]]
+        except (KeyError, TypeError):
             return None
-        if data.get("query") != query or data.get("k") != k or data.get("backend") != self.backend.name:
-            return None
-        return [SearchHit(**h) for h in data["hits"]]
-
-    def _write(self, query: str, k: int, hits: list[SearchHit]) -> None:
-        path = self._path(query, k)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-        payload = {"backend": self.backend.name, "query": query, "k": k, "hits": [asdict(h) for h in hits]}
-        tmp.write_text(json.dumps(payload, ensure_ascii=False), encoding="utf-8")
-        os.replace(tmp, path)
 
     def search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
-        out: list[list[SearchHit] | None] = [self._read(q, k) for q in queries]
+        keys = [self._key(q, k) for q in queries]
+        found = self.store.get_many(keys)
+        out: list[list[SearchHit] | None] = [self._entry(found.get(key), q, k) for q, key in zip(queries, keys,
+                                                                                                 strict=True)]
         missing = sorted({q for q, r in zip(queries, out, strict=True) if r is None})
         self.hits += len(queries) - sum(r is None for r in out)
         if missing:
             self.misses += len(missing)
             fresh = dict(zip(missing, self.backend.search(missing, k), strict=True))
-            for q, hits in fresh.items():
-                self._write(q, k, hits)
+            self.store.put_many((self._key(q, k), {"backend": self.backend.name, "query": q, "k": k,
+                                                   "hits": [asdict(h) for h in hits]}) for q, hits in fresh.items())
             out = [r if r is not None else fresh[q] for q, r in zip(queries, out, strict=True)]
         return out  # type: ignore[return-value]
 
@@ -356,11 +448,12 @@ def make_search(cfg: SearchConfig, *, home: str | Path, config: ArborConfig | No
     elif cfg.backend == "http":
         if not cfg.url:
             raise SearchError("search.url: the http backend needs the retriever's URL")
-        backend = HttpSearch(cfg.url, timeout_s=cfg.timeout_s)
+        backend = HttpSearch(cfg.url, timeout_s=cfg.timeout_s, retry=RetryPolicy.from_config(cfg))
     elif cfg.backend == "web":
         if not cfg.url:
             raise SearchError("search.url: the web backend needs the API endpoint URL")
-        backend = WebSearch(cfg.url, cfg.api_key_env, timeout_s=cfg.timeout_s)
+        backend = WebSearch(cfg.url, cfg.api_key_env, timeout_s=cfg.timeout_s, concurrency=cfg.concurrency,
+                            retry=RetryPolicy.from_config(cfg))
     else:  # the config refuses anything but these three and import paths
         backend = PluginSearch(load_search_plugin(cfg.backend)(cfg), cfg.backend)
     return CachedSearch(backend, home / "cache" / "search") if cfg.cache else backend

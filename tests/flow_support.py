@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from prefect import flow
+
 from arbor.storage.parquet import read_table
 
 
@@ -188,3 +190,23 @@ def shaped_rewards(run_id: str, home: Path) -> list[tuple[int, int, int, float]]
 
 def _round(v: Any) -> Any:
     return round(v, 9) if isinstance(v, float) else v
+
+
+@flow(name="arbor-probe")
+def probe(gate: str, report: str, key_env: str = "", timeout_s: float = 300.0) -> str:
+    """A test-only deployment's flow (tests/test_deployment.py): it writes what its flow run sees to ``report``
+    (working directory, ``ARBOR_HOME``, the SHA-256 of ``$key_env`` or None), then holds its work pool's slot until
+    the file ``gate`` exists (``TimeoutError`` after ``timeout_s``)."""
+    import hashlib
+    import json
+    import time
+
+    key = os.environ.get(key_env) if key_env else None
+    Path(report).write_text(json.dumps({"cwd": os.getcwd(), "arbor_home": os.environ.get("ARBOR_HOME"),
+                                        "key_sha256": hashlib.sha256(key.encode()).hexdigest() if key else None}))
+    deadline = time.monotonic() + timeout_s
+    while not Path(gate).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"probe: {gate} did not appear within {timeout_s} s")
+        time.sleep(0.05)
+    return "released"

@@ -67,8 +67,16 @@ def _main(
     ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print the version and exit")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="show the libraries' own lines too (weight-loading "
+                                          "bars, warnings, DeepSpeed and Prefect notices)")] = False,
 ) -> None:
     """ARBOR: RL for search agents with reusable process rubrics. Runs live in $ARBOR_HOME (default ./.arbor)."""
+    from arbor.quiet import quiet, set_verbose
+
+    if verbose:
+        set_verbose()
+    else:
+        quiet()
     home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser()
     if home.exists() and not home.is_dir():  # every command reads or writes under it (issue 35 item 5)
         _fail(f"ARBOR_HOME={home} is a file, not a folder: point ARBOR_HOME at a folder (it is created if missing)")
@@ -344,6 +352,9 @@ def train_cmd(
     except (ConfigError, PreflightError, SchemaError) as e:
         _fail(e)
     from arbor.flows.train import arbor_train
+    from arbor.quiet import quiet
+
+    quiet()  # again, now that Prefect's log handlers exist
 
     t0 = time.perf_counter()
     try:
@@ -389,6 +400,9 @@ def guidance_train_cmd(
     except ConfigError as e:
         _fail(e)
     from arbor.flows.guidance import arbor_guidance_train
+    from arbor.quiet import quiet
+
+    quiet()  # again, now that Prefect's log handlers exist
 
     typer.echo(arbor_guidance_train(profile=profile, overrides=overrides or None, checkpoint=checkpoint,
                                     run_id=run_id))
@@ -414,6 +428,9 @@ def demo_cmd(
     except (ConfigError, PreflightError) as e:
         _fail(e)
     from arbor.flows.demo import run_demo
+    from arbor.quiet import quiet
+
+    quiet()  # again, now that Prefect's log handlers exist
 
     run_demo(steps=steps, overrides=overrides, profile=profile)
 
@@ -621,6 +638,9 @@ def eval_cmd(
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
     from arbor.flows.evaluate import arbor_eval
+    from arbor.quiet import quiet
+
+    quiet()  # again, now that Prefect's log handlers exist
 
     arbor_eval(checkpoint=checkpoint, profile=profile, overrides=overrides or None, splits=splits,
                runs=runs, limit=limit)
@@ -666,6 +686,9 @@ def compare_cmd(
     except (CompareError, ConfigError, PreflightError) as e:
         _fail(e)
     from arbor.flows.compare import run_compare
+    from arbor.quiet import quiet
+
+    quiet()  # again, now that Prefect's log handlers exist
 
     _ids, table = run_compare(chosen, profile, overrides)
     sys.stdout.write(table + "\n")

@@ -115,6 +115,9 @@ def arbor_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrid
                splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
                run_id: str | None = None) -> str:
     """Evaluate ``checkpoint`` (default: the profile's policy) on ``splits`` (names or dataset specs/paths)."""
+    from arbor.quiet import quiet
+
+    quiet()  # a worker's flow run has no CLI to do it
     rid, table = run_eval(checkpoint, profile, overrides, splits, runs, limit, run_id)
     get_run_logger().info("evaluation %s\n%s", rid, table)
     print(table)

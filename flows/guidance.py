@@ -231,6 +231,9 @@ def rank_council(cfg: Any, home: Path) -> list[tuple[str, Any, bool]]:
 def arbor_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | None = None,
                          checkpoint: str | None = None, run_id: str | None = None) -> str:
     """Train a Co-ReAct rubric generator from ``checkpoint``'s (default: the run's start policy) trajectories."""
+    from arbor.quiet import quiet
+
+    quiet()  # a worker's flow run has no CLI to do it
     rid, path, summary = run_guidance_train(profile, overrides, checkpoint, run_id)
     get_run_logger().info("generator %s: %s (%d of %d branching points kept, %d updates)", rid, path,
                           summary["kept"], summary["points"], summary["updates"])

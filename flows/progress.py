@@ -1,38 +1,157 @@
-"""Terminal progress a person can follow (issue 7 item 1): one bar for the run's steps, one for the current stage.
+"""Progress a person can follow (issue 7 item 1, issue 34 item 7): where the run is, how far the stage is, when it ends.
 
-Judging reports every finished pairwise call; other stages tick when they end. Rich renders live bars on a
-terminal and degrades to nothing on a non-interactive stream (CI logs keep Prefect's per-task lines).
+On a terminal: live bars (the run's steps, the current stage: rollout groups or judge calls), with every log line
+(Prefect's, arbor's, a library's) printed above them through the same console, so nothing garbles the bars. Off a
+terminal (CI, a worker's log, ``| tee``): one line every ``ARBOR_PROGRESS_SECONDS`` (default 10) while a stage
+runs, e.g. ``[arbor] step 2/5 · rollout · 24/32 groups · 12 s · ETA 4 s · run ETA 1 min``, and nothing when nothing
+runs. The lines come from ``line()``, a pure rendering of the state the flow reports.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+PROGRESS_EVERY_S = 10.0
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: ``42 s``, ``3 min``, ``1 h 05 min``."""
+    s = max(0, round(seconds))
+    if s < 90:
+        return f"{s} s"
+    if s < 3600:
+        return f"{round(s / 60)} min"
+    return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+
 
 class RunProgress:
-    def __init__(self, steps: int) -> None:
-        console = Console(stderr=True)
+    """The flow reports (``stage_started``, ``groups``, ``calls``, ``step_done``); this shows it."""
+
+    def __init__(self, steps: int, *, console: Console | None = None, every_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.stream = stream  # where the lines go off a terminal (default: stderr at the time of printing)
+        self.live = self.console.is_terminal
+        self.every_s = every_s if every_s is not None else float(os.environ.get("ARBOR_PROGRESS_SECONDS",
+                                                                                 PROGRESS_EVERY_S))
+        self.clock = clock
+        self.steps_total, self.steps_done = steps, 0
+        self.step, self.stage = 0, ""
+        self.done: int | None = None
+        self.total: int | None = None
+        self.unit = ""
+        self.t_stage = clock()
+        self.step_seconds: list[float] = []
+        self._t_step = clock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._swapped: list[tuple[Any, str, Any]] = []
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            console=console, transient=False, disable=not console.is_terminal,
+            console=self.console, transient=False, disable=not self.live,
         )
-        self.steps = self.progress.add_task("steps", total=steps)
-        self.stage = self.progress.add_task("stage", total=None)
+        self.steps_bar = self.progress.add_task("steps", total=steps)
+        self.stage_bar = self.progress.add_task("stage", total=None)
 
+    # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> RunProgress:
-        self.progress.start()
+        if self.live:
+            self.progress.start()
+            self._route_logs()
+        elif self.every_s > 0:
+            self._thread = threading.Thread(target=self._tick_loop, name="arbor-progress", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.live:
+            self._restore_logs()
+            self.progress.stop()
 
+    def _route_logs(self) -> None:
+        """Every logging handler writes through the live console while the bars are shown (Prefect's console
+        handler prints with its own rich Console: it gets ours; plain stream handlers get the console's stream)."""
+        for lg in [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
+                                          if isinstance(v, logging.Logger))]:
+            for h in lg.handlers:
+                if isinstance(getattr(h, "console", None), Console):
+                    self._swapped.append((h, "console", h.console))
+                    h.console = self.console
+                elif isinstance(h, logging.StreamHandler) and h.stream in (sys.__stderr__, sys.__stdout__):
+                    self._swapped.append((h, "stream", h.stream))
+                    h.setStream(sys.stderr)  # rich's proxy while the live display runs
+
+    def _restore_logs(self) -> None:
+        for h, attr, old in reversed(self._swapped):
+            if attr == "console":
+                h.console = old
+            else:
+                h.setStream(old)
+        self._swapped.clear()
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.tick()
+
+    # ------------------------------------------------------------------ what the flow reports
     def stage_started(self, step: int, stage: str) -> None:
-        self.progress.reset(self.stage, total=None, description=f"step {step}: {stage}")
+        self.step, self.stage, self.done, self.total, self.unit = step, stage, None, None, ""
+        self.t_stage = self.clock()
+        self.progress.reset(self.stage_bar, total=None, description=f"step {step}: {stage}")
+
+    def groups(self, done: int, total: int) -> None:
+        """Per rollout group that finished: a bar over the step's groups."""
+        self._count(done, total, "groups")
 
     def calls(self, stage: str, done: int, total: int) -> None:
-        """Per judge call (score / induce): a determinate bar over the stage's calls."""
-        self.progress.update(self.stage, completed=done, total=total, description=f"{stage}: judge calls")
+        """Per judge call (score / induce): a bar over the stage's calls."""
+        self._count(done, total, "judge calls")
+
+    def _count(self, done: int, total: int, unit: str) -> None:
+        self.done, self.total, self.unit = done, total, unit
+        self.progress.update(self.stage_bar, completed=done, total=total,
+                             description=f"step {self.step}: {self.stage} ({unit})")
 
     def step_done(self) -> None:
-        self.progress.advance(self.steps)
+        now = self.clock()
+        self.step_seconds.append(now - self._t_step)
+        self._t_step = now
+        self.steps_done += 1
+        self.stage, self.done, self.total = "", None, None
+        self.progress.advance(self.steps_bar)
+
+    # ------------------------------------------------------------------ off a terminal
+    def line(self) -> str | None:
+        """The progress line for now, or None when no stage runs."""
+        if not self.stage:
+            return None
+        now = self.clock()
+        elapsed = now - self.t_stage
+        parts = [f"step {self.step}/{self.steps_total}", self.stage]
+        if self.total:
+            parts.append(f"{self.done}/{self.total} {self.unit}")
+        parts.append(duration(elapsed))
+        if self.total and self.done:
+            parts.append(f"ETA {duration(elapsed / self.done * (self.total - self.done))}")
+        if self.step_seconds:
+            per_step = sum(self.step_seconds) / len(self.step_seconds)
+            left = per_step * (self.steps_total - self.steps_done) - (now - self._t_step)
+            parts.append(f"run ETA {duration(max(0.0, left))}")
+        return "[arbor] " + " · ".join(parts)
+
+    def tick(self, stream: TextIO | None = None) -> None:
+        """Print the progress line (the ticker calls this every ``every_s`` off a terminal)."""
+        if (text := self.line()) is not None:
+            print(text, file=stream or self.stream or sys.stderr, flush=True)

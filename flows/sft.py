@@ -95,7 +95,7 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     """The SFT'd policy for ``cfg`` (trained once, then reused); an HF checkpoint directory."""
     from arbor.tasks.env.policy import policy_source
     from arbor.tasks.env.sft_data import SFTDataError, reflection_share, reflection_warning
-    from arbor.tasks.training.sft import launch_command, progress_printer, run_sft
+    from arbor.tasks.training.sft import SFTProgress, launch_command, run_sft
 
     key = sft_key(cfg)
     out = resolve_home_path(cfg.sft.output) if cfg.sft.output else home / "sft" / f"{cfg.run.profile}-{key}"
@@ -122,7 +122,11 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     state = home / "sft" / f".state-{key}"
     state.mkdir(parents=True, exist_ok=True)
     if launch_command(cfg, []) is None:
-        summary = run_sft(cfg, base, data, tmp, home=home, log=progress_printer(cfg.sft.epochs), state_dir=state)
+        progress = SFTProgress(cfg.sft.epochs)
+        try:
+            summary = run_sft(cfg, base, data, tmp, home=home, log=progress, state_dir=state)
+        finally:
+            progress.close()
     else:
         summary = launch_sft(cfg, base, data, tmp, state, home)
     (tmp / "arbor_sft.json").write_text(json.dumps({"key": key, "data": str(data), "protocol": cfg.rollout.protocol,
@@ -176,6 +180,9 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 @flow(name="arbor-sft", log_prints=True)
 def arbor_sft(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None) -> str:
     """Run (or reuse) the SFT warm start of a profile; returns the checkpoint directory."""
+    from arbor.quiet import quiet
+
+    quiet()  # a worker's flow run has no CLI to do it
     cfg = load_config(profile, overrides)
     out = sft_checkpoint(cfg, arbor_home())
     get_run_logger().info("SFT checkpoint: %s", out)

@@ -414,6 +414,9 @@ def tag_flow_run(*new: str) -> None:
 def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None, run_id: str | None = None,
                 resume: bool = False) -> str:
     """Run (or resume) a training run; returns its run id."""
+    from arbor.quiet import quiet
+
+    quiet()  # a worker's flow run has no CLI to do it
     from arbor.storage.catalog import ensure_catalog
     from arbor.tasks.reporting.tracking import Tracker, grouped_metrics
     from arbor.tasks.step import sample_rows, tracked_metrics
@@ -450,12 +453,13 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 tracker.log(step, {**grouped_metrics(m), **tracked_metrics(run, step)})
                 tracker.log_samples(step, sample_rows(run, step, cfg.tracking.samples_per_step))
                 pool = run.method.summary().get("rubric/pool_size")
-                logger.info(
-                    "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f%s (%.1f s)", step,
-                    cfg.run.steps, m["mean_base_reward"], m["mean_total_reward"], m["format_valid_rate"],
-                    m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
-                    time.perf_counter() - t0,
-                )
+                if "console" not in cfg.tracking.loggers:  # the console tracker prints the step's summary itself
+                    logger.info(
+                        "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f%s (%.1f s)", step,
+                        cfg.run.steps, m["mean_base_reward"], m["mean_total_reward"], m["format_valid_rate"],
+                        m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
+                        time.perf_counter() - t0,
+                    )
     except BaseException:
         store.record(0, "run", "failed", started, time.time())
         locks.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -146,7 +147,9 @@ class RunState:
                               step=step)
         streamed: set[int] = set()
         on_group = self._streamer(step, streamed)
-        more = {"on_group": on_group} if on_group is not None else {}  # a user's engine may not take it
+        report = self._reporter(on_group, len(batch))
+        takes = "on_group" in inspect.signature(self.engine.generate_groups).parameters  # a user's engine may not
+        more = {"on_group": report} if takes and report is not None else {}
         trajs = self.engine.generate_groups(batch, self.cfg.rollout.k, self.seed, step, run_id=self.run_id, **more)
         trajs += self.method.extra_rollouts(self, step, batch, trajs)
         if on_group is not None:  # groups the engine did not report (DAPO's resampled ones)
@@ -158,6 +161,21 @@ class RunState:
         if guide is not None:  # the guided turns and the rubric writer's and verifier's calls
             extra = {"guided_steps": guide.drain_records(), "judge_calls": self.judge_rows(), **extra}
         return {"rollouts": rows, **extra}
+
+    def _reporter(self, on_group: Callable[[list[Trajectory]], None] | None,
+                  total: int) -> Callable[[list[Trajectory]], None] | None:
+        """Each finished group: to the streamed judge (``on_group``) and to the progress display."""
+        if self.progress is None:
+            return on_group
+        done = [0]
+
+        def report(group: list[Trajectory]) -> None:
+            if on_group is not None:
+                on_group(group)
+            done[0] += 1
+            self.progress.groups(done[0], total)
+
+        return report
 
     def _streamer(self, step: int, streamed: set[int]) -> Callable[[list[Trajectory]], None] | None:
         """Streamed judging (issue 19): each finished group goes to the method's ``prefetch`` on the judge's loop."""

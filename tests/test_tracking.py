@@ -101,7 +101,7 @@ def test_wandb_offline_and_mlflow_local_store(tmp_path: Path, capsys: pytest.Cap
         with Tracker("run-w", tmp_path, tracking=cfg, config={"train": {"lr": 3e-4}}) as t:  # reopened: resume
             t.log(step, {"reward/base_mean": reward, "actor/pg_loss": -reward})
             t.log_samples(step, SAMPLES)
-    assert "step 2: actor/pg_loss -0.5  reward/base_mean 0.5" in capsys.readouterr().out
+    assert "step 2\n  reward   base 0.5\n  update   loss -0.5\n" in capsys.readouterr().out
     # W&B: one offline run (resumed by id), both steps, and the sample table as a table file
     runs = list((tmp_path / "wandb").glob("offline-run-*-run-w"))
     hist = [row for d in runs for row in wandb_history(d)]
@@ -145,3 +145,21 @@ def test_a_named_logger_that_is_not_installed_is_refused(tmp_path: Path, monkeyp
     monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
     with pytest.raises(TrackingError, match=r"pip install 'arbor-rl\[tracking\]'"):
         Tracker("run-x", tmp_path, tracking=TrackingConfig(loggers=["mlflow"]))
+
+
+def test_the_console_shows_a_short_summary_per_step() -> None:
+    """Issue 34 item 7: a few headline figures in rows (the steps table keeps every metric), held-out F1 per
+    split when the step evaluated, and nothing for figures the step did not produce."""
+    from arbor.tasks.reporting.tracking import step_summary
+
+    text = step_summary(3, {"timing_s/step": 12.34, "reward/base_mean": 0.25, "reward/total_mean": 0.3125,
+                            "reward/format_valid_rate": 1.0, "reward/zero_var_groups_base": 0.5,
+                            "reward/zero_var_groups_total": 0.125, "judge/calls": 96.0, "rubric/pool_size": 3.0,
+                            "eval/world_test/strict_f1": 0.42, "misc/other": 7.0})
+    assert text == ("step 3 · 12.3 s\n"
+                    "  reward   base 0.25   total 0.3125   valid 1\n"
+                    "  groups   zero-var base 0.5   -> total 0.125\n"
+                    "  judge    calls 96\n"
+                    "  rubrics  pool 3\n"
+                    "  eval F1  world_test 0.42")
+    assert all(len(line) < 100 for line in text.splitlines())

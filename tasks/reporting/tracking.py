@@ -62,6 +62,36 @@ def grouped_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# the console's per-step summary: a few headline figures per row, in this order (every metric still goes to the
+# steps table, TensorBoard, W&B and MLflow)
+SUMMARY_ROWS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("reward", (("base", "reward/base_mean"), ("total", "reward/total_mean"),
+                ("valid", "reward/format_valid_rate"))),
+    ("groups", (("zero-var base", "reward/zero_var_groups_base"), ("-> total", "reward/zero_var_groups_total"),
+                ("groups", "rollout/groups"))),
+    ("rollout", (("searches", "rollout/searches_mean"), ("tokens", "rollout/response_tokens_mean"))),
+    ("update", (("loss", "actor/pg_loss"), ("kl", "actor/ppo_kl"), ("clip", "actor/pg_clipfrac"),
+                ("grad", "actor/grad_norm"))),
+    ("judge", (("calls", "judge/calls"), ("usd", "judge/cost_usd"))),
+    ("rubrics", (("pool", "rubric/pool_size"), ("admitted", "rubric/admitted"), ("retired", "rubric/retired"))),
+)
+
+
+def step_summary(step: int, metrics: Mapping[str, float]) -> str:
+    """The console's few lines for a step: a header with its seconds, then one row per group of headline
+    figures it has (``SUMMARY_ROWS``), then held-out F1 per split when the step evaluated."""
+    head = f"step {step}" + (f" · {metrics['timing_s/step']:.1f} s" if "timing_s/step" in metrics else "")
+    lines = [head]
+    for label, cells in SUMMARY_ROWS:
+        shown = [f"{name} {_short(metrics[key])}" for name, key in cells if key in metrics]
+        if shown:
+            lines.append(f"  {label:<8} " + "   ".join(shown))
+    f1 = {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/strict_f1")}
+    if f1:
+        lines.append(f"  {'eval F1':<8} " + "   ".join(f"{split} {_short(v)}" for split, v in sorted(f1.items())))
+    return "\n".join(lines)
+
+
 def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """Floats to log: None and NaN are skipped (a metric a step did not produce), bools become 0/1, anything
     non-numeric is refused by name."""
@@ -159,7 +189,7 @@ class Tracker:
             raise TrackingError(f"step must be a non-negative int, got {step!r}")
         clean = clean_metrics(metrics)
         if "console" in self.cfg.loggers:
-            print(f"step {step}: " + "  ".join(f"{k} {_short(v)}" for k, v in sorted(clean.items())), flush=True)
+            print(step_summary(step, clean), flush=True)
         if self._tb is not None:
             for name, v in clean.items():
                 self._tb.add_scalar(name, v, global_step=step, new_style=True, double_precision=True)

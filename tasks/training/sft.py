@@ -252,15 +252,51 @@ def sft_fault_point(update: int) -> None:
         os._exit(137)
 
 
-def progress_printer(epochs: int) -> Callable[[dict[str, float]], None]:
-    """A line every tenth of the way: SFT is minutes of silence otherwise."""
-    t0 = time.monotonic()
+class SFTProgress:
+    """SFT's progress: a live bar on a terminal; off one (a log, a launched rank's pipe) a line at each tenth of
+    the updates and at least every ``ARBOR_PROGRESS_SECONDS`` (default 10), so minutes of SFT are never silent."""
 
-    def log(m: dict[str, float]) -> None:
-        if int(m["update"]) % max(1, int(m["total"]) // 10) == 0:
-            print(f"SFT update {m['update']:.0f}/{m['total']:.0f} (epoch {m['epoch'] + 1:.0f} of "
-                  f"{epochs}): loss {m['loss']:.3f}, {time.monotonic() - t0:.0f} s", flush=True)
-    return log
+    def __init__(self, epochs: int, *, live: bool | None = None, every_s: float | None = None) -> None:
+        self.epochs = epochs
+        self.live = sys.stderr.isatty() if live is None else live
+        self.every_s = every_s if every_s is not None else float(os.environ.get("ARBOR_PROGRESS_SECONDS", 10))
+        self.t0 = self.last = time.monotonic()
+        self.bar: Any = None
+        self.calls = 0
+
+    def __call__(self, m: dict[str, float]) -> None:
+        update, total = int(m["update"]), int(m["total"])
+        self.calls += 1
+        if self.live:
+            self._draw(update, total, m["loss"])
+            return
+        now = time.monotonic()
+        if update % max(1, total // 10) == 0 or update == total or now - self.last >= self.every_s:
+            self.last = now
+            print(self.line(m, now - self.t0), flush=True)
+
+    def line(self, m: dict[str, float], seconds: float) -> str:
+        update, total = int(m["update"]), int(m["total"])
+        eta = seconds / max(1, self.calls) * (total - update)  # from the updates this process trained
+        return (f"SFT update {update}/{total} (epoch {m['epoch'] + 1:.0f} of {self.epochs}): loss {m['loss']:.3f}, "
+                f"{seconds:.0f} s, ETA {eta:.0f} s")
+
+    def _draw(self, update: int, total: int, loss: float) -> None:
+        if self.bar is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("loss {task.fields[loss]:.3f}"), TimeRemainingColumn())
+            self.task = self.bar.add_task("sft", total=total, loss=loss)
+            self.bar.start()
+        self.bar.update(self.task, completed=update, loss=loss)
+        if update == total:
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 # ------------------------------------------------------------------------------------------- launched ranks
@@ -301,9 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--config", "--model", "--data", "--out", "--state", "--summary", "--home"):
         ap.add_argument(flag, required=flag != "--home")
     a = ap.parse_args(argv)
+    from arbor.quiet import quiet
+
+    quiet()
     cfg = ArborConfig.model_validate_json(Path(a.config).read_text())
     summary = run_sft(cfg, a.model, a.data, a.out, home=a.home, state_dir=a.state,
-                      log=progress_printer(cfg.sft.epochs))
+                      log=SFTProgress(cfg.sft.epochs, live=False))
     if int(os.environ.get("RANK", "0")) == 0:
         Path(a.summary).write_text(json.dumps(summary, default=str))
     return 0

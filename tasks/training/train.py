@@ -56,6 +56,9 @@ def init_single_process_env(port: int | None = None) -> None:
     run by a worker or a test) moves to a free port instead of failing with EADDRINUSE."""
     import torch.distributed as dist
 
+    from arbor.quiet import quiet
+
+    quiet()  # before DeepSpeed picks its accelerator (no CUDA: CPU, without its warning)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port or 29500 + os.getpid() % 1000))
     single = os.environ.get("WORLD_SIZE", "1") == "1"

@@ -220,6 +220,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model-path", required=True, type=Path)
     ap.add_argument("--home", required=True, type=Path)
     args, _ = ap.parse_known_args(argv)  # tolerate launcher extras such as --local_rank
+    from arbor.quiet import quiet
+
+    quiet()
     return serve(args.channel, args.model_path, args.home)
 
 

@@ -670,7 +670,7 @@ def report_cmd(run_id: Annotated[str, typer.Argument(help="the run to report on"
 
 @app.command("compare")
 def compare_cmd(
-    methods: Annotated[str, typer.Option(help="comma-separated: arbor,grpo,dapo,rar,no-memory")] = "arbor,grpo,dapo,rar,no-memory",
+    methods: Annotated[str, typer.Option(help="comma-separated built-in methods: arbor, grpo, dapo, rar, no-memory, ss-grpo, rubricem, arco (ss-grpo and rubricem need --set rollout.protocol=rubricem; on tiny-world also --set rollout.system_prompt=null), or a Method subclass as pkg.module:Class")] = "arbor,grpo,dapo,rar,no-memory",
     profile: Annotated[str, typer.Option("--profile", "-p")] = "tiny-cpu",
     sets: Annotated[list[str] | None, typer.Option("--set", help="override any config value: section.key=value")] = None,
 ) -> None:

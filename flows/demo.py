@@ -9,7 +9,9 @@ three seeds.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from arbor.paths import arbor_home
@@ -59,9 +61,10 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     plot_curves(rows, [method], png, title=f"run {run_id} ({profile}, {method})")
     print(f"curves: {png}  (bench/learning.py: every method over three seeds)")
     print(f"results: {home}  (Parquet under data/, catalog.duckdb holds the views)\n")
+    me = sys.argv[0] if Path(sys.argv[0]).name == "arbor" else "arbor"  # as the user called us
     print("Three SQL queries to try:")
     for title, sql in QUERIES:
-        print(f"\n-- {title}\n.venv/bin/arbor sql \"{sql}\"")
+        print(f"\n-- {title}\n{me} sql \"{sql}\"")
     print("\nTable 2 for this run:")
     print(query_and_render(sql_file("zero_variance_of_run"), params={"run_id": run_id}))
     return run_id

@@ -54,10 +54,11 @@ class ReportPaths:
 
 def _shown(name: str, **params: Any) -> str:
     """``sql/queries/<name>.sql`` as the report prints it: the ``arbor sql`` line that reruns it, then its SQL."""
-    from arbor.storage.sql import sql_file
+    from arbor.storage.sql import QUERIES_DIR, sql_file
 
     args = " ".join("--param " + shlex.quote(f"{k}={v}") for k, v in params.items())
-    return f"-- arbor sql --file sql/queries/{name}.sql {args}\n{sql_file(name).strip()}"
+    path = shlex.quote(str(QUERIES_DIR / f"{name}.sql"))  # absolute: it runs from any folder, installed or not
+    return f"-- arbor sql --file {path} {args}\n{sql_file(name).strip()}"
 
 
 def _query(name: str, home: Any, **params: Any) -> tuple[list[dict[str, Any]], str]:

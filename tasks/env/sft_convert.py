@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbor.jsonl import jsonl_rows
 from arbor.tasks.env.staging import StagingError, stage_response
 from arbor.tasks.format import ARBOR, TagProtocol, check_format, find_boxed, get_protocol
 
@@ -105,17 +106,10 @@ def read_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
                 raise ConvertError(f"{path}#{i}: expected an object")
             yield f"{path}#{i}", rec
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConvertError(f"{path}:{lineno}: not valid JSON ({e.msg})") from e
-            if not isinstance(rec, dict):
-                raise ConvertError(f"{path}:{lineno}: expected an object")
-            yield f"{path}:{lineno}", rec
+    for lineno, rec in jsonl_rows(path, ConvertError):
+        if not isinstance(rec, dict):
+            raise ConvertError(f"{path}:{lineno}: expected an object")
+        yield f"{path}:{lineno}", rec
 
 
 def record_parts(rec: dict[str, Any]) -> tuple[str, str, list[str]]:

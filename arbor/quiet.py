@@ -74,14 +74,18 @@ def quiet() -> None:
     filter_handlers()
 
 
+# the loggers the noise is logged on (a flow's prints are logged on its run's logger); a logger's filters survive
+# Prefect's logging set-up, which replaces handlers when it runs
+NOISY_LOGGERS = ("prefect", "prefect.flow_runs", "prefect.task_runs", "prefect.server", "prefect.client")
+
+
 def filter_handlers() -> None:
-    """Put ``NoiseFilter`` on every handler configured so far (Prefect configures its handlers on import)."""
+    """Put ``NoiseFilter`` on the loggers the noise comes from and on every handler configured so far."""
     loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
                                       if isinstance(lg, logging.Logger))]
-    for lg in loggers:
-        for h in lg.handlers:
-            if _FILTER not in h.filters:
-                h.addFilter(_FILTER)
+    for target in [*(logging.getLogger(n) for n in NOISY_LOGGERS), *(h for lg in loggers for h in lg.handlers)]:
+        if _FILTER not in target.filters:
+            target.addFilter(_FILTER)
 
 
 def _has_cuda() -> bool | None:

@@ -69,3 +69,16 @@ def test_verbose_turns_it_off(monkeypatch: pytest.MonkeyPatch, arbor_home: objec
     monkeypatch.delenv("ARBOR_VERBOSE")
     res = CliRunner().invoke(app, ["--verbose", "runs", "--format", "json"])
     assert os.environ.get("ARBOR_VERBOSE") == "1", res.output  # what the processes a run starts inherit
+
+
+def test_the_filter_survives_prefects_logging_setup() -> None:
+    """Prefect replaces its handlers when it sets up logging (possibly after the CLI's ``quiet()``); the filter on
+    the loggers the notices are logged on stays."""
+    from prefect.logging.configuration import setup_logging
+
+    quiet()
+    setup_logging()
+    notice = logging.LogRecord("prefect", logging.INFO, __file__, 1, "Starting temporary server on http://x", None,
+                               None)
+    assert not logging.getLogger("prefect").filter(notice)
+    assert logging.getLogger("prefect.flow_runs").filter(_record("step 1 done"))

@@ -10,7 +10,8 @@ What is silenced, and how (each at its source, so nothing of arbor's own is lost
 - DeepSpeed's "Setting accelerator to CPU" warning: ``DS_ACCELERATOR=cpu`` when there is no CUDA device (what it
   would pick anyway); its "op built successfully" print, Prefect's temporary-server notice and docs link: a log
   filter on every handler (``NOISE``);
-- bm25s' DEBUG index lines, great-expectations' and httpx's INFO lines: their loggers at WARNING.
+- bm25s' DEBUG index lines, great-expectations' and httpx's INFO lines: their loggers at WARNING (and a filter,
+  as bm25s sets DEBUG on import).
 
 ``quiet()`` is idempotent and is called by the CLI (unless ``--verbose``), by each flow when it starts (a
 deployment's worker has no CLI) and by every rank of a launched process group. ``ARBOR_VERBOSE=1`` (what
@@ -33,6 +34,17 @@ NOISE = re.compile(
 )
 QUIET_LOGGERS = ("bm25s", "great_expectations", "httpx", "httpcore", "sentence_transformers", "urllib3",
                  "torch.distributed.elastic")
+
+
+class BelowWarning(logging.Filter):
+    """Drops a library logger's records below WARNING even when the library sets its own level on import (bm25s
+    sets DEBUG)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+_BELOW_WARNING = BelowWarning()
 
 
 class NoiseFilter(logging.Filter):
@@ -70,7 +82,10 @@ def quiet() -> None:
     for category in (FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=category)
     for name in QUIET_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+        lg = logging.getLogger(name)
+        lg.setLevel(logging.WARNING)
+        if _BELOW_WARNING not in lg.filters:
+            lg.addFilter(_BELOW_WARNING)
     filter_handlers()
 
 

@@ -82,3 +82,14 @@ def test_the_filter_survives_prefects_logging_setup() -> None:
                                None)
     assert not logging.getLogger("prefect").filter(notice)
     assert logging.getLogger("prefect.flow_runs").filter(_record("step 1 done"))
+
+
+def test_a_library_that_sets_its_own_level_stays_quiet() -> None:
+    import bm25s  # noqa: F401 - it sets its logger to DEBUG on import
+
+    quiet()
+    logging.getLogger("bm25s").setLevel(logging.DEBUG)  # as bm25s does
+    lg = logging.getLogger("bm25s")
+    debug = logging.LogRecord("bm25s", logging.DEBUG, __file__, 1, "Building index from tokens", None, None)
+    warn = logging.LogRecord("bm25s", logging.WARNING, __file__, 1, "index is stale", None, None)
+    assert not lg.filter(debug) and lg.filter(warn)

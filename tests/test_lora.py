@@ -228,7 +228,7 @@ def test_sft_with_lora_writes_a_merged_plain_checkpoint(tmp_path: Path) -> None:
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     cfg = load_config("tiny-cpu", {**LORA, "policy.lora.r": 4, "sft.epochs": 3, "sft.batch_size": 2,
-                                   "sft.lr": 1e-2, "sft.max_minutes": 2})
+                                   "sft.lr": 1e-2})
     summary = run_sft(cfg, start, data, tmp_path / "out", home=tmp_path)
     assert summary["updates"] == 3 and summary["last_loss"] < summary["first_loss"]
     out = Path(summary["out"])

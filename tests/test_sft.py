@@ -77,7 +77,7 @@ def test_sft_uses_the_runs_system_prompt(tiny_dir: Path) -> None:
 def test_sft_lowers_the_loss_and_saves_a_loadable_checkpoint(tiny_dir: Path, tmp_path: Path) -> None:
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    cfg = load_config("tiny-cpu", {"sft.epochs": 8, "sft.batch_size": 2, "sft.lr": 1e-3, "sft.max_minutes": 2})
+    cfg = load_config("tiny-cpu", {"sft.epochs": 8, "sft.batch_size": 2, "sft.lr": 1e-3})
     logged: list[dict[str, float]] = []
     summary = run_sft(cfg, tiny_dir, data, tmp_path / "out", home=tmp_path, log=logged.append)
     assert summary["updates"] == 8 and summary["epochs_done"] == 8 and not summary["stopped_early"]

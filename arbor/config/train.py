@@ -77,7 +77,9 @@ class SFTConfig(Section):
     max_minutes: float | None = Field(None, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, ge=0, description="gradient norm clip (0: none)")
-    output: str | None = Field(None, description="HF checkpoint directory (default: {ARBOR_HOME}/sft/{run_id})")
+    output: str | None = Field(None, description="HF checkpoint directory, relative paths under ARBOR_HOME (default: "
+                               "{ARBOR_HOME}/sft/{profile}-{key}, content-addressed: the same settings and data "
+                               "reuse it)")
     processes: int | None = Field(
         None, ge=1, description="ranks of the SFT process group. None: one per GPU of the node layout "
         "(cluster.rollout_gpus + train_gpus, or train.num_gpus / train.hostfile) under the deepspeed launcher, and "

@@ -499,62 +499,64 @@ class Trainer:
         n_minis = 0
         phases = update.phase_indices()
         default_temperature = self.engine.module.temperature
-        for p, members in enumerate(phases):
-            # each phase is its own update: pi_old from the weights at its start, its own token-mean and steps,
-            # and its own scoring temperature (the one its trajectories were sampled at)
-            self._set_temperature(update.phase_temperature(members) or default_temperature)
-            t0 = time.perf_counter()
-            logp_old = [torch.zeros(0)] * len(batch)
-            logp_ref = [torch.zeros(0)] * len(batch)
-            sub = [batch[i] for i in members]
-            for i, v in zip(members, self.logprobs(sub), strict=True):
-                logp_old[i] = v
-            if self.ref_engine is not None:
-                for i, v in zip(members, self.logprobs(sub, self.ref_engine), strict=True):
-                    logp_ref[i] = v
-            else:
-                logp_ref = logp_old
-            synchronize()
-            t_old += time.perf_counter() - t0
+        try:  # a failed update must not leave the head at a phase's temperature (the trainer service lives on)
+            for p, members in enumerate(phases):
+                # each phase is its own update: pi_old from the weights at its start, its own token-mean and steps,
+                # and its own scoring temperature (the one its trajectories were sampled at)
+                self._set_temperature(update.phase_temperature(members) or default_temperature)
+                t0 = time.perf_counter()
+                logp_old = [torch.zeros(0)] * len(batch)
+                logp_ref = [torch.zeros(0)] * len(batch)
+                sub = [batch[i] for i in members]
+                for i, v in zip(members, self.logprobs(sub), strict=True):
+                    logp_old[i] = v
+                if self.ref_engine is not None:
+                    for i, v in zip(members, self.logprobs(sub, self.ref_engine), strict=True):
+                        logp_ref[i] = v
+                else:
+                    logp_ref = logp_old
+                synchronize()
+                t_old += time.perf_counter() - t0
 
-            # mini-batches: a seeded permutation cut into updates_per_batch parts
-            tag = "minibatch" if len(phases) == 1 else f"minibatch-phase{p}"
-            g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, step, tag) % (2**63))
-            perm = [members[j] for j in torch.randperm(len(members), generator=g).tolist()]
-            n_mb = min(tc.updates_per_batch, len(members))
-            minis = [perm[k::n_mb] for k in range(n_mb)]
-            n_minis += len(minis)
-            phase_tokens = 0.0
-            for mini in minis:
-                n_loss_tokens = float(sum(sum(batch[i].loss_mask) for i in mini))
-                lens = [len(batch[i].prompt_ids) + len(batch[i].response_ids) for i in mini]
-                micro = self._rank_shards([[mini[j] for j in mb]
-                                           for mb in pack_by_tokens(lens, tc.micro_batch_tokens)])
-                for k, mb in enumerate(micro):
-                    self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
-                    t0 = time.perf_counter()
-                    out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens, logp_ref)
-                    synchronize()
-                    t1 = time.perf_counter()
-                    self.engine.backward(out.loss, scale_wrt_gas=False)
-                    synchronize()
-                    t2 = time.perf_counter()
-                    self.engine.step()
-                    synchronize()
-                    t3 = time.perf_counter()
-                    t_fwd, t_bwd, t_opt = t_fwd + t1 - t0, t_bwd + t2 - t1, t_opt + t3 - t2
-                    n_tokens_total += n_tok
-                    phase_tokens += out.tokens
-                    for key, v in zip(keys, (float(out.loss.detach()) / self.world, out.tokens, out.clip_sum,
-                                             out.approx_kl_sum, out.tis_sum, out.tis_clip_sum, out.entropy_sum,
-                                             out.ref_kl_sum),
-                                      strict=True):
-                        sums[key] += v
-                gn = self.engine.get_global_grad_norm()
-                grad_norms.append(float(gn) if gn is not None else float("nan"))
-            if len(phases) > 1:
-                metrics[f"phase{p}_loss_tokens"] = phase_tokens
-        self._set_temperature(default_temperature)
+                # mini-batches: a seeded permutation cut into updates_per_batch parts
+                tag = "minibatch" if len(phases) == 1 else f"minibatch-phase{p}"
+                g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, step, tag) % (2**63))
+                perm = [members[j] for j in torch.randperm(len(members), generator=g).tolist()]
+                n_mb = min(tc.updates_per_batch, len(members))
+                minis = [perm[k::n_mb] for k in range(n_mb)]
+                n_minis += len(minis)
+                phase_tokens = 0.0
+                for mini in minis:
+                    n_loss_tokens = float(sum(sum(batch[i].loss_mask) for i in mini))
+                    lens = [len(batch[i].prompt_ids) + len(batch[i].response_ids) for i in mini]
+                    micro = self._rank_shards([[mini[j] for j in mb]
+                                               for mb in pack_by_tokens(lens, tc.micro_batch_tokens)])
+                    for k, mb in enumerate(micro):
+                        self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
+                        t0 = time.perf_counter()
+                        out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens, logp_ref)
+                        synchronize()
+                        t1 = time.perf_counter()
+                        self.engine.backward(out.loss, scale_wrt_gas=False)
+                        synchronize()
+                        t2 = time.perf_counter()
+                        self.engine.step()
+                        synchronize()
+                        t3 = time.perf_counter()
+                        t_fwd, t_bwd, t_opt = t_fwd + t1 - t0, t_bwd + t2 - t1, t_opt + t3 - t2
+                        n_tokens_total += n_tok
+                        phase_tokens += out.tokens
+                        for key, v in zip(keys, (float(out.loss.detach()) / self.world, out.tokens, out.clip_sum,
+                                                 out.approx_kl_sum, out.tis_sum, out.tis_clip_sum, out.entropy_sum,
+                                                 out.ref_kl_sum),
+                                          strict=True):
+                            sums[key] += v
+                    gn = self.engine.get_global_grad_norm()
+                    grad_norms.append(float(gn) if gn is not None else float("nan"))
+                if len(phases) > 1:
+                    metrics[f"phase{p}_loss_tokens"] = phase_tokens
+        finally:
+            self._set_temperature(default_temperature)
         if self.world > 1:
             import deepspeed.comm as dist
 

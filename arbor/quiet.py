@@ -30,7 +30,7 @@ NOISE = re.compile(
     r"built successfully"  # DeepSpeed's op loader prints it on every process start
     r"|Setting accelerator to CPU"
     r"|Starting temporary server on|docs\.prefect\.io/v3/concepts/server"  # Prefect's ephemeral server notice
-    r"|Opening Data Docs"
+    r"|Opening Data Docs|for ephemeral docs site"  # great-expectations' data-docs notices
 )
 QUIET_LOGGERS = ("bm25s", "great_expectations", "httpx", "httpcore", "sentence_transformers", "urllib3",
                  "torch.distributed.elastic")

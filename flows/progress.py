@@ -107,6 +107,8 @@ class RunProgress:
 
     # ------------------------------------------------------------------ what the flow reports
     def stage_started(self, step: int, stage: str) -> None:
+        if step != self.step:  # a step's time runs from its first stage (not from the run's start-up or eval)
+            self._t_step = self.clock()
         self.step, self.stage, self.done, self.total, self.unit = step, stage, None, None, ""
         self.t_stage = self.clock()
         self.progress.reset(self.stage_bar, total=None, description=f"step {step}: {stage}")

@@ -28,6 +28,8 @@ def test_the_line_says_where_the_run_is_and_when_it_ends() -> None:
     clock = Clock()
     p = RunProgress(5, console=_plain(), every_s=0, clock=clock)
     assert p.line() is None  # nothing runs yet
+    p.stage_started(0, "eval")  # the start's evaluation is no part of step 1's time
+    clock.t += 120
     p.stage_started(1, "rollout")
     clock.t += 6
     p.groups(3, 8)

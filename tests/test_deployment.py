@@ -92,13 +92,13 @@ def test_coreact_generator_is_trained_against_the_papers_evaluator() -> None:
 
 
 def _get(api: str, path: str, **params: Any) -> Any:
-    got = httpx.get(f"{api}{path}", params=params, timeout=10)
+    got = httpx.get(f"{api}{path}", params=params, timeout=60)
     got.raise_for_status()
     return got.json()
 
 
 def _post(api: str, path: str, body: dict | None = None) -> Any:
-    got = httpx.post(f"{api}{path}", json=body or {}, timeout=10)
+    got = httpx.post(f"{api}{path}", json=body or {}, timeout=60)
     got.raise_for_status()
     return got.json()
 
@@ -252,7 +252,7 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
         # a worker without ARBOR_HOME: the pull step refuses to start the run
         for w in workers:
             w.terminate()
-            w.wait(timeout=60)
+            w.wait(timeout=180)
         workers.clear()
         unset = _run(api, "arbor-probe/cpu-a", {"gate": str(tmp_path / "cpu-a.gate"),
                                                 "report": str(tmp_path / "unset.json")})
@@ -263,7 +263,7 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
     finally:
         for w in workers:
             w.terminate()
-            w.wait(timeout=60)
+            w.wait(timeout=180)
         server.terminate()
         server.wait(timeout=30)
     steps = read_table("steps", run_id="deployed", home=home).to_pylist()

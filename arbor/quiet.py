@@ -29,7 +29,7 @@ import warnings
 NOISE = re.compile(
     r"built successfully"  # DeepSpeed's op loader prints it on every process start
     r"|Setting accelerator to CPU"
-    r"|Starting temporary server on|docs\.prefect\.io/v3/concepts/server"  # Prefect's ephemeral server notice
+    r"|(Starting|Stopping) temporary server on|docs\.prefect\.io/v3/concepts/server"  # Prefect's ephemeral server
     r"|Opening Data Docs|for ephemeral docs site"  # great-expectations' data-docs notices
 )
 QUIET_LOGGERS = ("bm25s", "great_expectations", "httpx", "httpcore", "sentence_transformers", "urllib3",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from arbor.paths import arbor_home
+from arbor.tasks.training.checkpoint import final_policy, run_root_from_config
 
 QUERIES = (
     ("rubric lifecycle, step by step",
@@ -60,8 +61,12 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     png = home / "reports" / run_id / "curves.png"
     plot_curves(rows, [method], png, title=f"run {run_id} ({profile}, {method})")
     print(f"curves: {png}  (bench/learning.py: every method over three seeds)")
-    print(f"results: {home}  (Parquet under data/, catalog.duckdb holds the views)\n")
     me = sys.argv[0] if Path(sys.argv[0]).name == "arbor" else "arbor"  # as the user called us
+    print(f"results: {home}  (Parquet under data/, catalog.duckdb holds the views)")
+    root = run_root_from_config(row.get("config_json"), run_id, home)
+    if (policy := final_policy(root)) is not None:
+        print(f"policy: {policy}  (a plain HF folder: {me} export {run_id} --out DIR copies it)")
+    print()
     print("Three SQL queries to try:")
     for title, sql in QUERIES:
         print(f"\n-- {title}\n{me} sql \"{sql}\"")

@@ -25,6 +25,7 @@ def test_the_filter_drops_library_notices_and_keeps_arbors_lines() -> None:
     f = NoiseFilter()
     assert not f.filter(_record("DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully"))
     assert not f.filter(_record("Starting temporary server on http://127.0.0.1:8742"))
+    assert not f.filter(_record("Stopping temporary server on http://127.0.0.1:8577"))
     assert not f.filter(_record("See https://docs.prefect.io/v3/concepts/server#how-to-guides for more"))
     assert not f.filter(_record("Created temporary directory '/tmp/x' for ephemeral docs site"))
     assert f.filter(_record("SFT update 224/2240 (epoch 1 of 2): loss 0.817, 74 s"))

@@ -88,6 +88,11 @@ def test_installed_wheel_runs_the_demo_from_another_directory(wheel: Path, tmp_p
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     assert "held-out F1" in proc.stdout and "Table 2 for this run" in proc.stdout, proc.stdout[-3000:]
     assert list((elsewhere / ".arbor").glob("catalog.duckdb")), "the demo's workspace is under the new directory"
+    assert "policy: " in proc.stdout and "/checkpoints/" in proc.stdout  # where the trained model is
+    out = proc.stdout + proc.stderr  # the quiet default: none of the libraries' own chatter (issue 34 item 7)
+    for noise in ("Loading weights", "Setting accelerator to CPU", "built successfully", "temporary server",
+                  "FutureWarning", "| DEBUG"):
+        assert noise not in out, (noise, out[-3000:])
 
 
 def test_own_extras_name_this_distribution() -> None:

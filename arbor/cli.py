@@ -73,6 +73,10 @@ def _main(
     """ARBOR: RL for search agents with reusable process rubrics. Runs live in $ARBOR_HOME (default ./.arbor)."""
     from arbor.quiet import quiet, set_verbose
 
+    # a flow run without a server starts Prefect's temporary one; its default 20 s to come up is too short on a busy
+    # two-core machine ("Timed out while attempting to connect to ephemeral Prefect API server")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
     if verbose:
         set_verbose()
     else:

@@ -94,11 +94,16 @@ def quiet() -> None:
 NOISY_LOGGERS = ("prefect", "prefect.flow_runs", "prefect.task_runs", "prefect.server", "prefect.client")
 
 
-def filter_handlers() -> None:
-    """Put ``NoiseFilter`` on the loggers the noise comes from and on every handler configured so far."""
+def all_handlers() -> list[logging.Handler]:
+    """Every handler configured so far, on the root logger and every named one."""
     loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
                                       if isinstance(lg, logging.Logger))]
-    for target in [*(logging.getLogger(n) for n in NOISY_LOGGERS), *(h for lg in loggers for h in lg.handlers)]:
+    return [h for lg in loggers for h in lg.handlers]
+
+
+def filter_handlers() -> None:
+    """Put ``NoiseFilter`` on the loggers the noise comes from and on every handler configured so far."""
+    for target in [*(logging.getLogger(n) for n in NOISY_LOGGERS), *all_handlers()]:
         if _FILTER not in target.filters:
             target.addFilter(_FILTER)
 

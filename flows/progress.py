@@ -20,6 +20,8 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from arbor.quiet import all_handlers
+
 PROGRESS_EVERY_S = 10.0
 
 
@@ -83,15 +85,13 @@ class RunProgress:
     def _route_logs(self) -> None:
         """Every logging handler writes through the live console while the bars are shown (Prefect's console
         handler prints with its own rich Console: it gets ours; plain stream handlers get the console's stream)."""
-        for lg in [logging.getLogger(), *(v for v in logging.Logger.manager.loggerDict.values()
-                                          if isinstance(v, logging.Logger))]:
-            for h in lg.handlers:
-                if isinstance(getattr(h, "console", None), Console):
-                    self._swapped.append((h, "console", h.console))
-                    h.console = self.console
-                elif isinstance(h, logging.StreamHandler) and h.stream in (sys.__stderr__, sys.__stdout__):
-                    self._swapped.append((h, "stream", h.stream))
-                    h.setStream(sys.stderr)  # rich's proxy while the live display runs
+        for h in all_handlers():
+            if isinstance(getattr(h, "console", None), Console):
+                self._swapped.append((h, "console", h.console))
+                h.console = self.console
+            elif isinstance(h, logging.StreamHandler) and h.stream in (sys.__stderr__, sys.__stdout__):
+                self._swapped.append((h, "stream", h.stream))
+                h.setStream(sys.stderr)  # rich's proxy while the live display runs
 
     def _restore_logs(self) -> None:
         for h, attr, old in reversed(self._swapped):

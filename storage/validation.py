@@ -34,8 +34,12 @@ def _batch_definition() -> Any:
     return asset.add_batch_definition_whole_dataframe("whole_batch")
 
 
-def _suite(k: int) -> tuple[Any, dict[tuple[str, str], str]]:
-    """The suite and, per (expectation type, column), the rule it checks in words (paper §3.1, eq. 4)."""
+def _suite(k: int, custom_reward: bool = False,
+           format_gate: bool = True) -> tuple[Any, dict[tuple[str, str], str]]:
+    """The suite and, per (expectation type, column), the rule it checks in words (paper §3.1, eq. 4).
+
+    ``custom_reward``: the base reward comes from a ``reward.fn`` plug-in, whose value may be any finite number (an
+    EM minus a search price goes below 0); ``format_gate=False`` with it: format-invalid rows carry its value too."""
     import great_expectations as gx
 
     E = gx.expectations
@@ -47,13 +51,14 @@ def _suite(k: int) -> tuple[Any, dict[tuple[str, str], str]]:
         (E.ExpectColumnValuesToBeBetween(column="f1", min_value=0.0, max_value=1.0), "F1 in [0, 1]"),
         (E.ExpectColumnValuesToBeBetween(column="em", min_value=0.0, max_value=1.0), "EM in [0, 1]"),
         (E.ExpectColumnValuesToBeInSet(column="base_reward_in_range", value_set=[True]),
-         "base reward in {-1} ∪ [0, 1]"),
+         "base reward is a finite number (reward.fn)" if custom_reward else "base reward in {-1} ∪ [0, 1]"),
         (E.ExpectColumnValuesToBeInSet(column="group_size", value_set=[k]),
          f"every query-group has exactly K = {k} trajectories"),
         (E.ExpectColumnValuesToBeInSet(column="format_invalid_consistent", value_set=[True]),
-         "format-invalid rows have F1 = 0, EM = 0 and base reward -1"),
+         "format-invalid rows have F1 = 0, EM = 0 and base reward -1" if format_gate or not custom_reward
+         else "format-invalid rows have F1 = 0 and EM = 0"),
     ]
-    suite = gx.ExpectationSuite(name=f"trajectories_k{k}")
+    suite = gx.ExpectationSuite(name=f"trajectories_k{k}_{'fn' if custom_reward else 'f1'}_{format_gate}")
     words = {}
     for exp, text in checks:
         suite.add_expectation(exp)
@@ -61,7 +66,8 @@ def _suite(k: int) -> tuple[Any, dict[tuple[str, str], str]]:
     return suite, words
 
 
-def _frame(rows: list[dict[str, Any]] | pa.Table) -> Any:
+def _frame(rows: list[dict[str, Any]] | pa.Table, custom_reward: bool = False, format_gate: bool = True) -> Any:
+    import numpy as np
     import pandas as pd
 
     df = rows.to_pandas() if isinstance(rows, pa.Table) else pd.DataFrame(list(rows))
@@ -73,19 +79,23 @@ def _frame(rows: list[dict[str, Any]] | pa.Table) -> Any:
     f1 = pd.to_numeric(df["f1"], errors="coerce")
     em = pd.to_numeric(df["em"], errors="coerce")
     valid = df["format_valid"].astype("boolean")
-    df["base_reward_in_range"] = ((base == -1.0) | base.between(0.0, 1.0)).fillna(False).astype(bool)
+    in_range = np.isfinite(base) if custom_reward else (base == -1.0) | base.between(0.0, 1.0)
+    df["base_reward_in_range"] = in_range.fillna(False).astype(bool)
     df["group_size"] = df.groupby(["run_id", "step", "group"], dropna=False)["traj_id"].transform("size")
-    df["format_invalid_consistent"] = (valid.fillna(True) | ((f1 == 0) & (em == 0) & (base == -1.0))).fillna(False).astype(bool)
+    gated = (base == -1.0) if format_gate or not custom_reward else True
+    df["format_invalid_consistent"] = (valid.fillna(True) | ((f1 == 0) & (em == 0) & gated)).fillna(False).astype(bool)
     return df
 
 
-def validate_trajectories(rows: list[dict[str, Any]] | pa.Table, k: int) -> None:
-    """Run the suite on one batch; raise ValidationError naming every failing expectation and its rows."""
+def validate_trajectories(rows: list[dict[str, Any]] | pa.Table, k: int, *, custom_reward: bool = False,
+                          format_gate: bool = True) -> None:
+    """Run the suite on one batch; raise ValidationError naming every failing expectation and its rows.
+    ``custom_reward`` / ``format_gate``: a ``reward.fn`` plug-in and ``reward.format_gate`` (see ``_suite``)."""
     if len(rows) == 0:
         return
-    df = _frame(rows)
+    df = _frame(rows, custom_reward, format_gate)
     batch_definition = _batch_definition()  # creates the (ephemeral) context the suite needs
-    suite, words = _suite(k)
+    suite, words = _suite(k, custom_reward, format_gate)
     result = batch_definition.get_batch(batch_parameters={"dataframe": df}).validate(
         suite, result_format="COMPLETE")
     if result.success:
@@ -111,9 +121,11 @@ def write_trajectories(
     step: int,
     stage: str = "rollout",
     home: str | os.PathLike[str] | None = None,
+    custom_reward: bool = False,
+    format_gate: bool = True,
 ) -> Path:
     """Validate a trajectory batch, then write it as one stage file (nothing is written when it fails)."""
     from arbor.storage.parquet import write_stage
 
-    validate_trajectories(rows, k)
+    validate_trajectories(rows, k, custom_reward=custom_reward, format_gate=format_gate)
     return write_stage("trajectories", rows, run_id=run_id, step=step, stage=stage, home=home)

@@ -157,7 +157,8 @@ class RunState:
                 if g[0].group not in streamed:
                     on_group(g)
         rows = [t.to_row() for t in trajs]
-        validate_trajectories(rows, k=self.cfg.rollout.k)
+        validate_trajectories(rows, k=self.cfg.rollout.k, custom_reward=self.cfg.reward.fn is not None,
+                              format_gate=self.cfg.reward.format_gate)
         if guide is not None:  # the guided turns and the rubric writer's and verifier's calls
             extra = {"guided_steps": guide.drain_records(), "judge_calls": self.judge_rows(), **extra}
         return {"rollouts": rows, **extra}

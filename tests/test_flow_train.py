@@ -324,8 +324,10 @@ def test_trainer_as_supervised_process_group(sft_policy: Path, tmp_path: Path, p
     assert not list((home / "trainer" / "svc" / "updates").glob("*.parquet"))  # the last checkpoint covers them
 
 
-def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
-    """reward.fn, search.backend and judge.backend by import path (issue 14 item 1): one step through the flow."""
+def test_plugins_run_one_step(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:
+    """reward.fn, search.backend and judge.backend by import path (issue 14 item 1): one step through the flow. The
+    SFT-started policy searches (a randomly initialised one never writes a search call, so the plug-in search
+    backend would go unused)."""
     import json
 
     data, _ = _question_rows("flashrag-jsonl", tmp_path)
@@ -333,9 +335,10 @@ def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
     corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
                               + "\n" for i in range(20)))
     home = tmp_path / "home"
-    o = {"run.steps": 1, "run.sft_warm_start": False, "data.train": data, "data.eval": data,
-         "search.corpus": str(corpus), "rollout.batch_size": 2, "rollout.k": 2, "rollout.max_new_tokens_per_turn": 16,
-         "rollout.max_turns": 2, "run.eval_every": 1, "run.eval_size": 2, "run.eval_runs": 1,
+    o = {"run.steps": 1, "run.sft_warm_start": False, "run.start_checkpoint": str(sft_policy), "data.train": data,
+         "data.eval": data, "search.corpus": str(corpus), "rollout.batch_size": 2, "rollout.k": 2,
+         "rollout.max_new_tokens_per_turn": 48, "rollout.max_turns": 2, "run.eval_every": 1, "run.eval_size": 2,
+         "run.eval_runs": 1,
          "reward.fn": "examples.search_cost_reward:em_minus_search_cost",
          "search.backend": "examples.keyword_search:KeywordSearch",
          "judge.backend": "examples.lenient_judge:LenientJudge",
@@ -354,6 +357,7 @@ def test_plugins_run_one_step(tmp_path: Path, prefect_harness) -> None:
 
     with sqlite3.connect(home / "cache" / "search" / "entries.sqlite3") as con:
         cached = [json.loads(v) for (v,) in con.execute("select value from kv")]
+    assert sum(t["search_calls"] for t in trajs) > 0
     assert cached and all(c["backend"].startswith("keyword:") for c in cached)
     _assert_tracked(home, "plugins")
 

@@ -103,3 +103,24 @@ def test_nothing_written_when_refused(tmp_path):
     assert not (tmp_path / "data" / "trajectories").exists()
     write_trajectories(_batch(), K, run_id="r", step=1, home=tmp_path)
     assert read_table("trajectories", home=tmp_path).num_rows == 8
+
+
+def test_a_reward_fn_may_return_any_finite_number():
+    """A reward.fn plug-in's value is the base reward (docs/plugins.md): EM minus a search price is -0.05 for a
+    wrong answer after one search. The built-in range check would refuse it; with the plug-in only a non-finite
+    value is refused, and the format gate still gives format-invalid rows -1."""
+    rows = _batch()
+    rows[3]["base_reward"] = -0.05
+    assert "base reward in {-1} ∪ [0, 1]" in _refused(rows)
+    validate_trajectories(rows, K, custom_reward=True)
+    rows[2]["base_reward"] = float("nan")
+    with pytest.raises(ValidationError, match=r"finite number \(reward.fn\): 1 offending row\(s\): r/1/0/2"):
+        validate_trajectories(rows, K, custom_reward=True)
+    rows = _batch()
+    rows[7]["base_reward"] = 0.3  # the format-invalid row, scored by the plug-in
+    with pytest.raises(ValidationError, match="base reward -1"):
+        validate_trajectories(rows, K, custom_reward=True)
+    validate_trajectories(rows, K, custom_reward=True, format_gate=False)
+    rows[7]["f1"] = 0.5  # F1 stays arbor's: still 0 for a format-invalid row
+    with pytest.raises(ValidationError, match="F1 = 0 and EM = 0"):
+        validate_trajectories(rows, K, custom_reward=True, format_gate=False)

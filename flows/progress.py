@@ -111,11 +111,13 @@ class RunProgress:
             self._t_step = self.clock()
         self.step, self.stage, self.done, self.total, self.unit = step, stage, None, None, ""
         self.t_stage = self.clock()
-        self.progress.reset(self.stage_bar, total=None, description=f"step {step}: {stage}")
+        # a new bar per stage: rich's reset keeps the last stage's total (a stale "0/176" under evaluation)
+        self.progress.remove_task(self.stage_bar)
+        self.stage_bar = self.progress.add_task(f"step {step}: {stage}", total=None)
 
-    def groups(self, done: int, total: int) -> None:
-        """Per rollout group that finished: a bar over the step's groups."""
-        self._count(done, total, "groups")
+    def groups(self, done: int, total: int, unit: str = "groups") -> None:
+        """Per rollout group that finished: a bar over the step's groups (evaluation: over its answers)."""
+        self._count(done, total, unit)
 
     def calls(self, stage: str, done: int, total: int) -> None:
         """Per judge call (score / induce): a bar over the stage's calls."""
@@ -132,6 +134,7 @@ class RunProgress:
         self._t_step = now
         self.steps_done += 1
         self.stage, self.done, self.total = "", None, None
+        self.progress.update(self.stage_bar, visible=False)  # no stage runs: no stale bar left on the screen
         self.progress.advance(self.steps_bar)
 
     # ------------------------------------------------------------------ off a terminal

@@ -163,8 +163,8 @@ class RunState:
             extra = {"guided_steps": guide.drain_records(), "judge_calls": self.judge_rows(), **extra}
         return {"rollouts": rows, **extra}
 
-    def _reporter(self, on_group: Callable[[list[Trajectory]], None] | None,
-                  total: int) -> Callable[[list[Trajectory]], None] | None:
+    def _reporter(self, on_group: Callable[[list[Trajectory]], None] | None, total: int,
+                  unit: str = "groups") -> Callable[[list[Trajectory]], None] | None:
         """Each finished group: to the streamed judge (``on_group``) and to the progress display."""
         if self.progress is None:
             return on_group
@@ -174,7 +174,7 @@ class RunState:
             if on_group is not None:
                 on_group(group)
             done[0] += 1
-            self.progress.groups(done[0], total)
+            self.progress.groups(done[0], total, unit)
 
         return report
 
@@ -249,7 +249,8 @@ class RunState:
         rows = evaluate_questions(self.engine, self.judge, {self.cfg.data.eval: questions},
                                   runs=self.cfg.run.eval_runs, seed=self.seed, run_id=self.run_id, step=step,
                                   checkpoint=f"policy-v{self.trainer.policy_version}",
-                                  temperature=self.cfg.eval.temperature)
+                                  temperature=self.cfg.eval.temperature,
+                                  on_group=self._reporter(None, len(questions) * self.cfg.run.eval_runs, "answers"))
         return {"eval_results": rows, "judge_calls": self.judge_rows()}
 
     def sync_weights(self) -> None:
@@ -317,7 +318,8 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
 
     out: dict[str, float | None] = {f"timing_s/{stage}": secs
                                     for stage, secs in state.stage_seconds.get(step, {}).items()}
-    if step > 0:
+    if step > 0:  # every stage of the step, train and eval included (the steps row is written before train runs)
+        out["timing_s/step"] = sum(state.stage_seconds.get(step, {}).values())
         events = read_stage_rows(state, step, "rubric_events")
         for kind in ("induced", "admitted", "consolidated", "retired"):
             out[f"rubric/{kind}"] = float(sum(e["event"] == kind for e in events))

@@ -89,3 +89,46 @@ def test_on_a_terminal_log_lines_go_through_the_live_display() -> None:
         assert "a judge call was retried" in screen.file.getvalue() and not own.file.getvalue()
     finally:
         log.removeHandler(handler)
+
+
+def test_on_a_terminal_the_stage_bar_shows_answers_and_goes_when_the_step_ends() -> None:
+    """Evaluation reports its answers (not a stale total from the stage before); after the last step no stage bar
+    is left on the screen: the final frame is the steps bar alone."""
+    screen = Console(file=io.StringIO(), force_terminal=True, width=100)
+    with RunProgress(1, console=screen) as p:
+        p.stage_started(1, "score")
+        p.calls("score", 176, 176)
+        p.stage_started(1, "eval")
+        [stage] = [t for t in p.progress.tasks if t.id == p.stage_bar]
+        assert stage.visible and stage.total is None and stage.completed == 0
+        p.groups(2, 4, "answers")
+        assert (stage.description, stage.completed, stage.total) == ("step 1: eval (answers)", 2, 4)
+        p.step_done()
+        assert not stage.visible and [t.completed for t in p.progress.tasks if t.id == p.steps_bar] == [1]
+    final = screen.file.getvalue().rsplit("\x1b[2K", 1)[-1]  # what is left on the screen after the last redraw
+    assert "steps" in final and "eval" not in final
+
+
+def test_evaluation_reports_each_answer_to_an_engine_that_takes_it() -> None:
+    from arbor.tasks.reporting.evaluate import evaluate_questions
+
+    class Loop:
+        protocol = type("P", (), {"name": "arbor"})()
+
+    class Engine:
+        loop, guide = Loop(), None
+
+        def generate_groups(self, questions: list, k: int, seed: int, step: int, run_id: str,
+                            on_group: object = None) -> list:
+            for _ in questions:
+                on_group([])  # type: ignore[operator]
+            return []
+
+    class Judge:
+        async def aclose(self) -> None:
+            return None
+
+    answered: list[list] = []
+    evaluate_questions(Engine(), Judge(), {"s": ["q1", "q2", "q3"]}, runs=2, seed=0, run_id="r", step=0,
+                       checkpoint=None, on_group=answered.append)
+    assert len(answered) == 6  # 3 questions x 2 evaluation runs

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -409,8 +409,10 @@ def format_summary(summary: EvalSummary, name: str = "checkpoint") -> str:
 def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str, Sequence[Any]], *, runs: int,
                        seed: int, run_id: str, step: int, checkpoint: str | None,
                        second_judge: Any = None, temperature: float | None = None,
-                       guide: Any = None, guidance: str | None = None) -> list[dict[str, Any]]:
+                       guide: Any = None, guidance: str | None = None,
+                       on_group: Callable[[list[Any]], None] | None = None) -> list[dict[str, Any]]:
     """Roll out every question once per evaluation run (seeded per run), score, judge; ``eval_results`` rows.
+    ``on_group``: called with each finished answer (a group of one), for a progress display.
 
     ``second_judge`` (C.2) re-judges the very same predictions (no new rollouts): its rows follow, carrying its
     model in ``judge_model`` and its ledger stage ``eval-second``. ``guide`` (a ``tasks.methods.coreact.guidance.CoReAct``) answers
@@ -444,7 +446,7 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
                 temperature = agent_temperature
             for split, questions in questions_by_split.items():
                 rows += _evaluate_split(engine, split, questions, runs, seed, step, run_id, temperature, protocol,
-                                        judge_all, guide, guidance)
+                                        judge_all, guide, guidance, on_group)
     finally:
         engine.guide = saved_guide
     return rows
@@ -452,15 +454,19 @@ def evaluate_questions(engine: Any, judge: Any, questions_by_split: Mapping[str,
 
 def _evaluate_split(engine: Any, split: str, questions: Sequence[Any], runs: int, seed: int, step: int, run_id: str,
                     temperature: float | None, protocol: str, judge_all: Any, guide: Any,
-                    guidance: str | None) -> list[dict[str, Any]]:
+                    guidance: str | None, on_group: Callable[[list[Any]], None] | None = None) -> list[dict[str, Any]]:
     """``evaluate_questions`` for one split: each run unguided, then (with ``guide``) guided with the same seed."""
+    import inspect
+
     from arbor.tasks.env.rollout import sampling_temperature  # torch: keep the CLI input checks fast
 
+    takes = on_group is not None and "on_group" in inspect.signature(engine.generate_groups).parameters
+    report: dict[str, Any] = {"on_group": on_group} if takes else {}  # a user's engine may not take it
     rows: list[dict[str, Any]] = []
     for r in range(runs):
         with sampling_temperature(engine, temperature):
             trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "eval", split, r), step,
-                                           run_id=run_id)
+                                           run_id=run_id, **report)
         rows += asyncio.run(judge_all([prediction_from_trajectory(t, split, r, protocol) for t in trajs]))
         if guide is None:
             continue

@@ -8,7 +8,8 @@ What is silenced, and how (each at its source, so nothing of arbor's own is lost
 - ``FutureWarning`` / ``DeprecationWarning`` from libraries: warning filters here and ``PYTHONWARNINGS`` for the
   processes a run starts (trainer service, SFT ranks, judge server);
 - DeepSpeed's "Setting accelerator to CPU" warning: ``DS_ACCELERATOR=cpu`` when there is no CUDA device (what it
-  would pick anyway); its "op built successfully" print, Prefect's temporary-server notice and docs link: a log
+  would pick anyway); its "op built successfully" print, Prefect's temporary-server notice and docs link, and
+  Prefect's "Finished in state Completed()" per task run (a failed, crashed or retried one is still logged): a log
   filter on every handler (``NOISE``);
 - bm25s' DEBUG index lines, great-expectations' and httpx's INFO lines: their loggers at WARNING (and a filter,
   as bm25s sets DEBUG on import).
@@ -31,6 +32,7 @@ NOISE = re.compile(
     r"|Setting accelerator to CPU"
     r"|(Starting|Stopping) temporary server on|docs\.prefect\.io/v3/concepts/server"  # Prefect's ephemeral server
     r"|Opening Data Docs|for ephemeral docs site"  # great-expectations' data-docs notices
+    r"|^Finished in state Completed\(\)$"  # Prefect's line per finished task run: 7 a step, the step summary says it
 )
 QUIET_LOGGERS = ("bm25s", "great_expectations", "httpx", "httpcore", "sentence_transformers", "urllib3",
                  "torch.distributed.elastic")

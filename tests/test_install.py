@@ -91,7 +91,7 @@ def test_installed_wheel_runs_the_demo_from_another_directory(wheel: Path, tmp_p
     assert "policy: " in proc.stdout and "/checkpoints/" in proc.stdout  # where the trained model is
     out = proc.stdout + proc.stderr  # the quiet default: none of the libraries' own chatter (issue 34 item 7)
     for noise in ("Loading weights", "Setting accelerator to CPU", "built successfully", "temporary server",
-                  "FutureWarning", "| DEBUG"):
+                  "FutureWarning", "| DEBUG", "Finished in state Completed()"):
         assert noise not in out, (noise, out[-3000:])
 
 

@@ -28,6 +28,10 @@ def test_the_filter_drops_library_notices_and_keeps_arbors_lines() -> None:
     assert not f.filter(_record("Stopping temporary server on http://127.0.0.1:8577"))
     assert not f.filter(_record("See https://docs.prefect.io/v3/concepts/server#how-to-guides for more"))
     assert not f.filter(_record("Created temporary directory '/tmp/x' for ephemeral docs site"))
+    assert not f.filter(_record("Finished in state Completed()"))  # a task run's; the step summary says it
+    assert f.filter(_record("Finished in state Failed('Task run encountered an exception ValueError')"))
+    assert f.filter(_record("Task run failed with exception: TimeoutError() - Retry 1/1 will start 2 second(s) "
+                            "from now"))
     assert f.filter(_record("SFT update 224/2240 (epoch 1 of 2): loss 0.817, 74 s"))
     assert f.filter(_record("judge call failed after 3 attempts: rate limited"))
     assert NOISE.pattern  # one pattern, visible in one place

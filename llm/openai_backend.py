@@ -26,6 +26,7 @@ from arbor.llm import prompts
 from arbor.llm.base import ROLES, CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
 from arbor.llm.parse import InvalidOutput
+from arbor.retry_after import requested_wait_s
 from arbor.seeding import derive_seed
 
 log = logging.getLogger("arbor.judge")
@@ -86,18 +87,9 @@ class JudgeSetupError(ValueError):
 
 
 def _retry_after(err: Exception) -> float | None:
+    """The wait a rate-limited or failed response asks for (``arbor.retry_after``); None: our own backoff."""
     response = getattr(err, "response", None)
-    if response is None:
-        return None
-    headers = response.headers
-    try:
-        if "retry-after-ms" in headers:
-            return float(headers["retry-after-ms"]) / 1000.0
-        if "retry-after" in headers:
-            return float(headers["retry-after"])
-    except ValueError:
-        return None  # an HTTP date: fall back to our backoff
-    return None
+    return None if response is None else requested_wait_s(response.headers)
 
 
 class OpenAIJudge(Judge):

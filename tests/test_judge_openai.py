@@ -306,6 +306,18 @@ def test_retry_after_is_honoured(server: OpenAIServer, tmp_path: Path) -> None:
     assert judge.retry_sleeps == [0.04, 0.04]  # the server's Retry-After, not our (much shorter) backoff
 
 
+def test_retry_after_as_an_http_date_is_honoured_up_to_the_cap(server: OpenAIServer, tmp_path: Path) -> None:
+    """A date in Retry-After (RFC 9110) is a wait too, read as the search backends read it; the judge waits at most
+    judge.backoff_max_s (here 0.05 s, where the date asks for 30 s), not its own 0.0001 s backoff."""
+    import time
+    from email.utils import formatdate
+
+    server.plan = FaultPlan(queue=["429"], retry_after=formatdate(time.time() + 30, usegmt=True))
+    judge = make_judge(config(server, backoff_base_s=0.0001, backoff_max_s=0.05), home=tmp_path)
+    out = run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    assert out.value is True and out.attempts == 2 and judge.retry_sleeps == [0.05]
+
+
 def test_backoff_is_exponential_with_bounded_jitter(server: OpenAIServer, tmp_path: Path) -> None:
     server.plan = FaultPlan(queue=["500", "500", "500"])
     judge = make_judge(config(server, backoff_base_s=0.002, backoff_max_s=0.006, max_retries=3), home=tmp_path)

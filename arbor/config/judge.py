@@ -68,7 +68,8 @@ class JudgeConfig(Section):
         "json_object with a schema (llama-cpp-python's server), off, or auto: json_schema first, and on an "
         "endpoint that refuses it json_object, then none (logged once per endpoint)")
     backoff_base_s: float = Field(0.5, ge=0)
-    backoff_max_s: float = Field(30.0, ge=0)
+    backoff_max_s: float = Field(30.0, ge=0, description="the longest wait between attempts, a server's "
+                                 "Retry-After (seconds or a date) included")
     max_judge_tokens: int = Field(3000, ge=256, description="trajectory compaction budget before judging")
     context_tokens: int | None = Field(None, ge=2048, description="the judge's context window; set, every prompt's "
                                        "trajectories are compacted further so that they, the prompt and the reply "

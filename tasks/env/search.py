@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
@@ -33,8 +32,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from datetime import UTC
-from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,6 +40,7 @@ from arbor.config.search import SearchConfig
 from arbor.jsonl import jsonl_rows
 from arbor.paths import PROJECT_ROOT
 from arbor.plugins import PluginError, check_signature, load_plugin
+from arbor.retry_after import requested_wait_s
 from arbor.storage.kvstore import STORE_FILE, KVStore
 from arbor.tasks.env.sources import spec_source
 
@@ -223,25 +221,6 @@ class RetryPolicy:
         return b * (0.5 + 0.5 * random.random())
 
 
-def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """The wait a ``Retry-After`` header asks for: delay-seconds or an HTTP date (``now``: the clock, epoch
-    seconds); None when absent or unreadable (the caller backs off on its own)."""
-    if value is None:
-        return None
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
 def _post_json(client: Any, url: str, payload: dict, headers: dict | None, policy: RetryPolicy,
                sleep: Callable[[float], None], what: str) -> Any:
     """POST with retries; ``what`` names the request in errors (the query, or the batch)."""
@@ -263,7 +242,7 @@ def _post_json(client: Any, url: str, payload: dict, headers: dict | None, polic
             except ValueError as e:
                 raise SearchError(f"search response from {url} for {what} is not JSON") from e
         if r.status_code in RETRY_AFTER_STATUSES:
-            asked = retry_after_s(r.headers.get("retry-after"))
+            asked = requested_wait_s(r.headers)
             if asked is not None and asked > policy.retry_after_max_s:
                 raise SearchError(f"search request to {url} for {what} answered HTTP {r.status_code} asking to "
                                   f"retry after {asked:.0f} s, more than search.retry_after_max_s="

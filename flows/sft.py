@@ -95,7 +95,7 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     """The SFT'd policy for ``cfg`` (trained once, then reused); an HF checkpoint directory."""
     from arbor.tasks.env.policy import policy_source
     from arbor.tasks.env.sft_data import SFTDataError, reflection_share, reflection_warning
-    from arbor.tasks.training.sft import SFTProgress, launch_command, run_sft
+    from arbor.tasks.training.sft import SFTProgress, launches_process_group, run_sft
 
     key = sft_key(cfg)
     out = resolve_home_path(cfg.sft.output) if cfg.sft.output else home / "sft" / f"{cfg.run.profile}-{key}"
@@ -121,7 +121,7 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
     # the resumable state of this SFT (its key: the same settings and data), kept until the checkpoint is in place
     state = home / "sft" / f".state-{key}"
     state.mkdir(parents=True, exist_ok=True)
-    if launch_command(cfg, []) is None:
+    if not launches_process_group(cfg):
         progress = SFTProgress(cfg.sft.epochs)
         try:
             summary = run_sft(cfg, base, data, tmp, home=home, log=progress, state_dir=state)

@@ -145,7 +145,7 @@ def test_sft_teaches_the_tiny_policy_to_search(sft_policy: Path, tmp_path: Path)
 def test_the_sft_process_group_is_launched_over_the_nodes_gpus() -> None:
     """Issue 34 item 1: on the qwen3 layout the SFT runs under the deepspeed launcher on every GPU of the node (no
     rollout runs beside it), like the RL trainer; on CPU N gloo ranks under torchrun; one CPU rank trains in-process."""
-    from arbor.tasks.training.sft import launch_command
+    from arbor.tasks.training.sft import launch_command, launches_process_group
 
     cmd = launch_command(load_config("qwen3-8b"), ["--config", "c.json"], master_port=29999)
     assert cmd == ["deepspeed", "--include", "localhost:0,1,2,3,4,5,6,7", "--master_port", "29999",
@@ -156,6 +156,10 @@ def test_the_sft_process_group_is_launched_over_the_nodes_gpus() -> None:
     assert cpu == ["py", "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                    "--master_port", "7", "-m", "arbor.tasks.training.sft", "--x"]
     assert launch_command(load_config("tiny-cpu"), []) is None
+    for profile, o in [("qwen3-8b", {}), ("tiny-cpu", {"sft.processes": 2}), ("tiny-cpu", {}),
+                       ("tiny-cpu", {"sft.processes": 1}), ("tiny-cpu", {"train.num_gpus": 2})]:
+        cfg = load_config(profile, o)  # the flow's decision and the command agree
+        assert launches_process_group(cfg) == (launch_command(cfg, [], master_port=1) is not None), (profile, o)
 
 
 @pytest.mark.slow

@@ -300,6 +300,14 @@ class SFTProgress:
 
 
 # ------------------------------------------------------------------------------------------- launched ranks
+def launches_process_group(cfg: ArborConfig) -> bool:
+    """Whether the SFT runs as a launched process group (``launch_command``) rather than in this process: any GPU
+    in the layout, a hostfile, or more than one CPU rank."""
+    tc, n = cfg.train, cfg.sft.processes
+    return bool(tc.hostfile or cfg.cluster.rollout_gpus or cfg.cluster.train_gpus or tc.num_gpus > 0
+                or (n and n > 1))
+
+
 def launch_command(cfg: ArborConfig, args: list[str], *, python: str = sys.executable,
                    master_port: int | None = None) -> list[str] | None:
     """The command that starts the SFT process group, or None to train in this process.
@@ -309,6 +317,8 @@ def launch_command(cfg: ArborConfig, args: list[str], *, python: str = sys.execu
     GPUs train too (``sft.processes`` N: the first N). CPU: ``sft.processes`` N > 1 ranks under torchrun (gloo)."""
     from arbor.tasks.training.trainer_service import free_port
 
+    if not launches_process_group(cfg):
+        return None
     port = master_port or free_port()
     tc, n = cfg.train, cfg.sft.processes
     gpus = sorted(set(cfg.cluster.rollout_gpus) | set(cfg.cluster.train_gpus))

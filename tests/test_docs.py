@@ -173,3 +173,17 @@ def test_relative_links_point_inside_the_repository(doc: Path) -> None:
             if not path.is_relative_to(ROOT) or not path.exists():
                 bad.append(target)
     assert not bad, f"{doc.relative_to(ROOT)} links to files that are not in the repository: {bad}"
+
+
+@pytest.mark.parametrize("profile", sorted(p.stem for p in (ROOT / "configs").glob("*.yaml")))
+def test_config_show_cites_no_work_tracking(profile: str) -> None:
+    """What `arbor config show` prints (every value, its source, the profile's deviations and the field help) is
+    user text too."""
+    from typer.testing import CliRunner
+
+    from arbor.cli import app
+
+    res = CliRunner().invoke(app, ["config", "show", "--profile", profile])
+    assert res.exit_code == 0, res.output
+    hits = [m.group(0) for m in TRACKING_REF.finditer(res.output)]
+    assert not hits, (profile, hits)

@@ -27,7 +27,7 @@ class RunConfig(Section):
     start_checkpoint: str | None = Field(None, description="RL start point (an SFT checkpoint path)")
     stream_judging: bool = Field(True, description="start a group's judge work (the method's prefetch: ARBOR's "
                                  "scoring and induction) as soon as its K trajectories end, while other groups still "
-                                 "roll out; stored rows are those of the serial order (issue 19)")
+                                 "roll out; stored rows are those of the serial order")
     overlap: Literal["off", "one-step"] = Field("off", description="one-step: roll out step N+1 with the policy of "
                                                 "step N-1 while step N trains (one step off-policy, corrected by "
                                                 "TIS); off: the paper's on-policy schedule")

@@ -132,3 +132,22 @@ def test_evaluation_reports_each_answer_to_an_engine_that_takes_it() -> None:
     evaluate_questions(Engine(), Judge(), {"s": ["q1", "q2", "q3"]}, runs=2, seed=0, run_id="r", step=0,
                        checkpoint=None, on_group=answered.append)
     assert len(answered) == 6  # 3 questions x 2 evaluation runs
+
+
+def test_the_sft_line_times_updates_from_the_first_one_on(capsys) -> None:
+    """Off a terminal the SFT line's ETA is the rate since the first update ended: the model load and engine set-up
+    before it (26 s in a demo, which made the first ETA 38,757 s) are not an update's time."""
+    from arbor.tasks.training.sft import SFTProgress
+
+    p = SFTProgress(2, live=False, every_s=0)
+    start = p.t0
+    m = {"update": 1, "total": 1500, "epoch": 0, "loss": 9.057}
+    p.calls, p.t_first = 1, start + 26.0  # the first update ended 26 s after start-up began
+    assert p.line(m, start + 26.0) == "SFT update 1/1500 (epoch 1 of 2): loss 9.057, 26 s"  # no ETA from one
+    p.calls = 11  # ten more updates in the next 5 s: 0.5 s each, 1,490 left
+    assert p.line({**m, "update": 11}, start + 31.0) == "SFT update 11/1500 (epoch 1 of 2): loss 9.057, 31 s, ETA 12 min"
+    q = SFTProgress(2, live=False, every_s=0)
+    q({"update": 1, "total": 4, "epoch": 0, "loss": 1.0})
+    q({"update": 2, "total": 4, "epoch": 0, "loss": 0.5})
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("SFT update 1/4") and "ETA" not in lines[0] and "ETA" in lines[1]

@@ -39,6 +39,7 @@ from arbor.tasks.training.train import (
     pack_by_tokens,
     read_deepspeed_json,
 )
+from arbor.timefmt import duration
 
 
 @dataclass
@@ -261,25 +262,32 @@ class SFTProgress:
         self.live = sys.stderr.isatty() if live is None else live
         self.every_s = every_s if every_s is not None else float(os.environ.get("ARBOR_PROGRESS_SECONDS", 10))
         self.t0 = self.last = time.monotonic()
+        self.t_first = self.t0  # when this process's first update ended
         self.bar: Any = None
         self.calls = 0
 
     def __call__(self, m: dict[str, float]) -> None:
         update, total = int(m["update"]), int(m["total"])
+        now = time.monotonic()
         self.calls += 1
+        if self.calls == 1:
+            self.t_first = now
         if self.live:
             self._draw(update, total, m["loss"])
             return
-        now = time.monotonic()
         if update % max(1, total // 10) == 0 or update == total or now - self.last >= self.every_s:
             self.last = now
-            print(self.line(m, now - self.t0), flush=True)
+            print(self.line(m, now), flush=True)
 
-    def line(self, m: dict[str, float], seconds: float) -> str:
+    def line(self, m: dict[str, float], now: float) -> str:
+        """The line at clock ``now``. The ETA is the rate since this process's first update ended (the model load
+        and engine set-up before it are no measure of an update) times the updates left; none before a second."""
         update, total = int(m["update"]), int(m["total"])
-        eta = seconds / max(1, self.calls) * (total - update)  # from the updates this process trained
-        return (f"SFT update {update}/{total} (epoch {m['epoch'] + 1:.0f} of {self.epochs}): loss {m['loss']:.3f}, "
-                f"{seconds:.0f} s, ETA {eta:.0f} s")
+        text = (f"SFT update {update}/{total} (epoch {m['epoch'] + 1:.0f} of {self.epochs}): loss {m['loss']:.3f}, "
+                f"{duration(now - self.t0)}")
+        if self.calls >= 2:
+            text += f", ETA {duration((now - self.t_first) / (self.calls - 1) * (total - update))}"
+        return text
 
     def _draw(self, update: int, total: int, loss: float) -> None:
         if self.bar is None:

@@ -48,6 +48,9 @@ class RunProgress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._swapped: list[tuple[Any, str, Any]] = []
+        # stages report from two threads under run.overlap=one-step (the next rollout runs in a task-runner thread
+        # while this step trains): the bar a report updates must be the one that is there
+        self._lock = threading.RLock()
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=self.console, transient=False, disable=not self.live,
@@ -98,13 +101,14 @@ class RunProgress:
 
     # ------------------------------------------------------------------ what the flow reports
     def stage_started(self, step: int, stage: str) -> None:
-        if step != self.step:  # a step's time runs from its first stage (not from the run's start-up or eval)
-            self._t_step = self.clock()
-        self.step, self.stage, self.done, self.total, self.unit = step, stage, None, None, ""
-        self.t_stage = self.clock()
-        # a new bar per stage: rich's reset keeps the last stage's total (a stale "0/176" under evaluation)
-        self.progress.remove_task(self.stage_bar)
-        self.stage_bar = self.progress.add_task(f"step {step}: {stage}", total=None)
+        with self._lock:
+            if step != self.step:  # a step's time runs from its first stage (not from the run's start-up or eval)
+                self._t_step = self.clock()
+            self.step, self.stage, self.done, self.total, self.unit = step, stage, None, None, ""
+            self.t_stage = self.clock()
+            # a new bar per stage: rich's reset keeps the last stage's total (a stale "0/176" under evaluation)
+            self.progress.remove_task(self.stage_bar)
+            self.stage_bar = self.progress.add_task(f"step {step}: {stage}", total=None)
 
     def groups(self, done: int, total: int, unit: str = "groups") -> None:
         """Per rollout group that finished: a bar over the step's groups (evaluation: over its answers)."""
@@ -115,18 +119,21 @@ class RunProgress:
         self._count(done, total, "judge calls")
 
     def _count(self, done: int, total: int, unit: str) -> None:
-        self.done, self.total, self.unit = done, total, unit
-        self.progress.update(self.stage_bar, completed=done, total=total,
-                             description=f"step {self.step}: {self.stage} ({unit})")
+        with self._lock:
+            self.done, self.total, self.unit = done, total, unit
+            self.progress.update(self.stage_bar, completed=done, total=total,
+                                 description=f"step {self.step}: {self.stage} ({unit})")
 
     def step_done(self) -> None:
-        now = self.clock()
-        self.step_seconds.append(now - self._t_step)
-        self._t_step = now
-        self.steps_done += 1
-        self.stage, self.done, self.total = "", None, None
-        self.progress.update(self.stage_bar, visible=False)  # no stage runs: no stale bar left on the screen
-        self.progress.advance(self.steps_bar)
+        with self._lock:
+            now = self.clock()
+            self.step_seconds.append(now - self._t_step)
+            self._t_step = now
+            self.steps_done += 1
+            if self.step <= self.steps_done:  # else the next step's rollout already runs (overlap): keep its bar
+                self.stage, self.done, self.total = "", None, None
+                self.progress.update(self.stage_bar, visible=False)  # nothing runs: no stale bar on the screen
+            self.progress.advance(self.steps_bar)
 
     # ------------------------------------------------------------------ off a terminal
     def line(self) -> str | None:

@@ -151,3 +151,41 @@ def test_the_sft_line_times_updates_from_the_first_one_on(capsys) -> None:
     q({"update": 2, "total": 4, "epoch": 0, "loss": 0.5})
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("SFT update 1/4") and "ETA" not in lines[0] and "ETA" in lines[1]
+
+
+def test_overlapped_stages_report_from_two_threads() -> None:
+    """With run.overlap=one-step the next step's rollout starts and reports groups from a task-runner thread while
+    this step trains: a stage starting in one thread never leaves the other updating a bar that is gone."""
+    import sys
+
+    errors: list[BaseException] = []
+    p = RunProgress(2, console=Console(file=io.StringIO(), force_terminal=True, width=100))
+
+    def hammer(stage: str) -> None:
+        try:
+            for i in range(3000):
+                p.stage_started(1, stage)
+                p.groups(i % 16, 16)
+        except BaseException as e:  # noqa: BLE001 - surfaced by the assertion below
+            errors.append(e)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter allows
+    try:
+        threads = [threading.Thread(target=hammer, args=(s,)) for s in ("train", "rollout")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:1]
+    assert len([t for t in p.progress.tasks if t.visible]) == 2  # the steps bar and one stage bar
+    q = RunProgress(3, console=_plain(), every_s=0, clock=Clock())
+    q.stage_started(1, "train")
+    q.stage_started(2, "rollout")  # submitted ahead while step 1 trains
+    q.groups(3, 8)
+    q.step_done()  # step 1 ends: step 2's rollout goes on showing
+    assert q.line() is not None and "step 2/3 · rollout · 3/8 groups" in q.line()
+    q.step_done()
+    assert q.line() is None

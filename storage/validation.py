@@ -34,6 +34,12 @@ def _batch_definition() -> Any:
     return asset.add_batch_definition_whole_dataframe("whole_batch")
 
 
+def _invalid_rows_carry_minus_one(custom_reward: bool, format_gate: bool) -> bool:
+    """Eq. 4's gate: a format-invalid row's base reward is -1, unless a ``reward.fn`` plug-in runs with the gate off
+    (then the row carries the plug-in's value)."""
+    return format_gate or not custom_reward
+
+
 def _suite(k: int, custom_reward: bool = False,
            format_gate: bool = True) -> tuple[Any, dict[tuple[str, str], str]]:
     """The suite and, per (expectation type, column), the rule it checks in words (paper §3.1, eq. 4).
@@ -55,7 +61,8 @@ def _suite(k: int, custom_reward: bool = False,
         (E.ExpectColumnValuesToBeInSet(column="group_size", value_set=[k]),
          f"every query-group has exactly K = {k} trajectories"),
         (E.ExpectColumnValuesToBeInSet(column="format_invalid_consistent", value_set=[True]),
-         "format-invalid rows have F1 = 0, EM = 0 and base reward -1" if format_gate or not custom_reward
+         "format-invalid rows have F1 = 0, EM = 0 and base reward -1"
+         if _invalid_rows_carry_minus_one(custom_reward, format_gate)
          else "format-invalid rows have F1 = 0 and EM = 0"),
     ]
     suite = gx.ExpectationSuite(name=f"trajectories_k{k}_{'fn' if custom_reward else 'f1'}_{format_gate}")
@@ -82,7 +89,7 @@ def _frame(rows: list[dict[str, Any]] | pa.Table, custom_reward: bool = False, f
     in_range = np.isfinite(base) if custom_reward else (base == -1.0) | base.between(0.0, 1.0)
     df["base_reward_in_range"] = in_range.fillna(False).astype(bool)
     df["group_size"] = df.groupby(["run_id", "step", "group"], dropna=False)["traj_id"].transform("size")
-    gated = (base == -1.0) if format_gate or not custom_reward else True
+    gated = (base == -1.0) if _invalid_rows_carry_minus_one(custom_reward, format_gate) else True
     df["format_invalid_consistent"] = (valid.fillna(True) | ((f1 == 0) & (em == 0) & gated)).fillna(False).astype(bool)
     return df
 
@@ -121,11 +128,10 @@ def write_trajectories(
     step: int,
     stage: str = "rollout",
     home: str | os.PathLike[str] | None = None,
-    custom_reward: bool = False,
-    format_gate: bool = True,
 ) -> Path:
-    """Validate a trajectory batch, then write it as one stage file (nothing is written when it fails)."""
+    """Validate a trajectory batch (arbor's own reward, eq. 4), then write it as one stage file (nothing is written
+    when it fails)."""
     from arbor.storage.parquet import write_stage
 
-    validate_trajectories(rows, k, custom_reward=custom_reward, format_gate=format_gate)
+    validate_trajectories(rows, k)
     return write_stage("trajectories", rows, run_id=run_id, step=step, stage=stage, home=home)

@@ -397,11 +397,17 @@ def guidance_train_cmd(
     """Train a Co-ReAct rubric generator (the arbor-guidance-train flow): branching points, list-wise judges, GRPO.
     Then evaluate with `--set guidance.mode=co-react --set guidance.source=generator --set guidance.generator=DIR`."""
     from arbor.config import ConfigError, load_config
+    from arbor.paths import arbor_home
+    from arbor.preflight import PreflightError, require_council
+    from arbor.storage.runs import check_run_id, run_row
+    from arbor.storage.schemas import SchemaError
 
     overrides = _overrides(sets)
     try:
-        load_config(profile, overrides)
-    except ConfigError as e:
+        cfg = load_config(profile, overrides)
+        if run_id is None or run_row(check_run_id(run_id), arbor_home()) is None:  # a resumed run's council ran
+            require_council(cfg)
+    except (ConfigError, PreflightError, SchemaError, ValueError) as e:
         _fail(e)
     from arbor.flows.guidance import arbor_guidance_train
     from arbor.quiet import quiet

@@ -386,6 +386,34 @@ def guidance_problems(cfg: ArborConfig) -> list[str]:
     return out
 
 
+def council_problems(cfg: ArborConfig, env: dict[str, str] | None = None) -> list[str]:
+    """``arbor guidance-train``'s ranking council (Co-ReAct §3.1): distinct names, every member's key variable set
+    and every member's endpoint answering, checked before the run row is written."""
+    from arbor.tasks.methods.coreact.council import council_key_problems, rank_judge_config
+
+    env = dict(os.environ) if env is None else env
+    try:
+        out = council_key_problems(cfg, env)
+    except ValueError as e:  # two members stored under one name
+        return [str(e)]
+    seen: set[str] = set()
+    for i, entry in enumerate(cfg.guidance.rank_judges):
+        jc = rank_judge_config(cfg.judge, entry)
+        url = str(jc.for_role("rank_actions")["base_url"] or "") if jc.backend == "openai" else ""
+        if url and url not in seen:
+            seen.add(url)
+            if problem := endpoint_problem(url):
+                key = f"guidance.rank_judges.{i}.base_url" if entry.base_url else "judge.base_url"
+                out.append(f"{key}: {problem} (start that judge's server, or fix the URL)")
+    return out
+
+
+def require_council(cfg: ArborConfig, env: dict[str, str] | None = None) -> None:
+    """Raise ``PreflightError`` listing every council problem (``council_problems``)."""
+    if problems := council_problems(cfg, env):
+        raise PreflightError(f"profile '{cfg.run.profile}': the ranking council cannot start: {'; '.join(problems)}")
+
+
 def endpoint_problem(url: str, timeout_s: float = 5.0) -> str | None:
     """Why nothing can answer at ``url`` (no host and port, a name that does not resolve, a refused or timed-out
     TCP connection), or None. Only the connection is tried: what the server says is the judge's business (issue 35

@@ -62,6 +62,11 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
 
     home = arbor_home()
     new_run = run_id is None or stored_config(run_id, home) is None
+    if new_run:  # refused before the run row is written: a missing key or a dead endpoint leaves no run behind
+        from arbor.config import load_config
+        from arbor.preflight import require_council
+
+        require_council(load_config(profile, overrides))
     cfg = prepare_run(profile, overrides, run_id, False, home)
     rid = str(cfg.run.run_id)
     g = cfg.guidance
@@ -169,62 +174,19 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     return rid, final, {"points": len(ranked), "kept": len(kept), "updates": n_updates, "rewards": rewards}
 
 
-def rank_judge_names(cfg: Any) -> list[str]:
-    """What each judge of ``guidance.rank_judges`` is stored under (``branch_points.judge_ranks``; it also seeds
-    the judge's label shuffle): its ``name``, else its model (the judge's rank_actions role's when unset); offline
-    (judge.backend=rules) ``rules-1``, ``rules-2``, ... (``rules`` alone). ValueError naming the key on a clash."""
-    entries = cfg.guidance.rank_judges
-    names = []
-    for i, e in enumerate(entries):
-        if e.name:
-            names.append(e.name)
-        elif cfg.judge.backend == "rules":
-            names.append("rules" if len(entries) == 1 else f"rules-{i + 1}")
-        else:
-            names.append(str(e.model or cfg.judge.for_role("rank_actions")["model"]))
-    clash = sorted({n for n in names if names.count(n) > 1})
-    if clash:
-        raise ValueError(f"guidance.rank_judges: more than one judge would be stored as {clash[0]!r}; give each a "
-                         "distinct name (guidance.rank_judges[i].name) or model")
-    return names
-
-
-def rank_judge_config(judge_cfg: Any, entry: Any) -> Any:
-    """The judge config of one council member: the ``rank_actions`` role with the entry's set fields (model,
-    base_url, api_key_env, temperature, max_tokens, prices) over it. The offline rules judge has no endpoint: its
-    config is the judge's own."""
-    if judge_cfg.backend == "rules":
-        return judge_cfg
-    from arbor.config.judge import JudgeRoleConfig
-
-    over = {k: getattr(entry, k) for k in JudgeRoleConfig.model_fields if getattr(entry, k) is not None}
-    role = judge_cfg.roles.rank_actions.model_copy(update=over)
-    return judge_cfg.model_copy(update={"roles": judge_cfg.roles.model_copy(update={"rank_actions": role})})
-
-
 def rank_council(cfg: Any, home: Path) -> list[tuple[str, Any, bool]]:
     """(name, judge, rationale) of each judge of ``guidance.rank_judges``. A key variable that is not set is a
     ``JudgeSetupError`` naming the entry's key (``guidance.rank_judges.<i>.api_key_env``); the key itself is only
     ever read from the environment by the client."""
     from arbor.llm import make_judge
+    from arbor.llm.openai_backend import JudgeSetupError
+    from arbor.tasks.methods.coreact.council import council_key_problems, rank_judge_config, rank_judge_names
 
     names = rank_judge_names(cfg)
-    out = []
-    for i, (name, entry) in enumerate(zip(names, cfg.guidance.rank_judges, strict=True)):
-        jc = rank_judge_config(cfg.judge, entry)
-        if jc.backend == "openai":
-            env = str(jc.for_role("rank_actions")["api_key_env"])
-            if not os.environ.get(env):
-                from arbor.llm.openai_backend import JudgeSetupError
-
-                where = (f"guidance.rank_judges.{i}.api_key_env" if entry.api_key_env else
-                         "judge.roles.rank_actions.api_key_env" if cfg.judge.roles.rank_actions.api_key_env
-                         else "judge.api_key_env")
-                raise JudgeSetupError(f"{where}: environment variable {env!r} is not set (the key of rank judge "
-                                      f"{name!r}; the paper's council needs one key per vendor, or set "
-                                      "guidance.rank_judges)")
-        out.append((name, make_judge(jc, home=home), entry.rationale))
-    return out
+    if problems := council_key_problems(cfg, os.environ):
+        raise JudgeSetupError(problems[0])
+    return [(name, make_judge(rank_judge_config(cfg.judge, entry), home=home), entry.rationale)
+            for name, entry in zip(names, cfg.guidance.rank_judges, strict=True)]
 
 
 @flow(name="arbor-guidance-train", log_prints=True)

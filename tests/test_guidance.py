@@ -391,8 +391,9 @@ def test_rank_council_gives_each_judge_its_own_endpoint_and_key(tmp_path: Path,
     """Issue 33 item 4: each council member is its own judge: the rank_actions role with the entry's model,
     base_url and key variable (the other roles untouched); offline three rules judges; a missing key variable
     stops the run naming the entry's key; the key itself never enters the config or the judge's ledger."""
-    from arbor.flows.guidance import rank_council, rank_judge_names
+    from arbor.flows.guidance import rank_council
     from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge
+    from arbor.tasks.methods.coreact.council import rank_judge_names
 
     offline = rank_council(load_config("tiny-cpu"), tmp_path)
     assert [n for n, _, _ in offline] == ["rules-1", "rules-2", "rules-3"]
@@ -417,6 +418,46 @@ def test_rank_council_gives_each_judge_its_own_endpoint_and_key(tmp_path: Path,
     clash = load_config("tiny-cpu", {"judge.backend": "openai", "guidance.rank_judges": [{}, {}]})
     with pytest.raises(ValueError, match="guidance.rank_judges: more than one judge would be stored as"):
         rank_judge_names(clash)
+
+
+def test_guidance_train_refuses_a_missing_council_key_before_the_run_exists(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A council member's unset key variable or dead endpoint stops `arbor guidance-train` before anything runs,
+    naming the member's key, and leaves no run row behind (a later run with the key set starts fresh)."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    from arbor.cli import app
+    from arbor.preflight import council_problems
+    from arbor.storage.runs import run_row
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    council = f"[{{model: a, api_key_env: A_KEY, base_url: '{dead}'}}, {{model: b, api_key_env: B_KEY}}]"
+    sets = {"judge.backend": "openai", "judge.base_url": dead, "judge.api_key_env": "MAIN_KEY",
+            "guidance.rank_judges": council}
+    cfg = load_config("tiny-world", sets)
+    keys = {"MAIN_KEY": "k", "A_KEY": "k"}
+    problems = council_problems(cfg, keys)
+    assert [p.split(":")[0] for p in problems] == ["guidance.rank_judges.1.api_key_env",
+                                                   "guidance.rank_judges.0.base_url"]  # one line per dead URL
+    assert "'B_KEY' is not set (the key of rank judge 'b'" in problems[0]
+    assert council_problems(load_config("tiny-world", {**sets, "judge.base_url": "http://x"}),
+                            {**keys, "B_KEY": "k"})[0].startswith("guidance.rank_judges.0.base_url")
+    assert council_problems(load_config("tiny-world"), {}) == []  # the offline rules council needs nothing
+
+    monkeypatch.setenv("ARBOR_HOME", str(tmp_path / "home"))
+    for var, value in keys.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("B_KEY", raising=False)
+    args = ["guidance-train", "-p", "tiny-world", "--run-id", "council"]
+    out = CliRunner().invoke(app, [*args, *(x for k, v in sets.items() for x in ("--set", f"{k}={v}"))])
+    assert out.exit_code != 0
+    assert "guidance.rank_judges.1.api_key_env" in out.output and "B_KEY" in out.output
+    assert "guidance.rank_judges.0.base_url" in out.output
+    assert run_row("council", tmp_path / "home") is None
 
 
 def test_make_guide_names_the_missing_key(tmp_path: Path) -> None:

@@ -398,15 +398,18 @@ def guidance_train_cmd(
     Then evaluate with `--set guidance.mode=co-react --set guidance.source=generator --set guidance.generator=DIR`."""
     from arbor.config import ConfigError, load_config
     from arbor.paths import arbor_home
-    from arbor.preflight import PreflightError, require_council
+    from arbor.preflight import PreflightError, check, council_problems
     from arbor.storage.runs import check_run_id, run_row
     from arbor.storage.schemas import SchemaError
 
     overrides = _overrides(sets)
-    try:
+    try:  # a new run: what the profile needs here and the ranking council, before the run row is written
         cfg = load_config(profile, overrides)
-        if run_id is None or run_row(check_run_id(run_id), arbor_home()) is None:  # a resumed run's council ran
-            require_council(cfg)
+        # the generator is what this command makes: the profile's guided inference (guidance.mode) is not checked
+        unguided = cfg.model_copy(update={"guidance": cfg.guidance.model_copy(update={"mode": "off"})})
+        if (run_id is None or run_row(check_run_id(run_id), arbor_home()) is None) and \
+                (missing := check(unguided) + council_problems(cfg)):
+            raise PreflightError(f"profile '{cfg.run.profile}' cannot start here: {'; '.join(missing)}")
     except (ConfigError, PreflightError, SchemaError, ValueError) as e:
         _fail(e)
     from arbor.flows.guidance import arbor_guidance_train

@@ -145,19 +145,29 @@ def runs_cmd(
         _fail(e)
 
 
-def _final_policy(run_id: str) -> Path | None:
-    """The run's trained policy (``hf/`` of its latest complete checkpoint), found through its stored config."""
-    from arbor.paths import arbor_home
+def _run_root(run_id: str, home: Path) -> Path:
+    """A stored run's checkpoint folder, found through its stored config (ValueError when there is no such run,
+    SchemaError for an id that cannot be one)."""
     from arbor.storage.runs import run_row
-    from arbor.storage.schemas import SchemaError
-    from arbor.tasks.training.checkpoint import final_policy, run_root_from_config
 
-    home = arbor_home()
+    row = run_row(run_id, home)
+    if row is None:  # refused before torch is imported (checkpoint's module): a wrong id answers at once
+        raise ValueError(f"no run {run_id!r} in {home} (`{_me()} runs` lists them)")
+    from arbor.tasks.training.checkpoint import run_root_from_config
+
+    return run_root_from_config(row["config_json"], run_id, home)
+
+
+def _final_policy(run_id: str) -> Path | None:
+    """The run's trained policy (``hf/`` of its latest complete checkpoint); None when there is none."""
+    from arbor.paths import arbor_home
+    from arbor.storage.schemas import SchemaError
+    from arbor.tasks.training.checkpoint import final_policy
+
     try:
-        row = run_row(run_id, home)
+        return final_policy(_run_root(run_id, arbor_home()))
     except (SchemaError, ValueError):
         return None
-    return final_policy(run_root_from_config(row["config_json"] if row else None, run_id, home))
 
 
 @app.command("export")
@@ -169,19 +179,16 @@ def export_cmd(
     """Export a run's trained policy as a plain Hugging Face folder (safetensors, config, tokenizer): load it with
     `AutoModelForCausalLM.from_pretrained(OUT)`, serve it with vLLM, or pass it as policy.model."""
     from arbor.paths import arbor_home
-    from arbor.storage.runs import run_row
     from arbor.storage.schemas import SchemaError
-    from arbor.tasks.training.checkpoint import export_policy, run_root_from_config
 
-    home = arbor_home()
     try:
-        row = run_row(run_id, home)
+        root = _run_root(run_id, arbor_home())
     except (SchemaError, ValueError) as e:
         _fail(e)
-    if row is None:
-        _fail(f"no run {run_id!r} in {home} (`{_me()} runs` lists them)")
+    from arbor.tasks.training.checkpoint import export_policy
+
     try:
-        done = export_policy(run_root_from_config(row["config_json"], run_id, home), out.expanduser(), step)
+        done = export_policy(root, out.expanduser(), step)
     except (FileNotFoundError, FileExistsError) as e:
         _fail(e)
     typer.echo(f"exported {run_id} to {done}")

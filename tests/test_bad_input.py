@@ -39,6 +39,7 @@ def user(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 BAD = [  # (arguments, what the one line must name)
     (["train", "--resume", "nope"], ["'nope'"]),
     (["rubrics", "export", "nope"], ["'nope'"]),
+    (["export", "nope", "--out", "policy"], ["no run 'nope'", "runs` lists them"]),
     (["report", "nope"], ["'nope'"]),
     (["compare", "--methods", "foo"], ["foo"]),
     (["eval", "--set", "run.nonexistent=1"], ["run.nonexistent"]),

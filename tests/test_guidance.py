@@ -444,7 +444,7 @@ def test_guidance_train_refuses_a_missing_council_key_before_the_run_exists(tmp_
     assert [p.split(":")[0] for p in problems] == ["guidance.rank_judges.1.api_key_env",
                                                    "guidance.rank_judges.0.base_url"]  # one line per dead URL
     assert "'B_KEY' is not set (the key of rank judge 'b'" in problems[0]
-    assert council_problems(load_config("tiny-world", {**sets, "judge.base_url": "http://x"}),
+    assert council_problems(load_config("tiny-world", {**sets, "judge.base_url": "http://127.0.0.1:99999/v1"}),
                             {**keys, "B_KEY": "k"})[0].startswith("guidance.rank_judges.0.base_url")
     assert council_problems(load_config("tiny-world"), {}) == []  # the offline rules council needs nothing
 

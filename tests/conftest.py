@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_UI_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # a Prefect home of each worker's own (issue 46)
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"arbor-tests-prefect-{_worker}-")
 
 
 @pytest.fixture
@@ -35,12 +39,27 @@ def prefect_harness():
         yield
 
 
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory every worker of this pytest run shares: under pytest-xdist each worker's base temp is a sibling
+    (``popen-gw0``, ``popen-gw1``) of one run directory; run serially, the base temp itself."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
-def sft_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny policy after the tiny-cpu SFT warm start, trained once per test session."""
+def sft_starts(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``sft_starts(profile, overrides=None)``: an SFT start trained once per test run, whichever test file or
+    worker asks first (flow_support.sft_start), keyed by the config that produced it."""
     from flow_support import sft_start
 
-    return sft_start("tiny-cpu", lambda: tmp_path_factory.mktemp("sft_home"))
+    shared = run_dir(tmp_path_factory) / "sft_starts"
+    return lambda profile, overrides=None: sft_start(profile, shared, overrides)
+
+
+@pytest.fixture(scope="session")
+def sft_policy(sft_starts: Callable[..., Path]) -> Path:
+    """The tiny policy after the tiny-cpu SFT warm start."""
+    return sft_starts("tiny-cpu")
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +94,21 @@ def deterministic():
     yield
     torch.use_deterministic_algorithms(prev)
     torch.utils.deterministic.fill_uninitialized_memory = prev_fill
+
+
+# ------------------------------------------------------------------------------------------- two workers (issue 46)
+# `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`): a test file is one unit of work, so its
+# module fixtures are built once, and the units are handed out in this order, the costliest first (measured with
+# --durations on two cores), so that the last unit to finish is a short one. Files not named follow in collection
+# order.
+COSTLIEST_FIRST: tuple[str, ...] = ()
+# files that share a session fixture too costly to build twice (reference_run) form one unit
+ONE_UNIT = {"test_flow_train.py": "reference_run", "test_flow_pipeline.py": "reference_run"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(COSTLIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(ONE_UNIT.get(item.path.name, item.path.name)))

@@ -56,21 +56,27 @@ def tiny_overrides(start_checkpoint: Path, **extra: Any) -> dict[str, Any]:
     return o
 
 
-def sft_start(profile: str, fresh_home: Any, overrides: dict[str, Any] | None = None) -> Path:
-    """The SFT checkpoint of ``profile`` (with ``overrides``), trained once under ``fresh_home()`` (a temporary
-    directory), or kept between sessions under ARBOR_TEST_SFT_CACHE (developers only; checkpoints are
-    content-addressed)."""
+def sft_start(profile: str, shared: Path, overrides: dict[str, Any] | None = None) -> Path:
+    """The SFT checkpoint of ``profile`` (with ``overrides``), trained once per test run and kept under
+    ``shared/<profile>-<key>`` (its own workspace, keyed like the checkpoint: ``flows.sft.sft_key``). Whichever
+    pytest worker asks first trains it while the others wait on its lock, then every worker reuses it. Developers
+    keep the starts between runs with ARBOR_TEST_SFT_CACHE (checkpoints are content-addressed)."""
     import os
 
-    from arbor.config import load_config
-    from arbor.flows.sft import sft_checkpoint
+    from filelock import FileLock
 
-    cache = os.environ.get("ARBOR_TEST_SFT_CACHE")
-    home = Path(cache) if cache else fresh_home()
+    from arbor.config import load_config
+    from arbor.flows.sft import sft_checkpoint, sft_key
+
+    cfg = load_config(profile, overrides)
+    root = Path(os.environ.get("ARBOR_TEST_SFT_CACHE") or shared)
+    home = root / f"{profile}-{sft_key(cfg)}"
+    home.mkdir(parents=True, exist_ok=True)
     old = os.environ.get("ARBOR_HOME")
     os.environ["ARBOR_HOME"] = str(home)
     try:
-        return sft_checkpoint(load_config(profile, overrides), home)
+        with FileLock(str(home) + ".lock"):
+            return sft_checkpoint(cfg, home)
     finally:
         if old is None:
             os.environ.pop("ARBOR_HOME", None)

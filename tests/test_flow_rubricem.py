@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from flow_support import STAGED, sft_start, table
+from flow_support import STAGED, table
 
 from arbor.tasks.format import RUBRICEM, check_format, stage_spans
 
@@ -22,10 +22,9 @@ RUN = "ss"
 
 
 @pytest.fixture(scope="module")
-def staged_start(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def staged_start(sft_starts) -> Path:
     """The tiny-world policy SFT'd briefly on staged gold trajectories, half of them with a reflection row too."""
-    return sft_start("tiny-world", lambda: tmp_path_factory.mktemp("staged_sft"),
-                     {**STAGED, "sft.questions": 600, "sft.epochs": 1, "sft.reflections": 0.5})
+    return sft_starts("tiny-world", {**STAGED, "sft.questions": 600, "sft.epochs": 1, "sft.reflections": 0.5})
 
 
 def _overrides(start: Path) -> dict:

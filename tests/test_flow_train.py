@@ -21,7 +21,6 @@ from flow_support import (
     judge_server,
     openai_judge,
     retriever,
-    sft_start,
     shaped_rewards,
     table,
     tiny_overrides,
@@ -393,7 +392,7 @@ def _assert_tracked(home: Path, run_id: str) -> None:
     assert [a.path for a in client.list_artifacts(run.info.run_id, "samples")] == ["samples/step_000001.json"]
 
 
-def test_search_r1_protocol_one_step(tmp_path: Path, prefect_harness) -> None:
+def test_search_r1_protocol_one_step(tmp_path: Path, prefect_harness, sft_starts) -> None:
     """A Search-R1 user's setup (issue 14 item 3): FlashRAG-format questions, a Search-R1 retriever over HTTP and
     ``rollout.protocol=search-r1``. The policy is SFT'd briefly on world trajectories written in Search-R1's tags
     (75 updates: it searches, rarely answers well), then one ARBOR step with the rules judge runs through the flow."""
@@ -405,7 +404,7 @@ def test_search_r1_protocol_one_step(tmp_path: Path, prefect_harness) -> None:
     from arbor.tasks.format import SEARCH_R1, check_format
 
     r1 = {"rollout.protocol": "search-r1", "rollout.system_prompt": None}
-    start = sft_start("tiny-world", lambda: tmp_path / "sft_home", {**r1, "sft.questions": 300, "sft.epochs": 1})
+    start = sft_starts("tiny-world", {**r1, "sft.questions": 300, "sft.epochs": 1})
     cfg = load_config("tiny-world")
     data = tmp_path / "world_eval_flashrag.jsonl"  # FlashRAG / Search-R1 rows: id, question, golden_answers
     data.write_text("".join(json.dumps({"id": q.question_id, "question": q.question, "golden_answers": list(q.golds)})

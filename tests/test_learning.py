@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_support import sft_start, table
+from flow_support import table
 
 pytestmark = pytest.mark.slow
 
@@ -44,9 +44,9 @@ def test_fitted_rise_by_hand() -> None:
 
 
 @pytest.fixture(scope="module")
-def world_sft(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny-world SFT start (cached under ARBOR_TEST_SFT_CACHE like ``sft_policy``: developers only)."""
-    return sft_start("tiny-world", lambda: tmp_path_factory.mktemp("world_sft"))
+def world_sft(sft_starts) -> Path:
+    """The tiny-world SFT start (conftest: built once per test run)."""
+    return sft_starts("tiny-world")
 
 
 def _train(home: Path, run_id: str, overrides: dict[str, Any]) -> str:

@@ -489,9 +489,73 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         if cfg.cluster.manage_vllm and shutil.which(cfg.cluster.vllm_executable) is None:
             missing.append(f"cluster.vllm_executable: the flow manages `vllm serve` but {cfg.cluster.vllm_executable!r} "
                            "is not an executable here (make vllm-env, docs/gpu.md)")
+        elif cfg.cluster.manage_vllm:
+            missing += vllm_version_problems(cfg.cluster.vllm_executable)
+        missing += weight_sync_problems(cfg)
         if not cfg.cluster.manage_vllm and not cfg.rollout.base_url:
             missing.append("rollout.base_url: an external completions server URL is needed when cluster.manage_vllm=false")
     return missing
+
+
+def vllm_version(executable: str, timeout_s: float = 300.0) -> str:
+    """What ``EXECUTABLE --version`` prints (vLLM 0.33: its installed distribution's version, argparse's version
+    action in ``vllm/entrypoints/cli/main.py``); a failure is reported in the string."""
+    import subprocess
+
+    try:
+        out = subprocess.run([executable, "--version"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"<`{executable} --version` failed: {type(e).__name__}>"
+    text = (out.stdout.strip() or out.stderr.strip()).splitlines()
+    if out.returncode != 0:
+        return f"<`{executable} --version` exited {out.returncode}>"
+    return text[-1].strip() if text else f"<`{executable} --version` printed nothing>"
+
+
+def vllm_version_problems(executable: str) -> list[str]:
+    """A vLLM arbor does not speak is refused before anything starts, naming both versions."""
+    from arbor.config.cluster import VLLM_PINNED, VLLM_SERIES
+
+    got = vllm_version(executable)
+    if got.split("+")[0].startswith(VLLM_SERIES + "."):
+        return []
+    return [f"cluster.vllm_executable: {executable!r} is vLLM {got}; arbor speaks vLLM {VLLM_SERIES}.x (pinned "
+            f"{VLLM_PINNED}: served model name, RL routes, weight transfer), so install vllm=={VLLM_PINNED} "
+            "(make vllm-env) or point cluster.vllm_executable at it"]
+
+
+def weight_sync_problems(cfg: ArborConfig, torch_version: str | None = None) -> list[str]:
+    """What the chosen ``cluster.weight_sync`` needs that is missing here."""
+    from arbor.config.cluster import VLLM_PINNED, VLLM_TORCH
+
+    c = cfg.cluster
+    if c.weight_sync == "restart":
+        if not c.manage_vllm:
+            return ["cluster.weight_sync=restart restarts the `vllm serve` arbor launches: set cluster.manage_vllm=true "
+                    "(or cluster.weight_sync=nccl for an external server started with VLLM_SERVER_DEV_MODE=1)"]
+        return []
+    if torch_version is None:
+        import importlib.metadata  # not `import torch`: preflight stays fast on a box without GPUs
+
+        torch_version = importlib.metadata.version("torch")
+    if torch_version.split("+")[0] != VLLM_TORCH:
+        return [f"cluster.weight_sync=nccl: the trainer's torch is {torch_version} but vLLM {VLLM_PINNED} pins torch=="
+                f"{VLLM_TORCH}; one NCCL group needs one NCCL build on both sides: install torch {VLLM_TORCH} for "
+                "the trainer (make setup TORCH_SPEC=..., docs/gpu.md) or set cluster.weight_sync=restart"]
+    return []
+
+
+def weight_sync_plan(cfg: ArborConfig) -> str:
+    """One line: how new weights reach the rollout engine in this run, and why."""
+    c = cfg.cluster
+    if cfg.rollout.engine != "openai":
+        return "weight sync: in-process copy into the transformers rollout engine (rollout.engine=transformers)"
+    if c.weight_sync == "restart":
+        return ("weight sync: save hf/ and restart `vllm serve` on it each step (cluster.weight_sync=restart: needs "
+                "nothing but `vllm serve`; costs a model load per step)")
+    return ("weight sync: NCCL push over vLLM 0.33's RL routes (cluster.weight_sync=nccl: the trainer's rank 0 joins "
+            "the server's workers without importing vLLM; start -> update -> finish, weight_version confirmed, prefix "
+            f"cache reset; packed={c.sync_packed}, {c.sync_buffer_mb} MiB chunks)")
 
 
 def require(cfg: ArborConfig, **kw: object) -> None:

@@ -156,7 +156,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     """Build engines, judge, method and trainer; restore the policy and the method's state from stored artifacts.
     The returned ``RunState`` is a context manager that stops what it started."""
     from arbor.llm import make_judge
-    from arbor.preflight import require
+    from arbor.preflight import require, weight_sync_plan
     from arbor.tasks.env.datasets import fields_of, load_questions
     from arbor.tasks.env.policy import load_policy
     from arbor.tasks.env.rollout import make_engine
@@ -164,6 +164,8 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     from arbor.tasks.methods.coreact.guidance import make_guide
 
     require(cfg)
+    if cfg.rollout.engine == "openai":
+        print(weight_sync_plan(cfg))  # which sync this run uses and why (logged by the flow: log_prints)
     run_id = cfg.run.run_id
     assert run_id is not None
     store = StageStore(run_id, home)

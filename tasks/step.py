@@ -255,7 +255,15 @@ class RunState:
 
     def sync_weights(self) -> None:
         """After each step: the rollout engine gets the trainer's weights and version (``tasks.training.weight_sync``)."""
-        sync_policy(self.trainer, self.engine, self.home / "trainer" / self.run_id / "sync", self.cfg.rollout.base_url)
+        managed = bool(self.servers) and hasattr(self.servers[0], "restart_on")  # the `vllm serve` we launched
+        sync_policy(self.trainer, self.engine, self.home / "trainer" / self.run_id / "sync", self.cfg.rollout.base_url,
+                    weight_sync=self.cfg.cluster.weight_sync, restart=self._restart_server if managed else None)
+
+    def _restart_server(self, path: Path) -> None:
+        """cluster.weight_sync=restart: relaunch the managed `vllm serve` on the exported ``hf/`` at ``path``."""
+        from arbor.tasks.env.serving import vllm_serve_spec
+
+        self.servers[0].restart_on(vllm_serve_spec(self.cfg, str(path)))
 
     # ------------------------------------------------------------------------------------------ metrics
     def step_row(self, step: int, trajs: list[Trajectory], train_metrics: dict[str, float]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def test_vllm_executable_is_looked_up_where_the_flow_will_start_it(tmp_path) -> 
     missing = "\n".join(check(load_config("qwen3-8b", {"cluster.vllm_executable": gone}), gpu_count=8, env={}))
     assert f"cluster.vllm_executable: the flow manages `vllm serve` but {gone!r}" in missing
     present = tmp_path / "vllm"
-    present.write_text("#!/bin/sh\n")
+    present.write_text("#!/bin/sh\necho 0.33.0\n")  # `vllm --version` of the release arbor speaks (issue 47)
     present.chmod(0o755)
     ok = "\n".join(check(load_config("qwen3-8b", {"cluster.vllm_executable": str(present)}), gpu_count=8, env={}))
     assert "cluster.vllm_executable" not in ok

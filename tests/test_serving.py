@@ -26,7 +26,8 @@ def test_vllm_serve_command_for_profile() -> None:
     assert a[a.index("--data-parallel-size") + 1] == "2" and a[a.index("--tensor-parallel-size") + 1] == "1"
     assert a[a.index("--max-model-len") + 1] == "36864"
     assert "--weight-transfer-config" in a
-    assert spec.env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert a[a.index("--served-model-name") + 1] == "Qwen/Qwen3-8B"  # the name rollouts request (issue 47)
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_SERVER_DEV_MODE": "1"}
     assert spec.base_url.endswith(":8000/v1")
     own_env = load_config("qwen3-8b", {"cluster.vllm_executable": "/opt/vllm-env/bin/vllm"})
     assert vllm_serve_spec(own_env, "/m").argv[:2] == ["/opt/vllm-env/bin/vllm", "serve"]

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from arbor.config.base import Section
+
+VLLM_SERIES = "0.33"  # the vLLM release series whose interface arbor speaks (tasks/training/vllm_sync.py)
+VLLM_PINNED = "0.33.0"
+VLLM_TORCH = "2.14.0"  # vLLM 0.33.0's requirements/cuda.txt: torch==2.14.0
 
 
 class ClusterConfig(Section):
@@ -17,3 +23,12 @@ class ClusterConfig(Section):
     vllm_executable: str = Field("vllm", description="the `vllm` command the flow starts: a name on PATH or a path, "
                                  "e.g. .venv-vllm/bin/vllm from `make vllm-env` (vLLM's pins and prefect's differ)")
     startup_timeout_s: float = Field(900.0, gt=0)
+    weight_sync: Literal["nccl", "restart"] = Field(
+        "nccl", description="how new weights reach `vllm serve` after each step: `nccl` (vLLM 0.33's RL routes, the "
+        "trainer joins the server's workers as rank 0 without importing vLLM) or `restart` (save hf/, restart the "
+        "server on it: slower, needs nothing but `vllm serve`); docs/gpu.md")
+    sync_packed: bool = Field(True, description="nccl sync: packed broadcast (agreed in init_info)")
+    sync_buffer_mb: int = Field(1024, ge=1, description="nccl sync: packed chunk size, MiB (vLLM's default 1024)")
+    sync_timeout_s: float = Field(600.0, gt=0, description="nccl sync: HTTP and collective timeout")
+    sync_reset_tries: int = Field(5, ge=1, description="tries of /reset_prefix_cache (it answers success=false "
+                                  "while KV blocks are held) before the sync fails")

@@ -501,7 +501,9 @@ class OpenAIEngine(_EngineBase):
         if not url:
             raise RolloutError("rollout.base_url: the openai engine needs the server URL (e.g. http://host:8000/v1)")
         self.url = url.rstrip("/") + "/completions"
-        self.served_model = served_model or cfg.rollout.served_model or cfg.policy.model
+        from arbor.tasks.env.serving import served_model_name
+
+        self.served_model = served_model or served_model_name(cfg)  # the name arbor's launch serves it under
         self.headers = {}
         if cfg.rollout.api_key_env:
             key = os.environ.get(cfg.rollout.api_key_env)
@@ -554,6 +556,10 @@ class OpenAIEngine(_EngineBase):
         """One completion; ``body`` overrides fields of ``request_body`` (``complete``'s temperature and stops)."""
         async with sem:
             resp = await client.post(self.url, json={**self.request_body(req), **body}, headers=self.headers)
+        if resp.status_code == 404 and "does not exist" in resp.text:  # vLLM 0.33 serving.py::_check_model
+            raise RolloutError(f"POST {self.url}: the server does not serve model {self.served_model!r} "
+                               f"({resp.text[:300]}): start it with --served-model-name {self.served_model} "
+                               "(arbor's launch does), or set rollout.served_model to a name it serves")
         if resp.status_code != 200:
             raise RolloutError(f"POST {self.url}: HTTP {resp.status_code}: {resp.text[:500]}")
         return self.parse_choice(resp.json(), f"POST {self.url}")

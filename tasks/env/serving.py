@@ -30,8 +30,18 @@ class LaunchSpec:
     base_url: str = ""
 
 
+def served_model_name(cfg: ArborConfig) -> str:
+    """The one name the server is launched under and every rollout request names: ``rollout.served_model``, else
+    ``policy.model``. vLLM 0.33 serves the model path unless ``--served-model-name`` is given
+    (``vllm/entrypoints/launchers/api_server/app_state.py``) and answers 404 to any other name
+    (``vllm/entrypoints/serve/engine/serving.py::_check_model``)."""
+    return cfg.rollout.served_model or cfg.policy.model
+
+
 def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
-    """`vllm serve` for the rollout GPUs, with RL weight transfer enabled (see docs/gpu.md)."""
+    """`vllm serve` (vLLM 0.33) for the rollout GPUs: served under ``served_model_name(cfg)``, bound to 127.0.0.1,
+    with the RL weight-transfer routes on (``VLLM_SERVER_DEV_MODE=1``: they are registered only then,
+    ``vllm/entrypoints/launchers/api_server/routers.py``; see docs/gpu.md for what that exposes)."""
     c = cfg.cluster
     tp = c.vllm_tensor_parallel
     if c.rollout_gpus and len(c.rollout_gpus) % tp:
@@ -39,6 +49,7 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
     dp = max(1, len(c.rollout_gpus) // tp)
     argv = [
         c.vllm_executable, "serve", model_path,
+        "--served-model-name", served_model_name(cfg),
         "--host", "127.0.0.1", "--port", str(c.vllm_port),
         "--tensor-parallel-size", str(tp),
         "--data-parallel-size", str(dp),
@@ -50,7 +61,9 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
         "--weight-transfer-config", '{"backend": "nccl"}',
         *c.vllm_extra_args,
     ]
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in c.rollout_gpus)} if c.rollout_gpus else {}
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if c.rollout_gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in c.rollout_gpus)
     base = f"http://127.0.0.1:{c.vllm_port}"
     return LaunchSpec(argv=argv, env=env, health_url=f"{base}/health", base_url=f"{base}/v1")
 
@@ -120,6 +133,13 @@ class Supervised:
             self.on_restart(self.restarts)
         self.start()
         return True
+
+    def restart_on(self, spec: LaunchSpec) -> None:
+        """Stop the server and start ``spec`` in its place (the save-and-restart weight sync); waits until healthy.
+        Not counted against ``max_restarts`` (a planned restart, not a crash)."""
+        self.stop()
+        self.spec = spec
+        self.start()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

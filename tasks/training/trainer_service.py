@@ -19,7 +19,8 @@ Commands (``op`` plus arguments) and answers (always ``ok``; ``error`` when not 
     save         step?, metrics?           -> path              (atomic checkpoint + retention)
     load_latest                            -> step (null: none) (then the flow replays later steps with train)
     export_hf    path                      -> path, policy_version   (save-and-restart weight sync)
-    sync_vllm    base_url, master_address, master_port, world_size -> policy_version, seconds
+    sync_vllm    base_url, master_address, master_port, packed, buffer_bytes, timeout_s, reset_tries
+                                           -> policy_version, weight_version (confirmed), seconds, bytes
     shutdown                               -> (the process group exits 0)
 
 A failing command answers ``ok: false`` and the service keeps serving; if the process group dies, the client
@@ -139,6 +140,13 @@ def read_update(path: str | Path) -> UpdateBatch:
         temperatures=[None if r["scoring_temperature"] is None else float(r["scoring_temperature"]) for r in rows])
 
 
+def torch_device(trainer: Any) -> Any:
+    """The trainer's CUDA device (the NCCL transfer group lives there)."""
+    import torch
+
+    return torch.device(getattr(trainer, "device", "cuda"))
+
+
 def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:
     """Run one command on every rank; the answer (rank 0's) is JSON-serialisable."""
     op = cmd.get("op")
@@ -156,16 +164,20 @@ def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:
     if op == "export_hf":
         return {"path": str(trainer.export_hf(cmd["path"])), "policy_version": trainer.policy_version}
     if op == "sync_vllm":
-        from arbor.tasks.training.weight_sync import VllmWeightTransfer
+        from arbor.tasks.training.vllm_sync import NcclCommunicator, VllmWeightSync
+        from arbor.tasks.training.weight_sync import push_state_dict
 
-        if not hasattr(trainer, "_vllm"):
-            trainer._vllm = VllmWeightTransfer(cmd["base_url"], cmd["master_address"], int(cmd["master_port"]),
-                                               int(cmd["world_size"]))
-        sd = trainer.state_dict_for_sync()
-        seconds = 0.0
-        if trainer.rank == 0:
-            seconds = trainer._vllm.push(lambda: ((k, v.to("cuda")) for k, v in sd.items()))
-        return {"policy_version": trainer.policy_version, "seconds": seconds}
+        if not hasattr(trainer, "_vllm"):  # once: rank 0 joins the server's workers (vLLM 0.33, no vLLM import)
+            comm = NcclCommunicator(cmd["master_address"], int(cmd["master_port"]), torch_device(trainer),
+                                    timeout_s=float(cmd["timeout_s"]))
+            trainer._vllm = VllmWeightSync(cmd["base_url"], comm, packed=bool(cmd["packed"]),
+                                           buffer_bytes=int(cmd["buffer_bytes"]), timeout_s=float(cmd["timeout_s"]),
+                                           reset_tries=int(cmd["reset_tries"]))
+        report = push_state_dict(trainer._vllm, trainer)
+        if report is None:
+            return {"policy_version": trainer.policy_version}
+        return {"policy_version": trainer.policy_version, "weight_version": report.version,
+                "seconds": report.seconds, "bytes": report.bytes}
     raise ValueError(f"unknown op {op!r} (known: ping, train, save, load_latest, export_hf, sync_vllm, shutdown)")
 
 
@@ -375,13 +387,15 @@ class RemoteTrainer:
     def export_hf(self, path: str | Path) -> Path:
         return Path(self._call("export_hf", path=str(path))["path"])
 
-    def sync_vllm(self, base_url: str | None) -> None:
-        """Push the weights to `vllm serve` over its NCCL weight-transfer group (rank 0 of the trainer + the
-        server's workers; docs/gpu.md). Written against vLLM's documentation; not run on GPUs here."""
+    def sync_vllm(self, base_url: str | None) -> int:
+        """Push the weights to `vllm serve` (vLLM 0.33's weight transfer, ``tasks.training.vllm_sync``; rank 0 of the
+        trainer joins the server's workers, whose number the server reports). Returns the version the server
+        confirmed. Not run on GPUs in CI; the same client runs against ``tests/vllm_server.py`` over gloo."""
         c = self.cfg.cluster
-        workers = max(1, len(c.rollout_gpus))
-        self._call("sync_vllm", base_url=(base_url or "").removesuffix("/v1"), master_address="127.0.0.1",
-                   master_port=c.vllm_port + 1, world_size=1 + workers)
+        answer = self._call("sync_vllm", base_url=(base_url or "").removesuffix("/v1"), master_address="127.0.0.1",
+                            master_port=c.vllm_port + 1, packed=c.sync_packed, buffer_bytes=c.sync_buffer_mb << 20,
+                            timeout_s=c.sync_timeout_s, reset_tries=c.sync_reset_tries)
+        return int(answer["weight_version"])
 
     def close(self) -> None:
         self.service.stop()

@@ -3,20 +3,21 @@
 - In-process (``rollout.engine=transformers``): :func:`sync_weights` copies the trainer's full weights into the
   rollout model and sets its policy version; rollouts produced afterwards carry that version and
   ``Trainer.train_step`` refuses a batch from any other version.
-- ``vllm serve`` (``rollout.engine=openai``): :class:`VllmWeightTransfer` drives vLLM's weight-transfer API for RL
-  (NCCL between separate GPUs; see docs/gpu.md), then resets the prefix cache; :func:`save_and_restart` is the
-  fallback (write an HF checkpoint, restart the server on it). Not exercised by CI (no GPU, no vLLM here).
+- ``vllm serve`` (``rollout.engine=openai``), chosen by ``cluster.weight_sync``: ``nccl`` pushes over vLLM 0.33's
+  weight transfer without importing vLLM (``tasks.training.vllm_sync``; start -> update -> finish with the policy
+  version as weight_version, confirmed, then the prefix cache reset); ``restart`` is :func:`save_and_restart`
+  (export hf/, restart the server on it). CI runs both against ``tests/vllm_server.py`` (0.33's contract, gloo).
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from arbor.tasks.training.vllm_sync import SyncReport, VllmControl, VllmSyncError, VllmWeightSync
 
 
 def sync_weights(trainer: Any, target: Any) -> int:
@@ -40,13 +41,16 @@ def sync_weights(trainer: Any, target: Any) -> int:
     return version
 
 
-def sync_policy(trainer: Any, engine: Any, export_dir: Path, base_url: str | None = None) -> int:
+def sync_policy(trainer: Any, engine: Any, export_dir: Path, base_url: str | None = None, *,
+                weight_sync: str = "nccl", restart: Callable[[Path], None] | None = None) -> int:
     """After each step, the one path from the trainer's weights to the rollout engine (issue 6 item 4):
 
     - trainer in this process: :func:`sync_weights` (full state dict, no copy on disk);
     - trainer in its own process group (``tasks.training.trainer_service``): an HF export under ``export_dir``, loaded here;
-    - ``vllm serve``: the trainer pushes over vLLM's weight-transfer API (docs/gpu.md); the engine takes the version.
-    Returns the policy version now served."""
+    - ``vllm serve`` with ``weight_sync="nccl"``: the trainer pushes over vLLM 0.33's weight transfer
+      (``tasks.training.vllm_sync``) and returns the version the server confirmed;
+    - ``vllm serve`` with ``weight_sync="restart"``: :func:`save_and_restart` through ``restart(path)``.
+    The engine takes the version only after the server confirmed it. Returns the policy version now served."""
     version = int(trainer.policy_version)
     if hasattr(trainer, "state_dict_for_sync") and hasattr(engine, "load_state_dict"):
         return sync_weights(trainer, engine)
@@ -59,8 +63,16 @@ def sync_policy(trainer: Any, engine: Any, export_dir: Path, base_url: str | Non
             sd.update(load_file(str(f)))
         engine.load_state_dict(sd, version)
         return version
-    if hasattr(trainer, "sync_vllm"):
-        trainer.sync_vllm(base_url)
+    if weight_sync == "restart":
+        if restart is None:
+            raise VllmSyncError("cluster.weight_sync=restart needs the server arbor launched (cluster.manage_vllm=true)")
+        return save_and_restart(trainer, export_dir, restart, engine, base_url)
+    if not hasattr(trainer, "sync_vllm"):
+        raise VllmSyncError("the in-process CPU trainer cannot join vLLM's NCCL group: run the trainer on GPUs "
+                            "(train.num_gpus) or set cluster.weight_sync=restart")
+    confirmed = int(trainer.sync_vllm(base_url))
+    if confirmed != version:
+        raise VllmSyncError(f"the server confirmed weight version {confirmed}, the trainer is at {version}")
     engine.set_policy_version(version)
     return version
 
@@ -77,100 +89,28 @@ def load_into_module(module: torch.nn.Module, state_dict: dict[str, torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------- vLLM serve
-class VllmWeightTransfer:
-    """vLLM's weight-transfer API for RL, NCCL backend, driven over the server's HTTP routes.
-
-    Written against the vLLM documentation (docs.vllm.ai, training/weight_transfer and its NCCL page); the routes
-    are served by ``vllm serve MODEL --weight-transfer-config '{"backend": "nccl"}'`` (development routes: set
-    ``VLLM_SERVER_DEV_MODE=1`` on the server). Protocol per the docs:
-
-    1. once: POST ``/init_weight_transfer_engine`` ``{"init_info": {master_address, master_port, rank_offset: 1,
-       world_size}}`` while the trainer (rank 0 of the transfer group) calls
-       ``NCCLWeightTransferEngine.trainer_init`` with the same address, port and world size;
-    2. each sync: POST ``/update_weights`` ``{"update_info": {names, dtype_names, shapes, packed}}`` while the
-       trainer broadcasts the tensors with ``NCCLWeightTransferEngine.trainer_send_weights`` (both sides meet in
-       the same NCCL calls, so the HTTP call runs on a thread);
-    3. POST ``/reset_prefix_cache``: cached KV blocks were computed with the old weights.
-
-    vLLM's API moved between releases (a four-phase start/update/finish protocol in newer ones): check the docs
-    of the installed version; this class is the single place to adapt.
-    """
-
-    def __init__(self, base_url: str, master_address: str, master_port: int, world_size: int,
-                 timeout_s: float = 600.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.master_address = master_address
-        self.master_port = master_port
-        self.world_size = world_size  # 1 trainer rank + the server's inference workers
-        self.timeout_s = timeout_s
-        self.group: Any = None
-
-    def _post(self, route: str, body: dict[str, Any] | None = None) -> Any:
-        import httpx
-
-        r = httpx.post(f"{self.base_url}{route}", json=body or {}, timeout=self.timeout_s)
-        r.raise_for_status()
-        return r.json() if r.content else None
-
-    def _concurrently(self, route: str, body: dict[str, Any], trainer_side: Callable[[], Any]) -> Any:
-        errors: list[BaseException] = []
-
-        def call() -> None:
-            try:
-                self._post(route, body)
-            except BaseException as e:  # noqa: BLE001 - re-raised below in the caller's thread
-                errors.append(e)
-
-        th = threading.Thread(target=call, daemon=True)
-        th.start()
-        out = trainer_side()
-        th.join(self.timeout_s)
-        if errors:
-            raise RuntimeError(f"vLLM {route} failed: {errors[0]}") from errors[0]
-        return out
-
-    def init(self) -> None:
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
-
-        info = dict(master_address=self.master_address, master_port=self.master_port, world_size=self.world_size)
-        self.group = self._concurrently(
-            "/init_weight_transfer_engine", {"init_info": {**info, "rank_offset": 1}},
-            lambda: NCCLWeightTransferEngine.trainer_init(info),
-        )
-
-    def push(self, named_tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]], packed: bool = True) -> float:
-        """Broadcast every (name, tensor) to the server; returns seconds taken. ``named_tensors`` is called twice
-        (metadata, then data) so it must be re-iterable (e.g. ``lambda: iter(state_dict.items())``)."""
-        from vllm.distributed.weight_transfer.nccl_engine import (
-            NCCLTrainerSendWeightsArgs,
-            NCCLWeightTransferEngine,
-        )
-
-        if self.group is None:
-            self.init()
-        meta = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in named_tensors()]
-        update_info = dict(names=[m[0] for m in meta], dtype_names=[m[1] for m in meta],
-                           shapes=[m[2] for m in meta], packed=packed)
-        t0 = time.perf_counter()
-        self._concurrently(
-            "/update_weights", {"update_info": update_info},
-            lambda: NCCLWeightTransferEngine.trainer_send_weights(
-                named_tensors(), NCCLTrainerSendWeightsArgs(group=self.group, packed=packed)),
-        )
-        self.reset_prefix_cache()
-        return time.perf_counter() - t0
-
-    def reset_prefix_cache(self) -> None:
-        self._post("/reset_prefix_cache")
+def push_state_dict(sync: VllmWeightSync, trainer: Any) -> SyncReport | None:
+    """One NCCL sync (every trainer rank calls: gathering is collective under ZeRO-3; rank 0 sends). Returns rank 0's
+    report (the version it confirmed on the server), None on other ranks."""
+    sd = trainer.state_dict_for_sync()
+    if getattr(trainer, "rank", 0) != 0:
+        return None
+    return sync.push(lambda: iter(sd.items()), int(trainer.policy_version))
 
 
-def save_and_restart(trainer: Any, out_dir: str | Path, restart: Callable[[Path], None], engine: Any) -> int:
-    """Fallback for servers without weight transfer: export HF weights, restart (or reload) the server on them via
-    ``restart(path)`` (which must wait until it is healthy), and tag the rollout engine. A restart starts with an
-    empty prefix cache."""
-    path = trainer.export_hf(Path(out_dir) / f"policy_v{trainer.policy_version:06d}")
+def save_and_restart(trainer: Any, out_dir: str | Path, restart: Callable[[Path], None], engine: Any,
+                     base_url: str | None = None) -> int:
+    """The fallback that needs nothing but `vllm serve`: export the policy's ``hf/`` (safetensors), restart the
+    server on it through ``restart(path)`` (which waits until healthy), tag the served weights with the policy
+    version (``/update_weight_version``, a dev-mode route) and read it back before the rollout engine takes the
+    version. A fresh server starts with an empty prefix cache. Returns the version now served."""
     version = int(trainer.policy_version)
+    path = trainer.export_hf(Path(out_dir) / f"policy_v{version:06d}")
     if getattr(trainer, "rank", 0) == 0:
-        restart(path)
+        restart(Path(path))
+        if base_url:
+            http = VllmControl(base_url)
+            http.set_weight_version(str(version))
+            http.confirm_version(str(version))
         engine.set_policy_version(version)
     return version

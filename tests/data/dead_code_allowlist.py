@@ -15,11 +15,11 @@ price_in_per_mtok, price_out_per_mtok, induction, consolidation
 _.progress_bars, _.pre_tokenizer, _.chat_template, _.use_cache, _.forward
 # __exit__ arguments
 exc, et, tb
-# the GPU fallback of docs/gpu.md (save and restart `vllm serve`), wired by the GPU issue
-save_and_restart
 # the built-in methods, imported by the strings of tasks.methods.BUILTIN
 Arbor, DAPO, NoMemory, RaR, SSGRPO, RubricEM, ARCO
 # BankItem fields read through dataclasses.asdict (rubric_bank rows)
 source_traj_id, utility
 # plug-ins named by import-path strings (tests/test_plugins.py, docs/plugins.md)
 KeywordSearch, LenientJudge, em_minus_search_cost
+# torch's ProcessGroupNCCL.Options timeout, read by torch (tasks/training/vllm_sync.py, NcclCommunicator)
+_._timeout

@@ -101,7 +101,10 @@ def deterministic():
 # module fixtures are built once, and the units are handed out in this order, the costliest first (measured with
 # --durations on two cores), so that the last unit to finish is a short one. Files not named follow in collection
 # order.
-COSTLIEST_FIRST: tuple[str, ...] = ()
+COSTLIEST_FIRST: tuple[str, ...] = (
+    "test_real_judge.py", "test_learning.py", "test_flow_train.py", "test_flow_pipeline.py", "test_deployment.py",
+    "test_flow_guidance.py", "test_sft.py", "test_example_diversity.py", "test_flow_rubricem.py", "test_flow_arco.py",
+    "test_flow_lora.py", "test_smollm2.py", "test_arco.py", "test_bad_input.py")
 # files that share a session fixture too costly to build twice (reference_run) form one unit
 ONE_UNIT = {"test_flow_train.py": "reference_run", "test_flow_pipeline.py": "reference_run"}
 

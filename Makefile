@@ -35,11 +35,11 @@ demo: setup
 TEST_WORKERS ?= 2
 test:
 	$(MAKE) -j2 setup judge-env
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
 
 # the developers' inner loop: unit and contract tests, no integration runs (`slow`), a few minutes
 test-fast: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow" --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow" --durations=15
 
 lint: setup
 	$(BIN)/ruff check .

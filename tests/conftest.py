@@ -18,8 +18,14 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_UI_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # a Prefect home of each worker's own (issue 46)
-    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"arbor-tests-prefect-{_worker}-")
+if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist (issue 46)
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"arbor-tests-prefect-{_worker}-")  # each worker's own
+    # The cores shared out between the workers, inherited by every process a test starts. Left at torch's default
+    # (every core), two workers' OpenMP threads spin on each other: a small forward/backward/AdamW loop ran at
+    # 2.2 it/s with two threads and 47.8 it/s with one, on two cores loaded by another job.
+    _threads = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    os.environ.setdefault("MKL_NUM_THREADS", _threads)
 
 
 @pytest.fixture

@@ -362,22 +362,85 @@ def train_cmd(
             _redo(cfg, resume, redo, home)
     except (ConfigError, PreflightError, SchemaError) as e:
         _fail(e)
-    from arbor.flows.train import arbor_train
-    from arbor.quiet import quiet
-
-    quiet()  # again, now that Prefect's log handlers exist
+    from arbor import stop
 
     t0 = time.perf_counter()
+    name = resume or run_id
+    previous = stop.install(lambda s: _stop_line(s, name, home))  # from here on, one stop path (issue 49)
+    api = None
     try:
-        rid = arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None, run_id=resume or run_id,
-                          resume=resume is not None)
+        api = _own_prefect_api(home)  # in a session of its own: a group signal cannot take the API from the run
+        from arbor.flows.train import arbor_train
+        from arbor.quiet import quiet
+
+        quiet()  # again, now that Prefect's log handlers exist
+        with _api_settings(api):
+            rid = arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None,
+                              run_id=resume or run_id, resume=resume is not None)
+    except stop.RunStopped as s:
+        if api is not None:
+            api.stop()
+        stop.report(s)
+        os._exit(s.code)  # the run is recorded and unwound: nothing left to wait for (Prefect's log flush)
     except Exception as e:  # noqa: BLE001 - the flow's log above holds the traceback; the last line says what now
         name = resume or run_id
         typer.echo(f"error: {f'run {name}' if name else 'the run'} stopped: {_cause(e)}; what was stored is kept: "
                    f"fix that and resume it with `{_me()} train --resume {name or 'RUN'}`"
                    + ("" if name else f" (`{_me()} runs` lists RUN)"), err=True)
         raise typer.Exit(1) from None
+    finally:
+        stop.uninstall(previous)
     _next_steps(rid, home, time.perf_counter() - t0)
+
+
+def _own_prefect_api(home: Path) -> Any:
+    """Start Prefect's temporary API server ourselves when no API is configured (``PREFECT_API_URL``), in its own
+    session, watched (its death stops the run naming it) and stopped when this process exits; None otherwise."""
+    import atexit
+
+    from prefect.settings import get_current_settings
+
+    if get_current_settings().api.url:
+        return None
+    from arbor import stop
+    from arbor.api_server import TemporaryApi
+
+    api = TemporaryApi(home / "logs" / "prefect-api.log",
+                       float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    atexit.register(api.stop)  # registered before Prefect's own exit handlers, so it runs after them
+    os.environ["PREFECT_API_URL"] = api.start()  # for processes the run starts
+    api.watch(stop.request)
+    stop.on_hard_stop(lambda _s: api.stop(grace_s=1.0))
+    return api
+
+
+def _api_settings(api: Any) -> Any:
+    """Prefect's settings pointing at ``api`` (its settings were read when Prefect was imported)."""
+    from contextlib import nullcontext
+
+    if api is None:
+        return nullcontext()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    return temporary_settings(updates={PREFECT_API_URL: api.url})
+
+
+def _stop_line(s: Any, name: str | None, home: Path) -> str:
+    """The last line of a stopped run: what stopped it and how to go on."""
+    from arbor import stop
+    from arbor.storage.runs import run_row
+
+    rid = name or stop.run_id()
+    why = f"by {s.cause}" if s.signalled else f"because {s.cause}"
+    head = "stopped" if s.signalled else "error"
+    try:
+        stored = rid is not None and run_row(rid, home) is not None
+    except Exception:  # noqa: BLE001 - the line must come out whatever the store says
+        stored = rid is not None
+    if not stored:
+        return (f"{head}: the run stopped {why} before it stored anything; start it again with the same command")
+    return (f"{head}: run {rid} stopped {why}; what was stored is kept: resume it with "
+            f"`{_me()} train --resume {rid}`")
 
 
 def _cause(e: BaseException) -> str:

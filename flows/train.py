@@ -276,6 +276,18 @@ def lagged_engine_version(state: RunState) -> int | None:
     return max(r - 2, 0) if r <= state.cfg.run.steps else None
 
 
+def end_status(e: BaseException) -> str:
+    """How a run that raised ``e`` ended: ``stopped`` when it was asked to stop (a signal), else ``failed`` (a
+    dependency found dead included)."""
+    from prefect.exceptions import TerminationSignal
+
+    from arbor.stop import RunStopped
+
+    if isinstance(e, RunStopped):
+        return "stopped" if e.signalled else "failed"
+    return "stopped" if isinstance(e, KeyboardInterrupt | TerminationSignal) else "failed"
+
+
 # ------------------------------------------------------------------------------------------------ tasks
 EVAL = Stage("eval", ("eval_results", "judge_calls"), retries=1)  # every run.eval_every steps, any method
 
@@ -419,6 +431,9 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
     from arbor.quiet import quiet
 
     quiet()  # a worker's flow run has no CLI to do it
+    from arbor import stop
+
+    stop.rearm()  # under `arbor train`: SIGTERM takes arbor's stop path, not the handler Prefect set for the flow
     from arbor.storage.catalog import ensure_catalog
     from arbor.tasks.reporting.tracking import Tracker, grouped_metrics
     from arbor.tasks.step import sample_rows, tracked_metrics
@@ -434,10 +449,13 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
         locks.close()
         raise
     rid = cfg.run.run_id or ""
+    stop.set_run(rid)
     locks.enter_context(run_lock(rid, home))
     store = StageStore(rid, home)
     started = time.time()
     store.record(0, "run", "running", started, None)
+    # if the stop's bound forces the exit before the flow unwinds, the run is still recorded as stopped
+    forget = stop.on_hard_stop(lambda s: store.record(0, "run", end_status(s), started, time.time()))
     heartbeat = Heartbeat(rid, home).start()  # host, pid, heartbeat: `arbor runs` tells running from crashed
     logger = get_run_logger()
     try:
@@ -462,11 +480,12 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                         m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
                         time.perf_counter() - t0,
                     )
-    except BaseException:
-        store.record(0, "run", "failed", started, time.time())
+    except BaseException as e:
+        store.record(0, "run", end_status(e), started, time.time())
         locks.close()
         raise
     finally:
+        forget()
         heartbeat.stop()
     store.record(0, "run", "completed", started, time.time())
     locks.close()

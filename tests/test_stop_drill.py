@@ -1,0 +1,240 @@
+"""Issue 49: the stop drill. `arbor train` is asked to stop as users and supervisors ask — SIGINT (a terminal's
+Ctrl-C) and SIGTERM (`timeout`, SLURM's `scancel`), each sent to the process alone or to its whole process group —
+in each phase it can reach on two CPU cores, and it loses Prefect's temporary API server mid-run. Every case must
+end within 15 s of the signal with one last line naming what stopped the run and how to go on, the run recorded
+as stopped (failed for the dead server), and no process of the run left behind; a stopped run resumes to exactly
+the result of a run that was never stopped.
+
+Every run is a real `.venv/bin/arbor train` in a session of its own (as a terminal's foreground job is), with no
+PREFECT_API_URL, so each starts its own temporary Prefect server — the server a group signal used to kill. Phases
+are reached by waiting for the run's own progress lines or its processes, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/environ").exists(),
+                                                   reason="the drill reads /proc (Linux)")]
+
+ARBOR = str(Path(sys.executable).parent / "arbor")
+BOUND_S = 15.0
+TINY = ("run.steps=1", "rollout.batch_size=2", "rollout.k=2", "rollout.max_turns=2",
+        "rollout.max_new_tokens_per_turn=16", "search.corpus=corpus.jsonl", "checkpoint.every=1")
+NAMES = {signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGTERM: "SIGTERM"}
+TABLE: list[tuple[str, float, str, str | None, str]] = []  # (case, seconds, last line, status, resume), printed
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """One workspace and Prefect home for every case (the tiny policy, BM25 index and SFT data are built once); a
+    20-passage corpus; progress lines every 0.2 s."""
+    root = tmp_path_factory.mktemp("drill")
+    (root / "corpus.jsonl").write_text("".join(
+        json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."}) + "\n" for i in range(20)))
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "ARBOR_FAULT", "ARBOR_SFT_FAULT")}
+    env.update(ARBOR_HOME=str(root / "home"), PREFECT_HOME=str(root / "prefect"), ARBOR_PROGRESS_SECONDS="0.2",
+               PREFECT_LOGGING_LEVEL="INFO")  # SFT's progress lines are the flow's log lines
+    yield root, env
+    print("\n| case | s to exit | last line | status | resume |\n|---|---|---|---|---|")
+    for case, secs, line, status, resume in TABLE:
+        print(f"| {case} | {secs:.1f} | {line} | {status} | {resume} |")
+
+
+LIVE: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_run_outlives_its_case():
+    """A case that failed before its run ended: its session is killed (the next case must not share the cores)."""
+    yield
+    while LIVE:
+        proc = LIVE.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+class Run:
+    """A live `arbor train` in its own session; its output (stdout and stderr) collected line by line."""
+
+    def __init__(self, root: Path, env: dict[str, str], case: str, args: list[str]) -> None:
+        self.mark = f"ARBOR_DRILL_CASE={case}"
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen([ARBOR, "train", *args], cwd=root, env={**env, "ARBOR_DRILL_CASE": case},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        LIVE.append(self.proc)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def tail(self) -> str:
+        return "\n".join(self.lines[-40:])
+
+    def wait_for(self, ready: Callable[[], bool], what: str, timeout_s: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            assert self.proc.poll() is None, f"exited {self.proc.returncode} before {what}:\n{self.tail()}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout_s:.0f} s:\n{self.tail()}"
+            time.sleep(0.05)
+
+    def printed(self, text: str) -> Callable[[], bool]:
+        return lambda: any(text in line for line in self.lines)
+
+    def processes(self) -> dict[int, bytes]:
+        """The live processes of this case ({pid: command line}): the run, its servers, its watchdog."""
+        out: dict[int, bytes] = {}
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and self.mark.encode() in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
+                    out[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                pass
+        return out
+
+    def api_server(self) -> int | None:
+        """The pid of the run's temporary Prefect API server, once it was started."""
+        return next((pid for pid, cmd in self.processes().items() if b"prefect.server.api.server" in cmd), None)
+
+    def finish(self) -> tuple[float, str]:
+        """Seconds from now to the run's exit, and its last line; then no process of the case may remain."""
+        t0 = time.monotonic()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            pytest.fail(f"still running 60 s after the stop:\n{self.tail()}")
+        secs = time.monotonic() - t0
+        self._reader.join(timeout=10)
+        deadline = time.monotonic() + 10  # the watchdog looks every second
+        while (left := self.processes()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, left
+        return secs, (self.lines or [""])[-1]
+
+
+def _status(home: Path, run_id: str) -> str | None:
+    from arbor.storage.liveness import run_status_table
+
+    rows = run_status_table(home).to_pylist()
+    return next((r["status"] for r in rows if r["run_id"] == run_id), None)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    sets: tuple[str, ...]
+    reached: Callable[[Run], Callable[[], bool]]
+    stores: bool  # the run's row exists once the phase is reached
+
+
+PHASES = {
+    "start-up": Phase("start-up", ("run.sft_warm_start=false",),  # the temporary server is starting
+                      lambda r: lambda: r.api_server() is not None, stores=False),
+    "sft": Phase("sft", (), lambda r: r.printed("SFT update"), stores=True),
+    "rollout": Phase("rollout", ("run.sft_warm_start=false",), lambda r: r.printed("· rollout ·"), stores=True),
+    "train": Phase("train", ("run.sft_warm_start=false",), lambda r: r.printed("· train ·"), stores=True),
+}
+CASES = [(phase, sig, group) for phase in PHASES for sig in (signal.SIGINT, signal.SIGTERM) for group in (False, True)]
+
+
+def _case_id(phase: str, sig: int, group: bool) -> str:
+    return f"{phase}-{signal.Signals(sig).name}-{'group' if group else 'process'}"
+
+
+def _expected(run_id: str, sig: int, stores: bool) -> str:
+    why = f"by {NAMES[sig]}"
+    if not stores:
+        return f"stopped: the run stopped {why} before it stored anything; start it again with the same command"
+    return f"stopped: run {run_id} stopped {why}; what was stored is kept: resume it with `{ARBOR} train --resume {run_id}`"
+
+
+@pytest.mark.parametrize(("phase", "sig", "group"), CASES, ids=[_case_id(*c) for c in CASES])
+def test_a_signal_stops_the_run_in_seconds(drill, phase: str, sig: int, group: bool) -> None:
+    root, env = drill
+    case = _case_id(phase, sig, group)
+    run_id = case.lower()
+    p = PHASES[phase]
+    run = Run(root, env, case, ["--run-id", run_id, *[f"--set={s}" for s in (*TINY, *p.sets)]])
+    run.wait_for(p.reached(run), phase)
+    (os.killpg if group else os.kill)(run.proc.pid, sig)
+    secs, last = run.finish()
+    status = _status(root / "home", run_id)
+    TABLE.append((case, secs, last, status, "-"))
+    assert last == _expected(run_id, sig, p.stores), run.tail()
+    assert run.proc.returncode == 128 + sig, run.tail()
+    assert status == ("stopped" if p.stores else None)
+    assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+
+
+def test_a_dead_prefect_server_ends_the_run_naming_it(drill) -> None:
+    """Prefect's temporary server SIGKILLed mid-rollout: the run ends in seconds naming it (it used to wait minutes
+    on the dead API), marked failed, with the resume command."""
+    root, env = drill
+    run = Run(root, env, "api-killed", ["--run-id", "api-killed", *[f"--set={s}" for s in TINY],
+                                        "--set=run.sft_warm_start=false"])
+    run.wait_for(run.printed("· rollout ·"), "rollout")
+    server = run.api_server()
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    secs, last = run.finish()
+    status = _status(root / "home", "api-killed")
+    TABLE.append(("api-server SIGKILL in rollout", secs, last, status, "-"))
+    assert last == (f"error: run api-killed stopped because Prefect's API server (pid {server}) exited with status "
+                    f"-9; what was stored is kept: resume it with `{ARBOR} train --resume api-killed`"), run.tail()
+    assert run.proc.returncode == 1 and status == "failed"
+    assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+
+
+def _result(home: Path, run_id: str) -> tuple[list[tuple], list[tuple], dict[str, bytes]]:
+    """What a run computed: its trajectories, its steps' update metrics and its final policy's weights."""
+    from safetensors.torch import load_file
+
+    from arbor.storage.parquet import read_table
+
+    trajs = sorted((r["step"], r["group"], r["sample"], r["text"], tuple(r["response_ids"]),
+                    tuple(r["rollout_logprobs"]), r["shaped_reward"])
+                   for r in read_table("trajectories", run_id=run_id, home=home).to_pylist())
+    steps = sorted((r["step"], r["loss"], r["grad_norm"], r["approx_kl"], r["entropy"])
+                   for r in read_table("steps", run_id=run_id, home=home).to_pylist())
+    [weights] = (home / "checkpoints" / run_id / "step_000001" / "hf").glob("*.safetensors")
+    return trajs, steps, {k: v.numpy().tobytes() for k, v in load_file(weights).items()}
+
+
+def test_a_run_stopped_by_a_group_ctrl_c_in_training_resumes_exactly(drill) -> None:
+    """The representative case: Ctrl-C to the whole group while step 1 trains, then `arbor train --resume`; the
+    trajectories, the update's metrics and the final weights equal those of a run never stopped."""
+    root, env = drill
+    home = root / "home"
+    sets = [f"--set={s}" for s in (*TINY, "run.sft_warm_start=false")]
+    run = Run(root, env, "resume", ["--run-id", "stopped", *sets])
+    run.wait_for(run.printed("· train ·"), "train")
+    os.killpg(run.proc.pid, signal.SIGINT)
+    secs, last = run.finish()
+    assert last == _expected("stopped", signal.SIGINT, True) and _status(home, "stopped") == "stopped", run.tail()
+    again = Run(root, env, "resume", ["--resume", "stopped"])
+    again.wait_for(lambda: again.proc.poll() is not None, "the resumed run's end", timeout_s=300)
+    assert again.proc.returncode == 0, again.tail()
+    ref = Run(root, env, "ref", ["--run-id", "never-stopped", *sets])
+    ref.wait_for(lambda: ref.proc.poll() is not None, "the reference run's end", timeout_s=300)
+    assert ref.proc.returncode == 0, ref.tail()
+    same = _result(home, "stopped") == _result(home, "never-stopped")
+    TABLE.append(("train-SIGINT-group, then --resume", secs, last, _status(home, "stopped"), str(same)))
+    assert _status(home, "stopped") == "completed"
+    assert same

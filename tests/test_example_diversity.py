@@ -65,7 +65,7 @@ def test_two_steps_store_and_shape_with_diversity(reference: Path) -> None:
     trajs = {t["traj_id"]: t for t in table("trajectories", RUN, reference)}
     stored = table("group_diversity", RUN, reference)
     assert len(stored) == len(trajs) == 2 * 4 * 4
-    moved = 0
+    moved = compared = 0
     for step in (1, 2):
         for g in range(4):
             mine = sorted((r for r in stored if (r["step"], r["group"]) == (step, g)), key=lambda r: r["sample"])
@@ -73,11 +73,17 @@ def test_two_steps_store_and_shape_with_diversity(reference: Path) -> None:
             assert [r["diversity"] for r in mine] == pytest.approx(diversity_scores(texts))
             group = [trajs[r["traj_id"]] for r in mine]
             moved += any(t["shaped_reward"] != pytest.approx(t["base_reward"]) for t in group)
-            d = [r["diversity"] for r in mine]
-            if max(d) - min(d) > 1e-9:  # the more diverse response gains relative to the less diverse one
-                hi, lo = group[d.index(max(d))], group[d.index(min(d))]
+            # the more diverse response gains relative to the less diverse one; a format-invalid response keeps its
+            # base reward exactly (shaping skips it), so only valid ones are compared
+            valid = [(r["diversity"], t) for r, t in zip(mine, group, strict=True) if t["format_valid"]]
+            for t in group:
+                if not t["format_valid"]:
+                    assert t["shaped_reward"] == t["base_reward"]
+            if len(valid) > 1 and max(v[0] for v in valid) - min(v[0] for v in valid) > 1e-9:
+                hi, lo = max(valid, key=lambda v: v[0])[1], min(valid, key=lambda v: v[0])[1]
+                compared += 1
                 assert (hi["shaped_reward"] - hi["base_reward"]) > (lo["shaped_reward"] - lo["base_reward"])
-    assert moved  # the reward of some group was shaped by its diversity
+    assert moved and compared  # the reward of some group was shaped by its diversity
 
 
 @pytest.mark.slow

@@ -34,7 +34,9 @@ from typing import Any
 
 from prefect import Task, flow, get_run_logger, task
 from prefect.cache_policies import CachePolicy
+from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
+from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from arbor.config import ArborConfig, load_config
@@ -84,6 +86,7 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
     (``ConfigError``). ``resume`` with an unknown id is refused; a new run's config is written."""
     from arbor.config.resume import amend_config
     from arbor.config.show import config_sources, read_sources, write_run_config
+    from arbor.preflight import require
     from arbor.storage.parquet import write_stage
     from arbor.storage.runs import record_config_changes
 
@@ -91,6 +94,7 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
         stored = stored_config(run_id, home)
         if stored is not None:
             cfg, changes = amend_config(stored, overrides)
+            require(cfg)  # what the run needs is here, before its record changes
             if changes:
                 record_config_changes(run_id, cfg.to_json(), changes, home)
                 path = run_config_path(run_id, home)
@@ -101,6 +105,7 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
         if resume:
             raise ValueError(f"cannot resume run '{run_id}': no such run in {home}")
     cfg = load_config(profile, overrides)
+    require(cfg)  # a run that cannot start leaves nothing behind (issue 47: a deployment run on the wrong machine)
     rid = run_id or cfg.run.run_id or new_run_id(cfg.run.profile)
     cfg.run.run_id = rid
     write_stage("runs", [{
@@ -156,14 +161,13 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     """Build engines, judge, method and trainer; restore the policy and the method's state from stored artifacts.
     The returned ``RunState`` is a context manager that stops what it started."""
     from arbor.llm import make_judge
-    from arbor.preflight import require, weight_sync_plan
+    from arbor.preflight import weight_sync_plan
     from arbor.tasks.env.datasets import fields_of, load_questions
     from arbor.tasks.env.policy import load_policy
     from arbor.tasks.env.rollout import make_engine
     from arbor.tasks.env.search import make_search
     from arbor.tasks.methods.coreact.guidance import make_guide
 
-    require(cfg)
     if cfg.rollout.engine == "openai":
         print(weight_sync_plan(cfg))  # which sync this run uses and why (logged by the flow: log_prints)
     run_id = cfg.run.run_id
@@ -426,12 +430,16 @@ def tag_flow_run(*new: str) -> None:
 
 @flow(name="arbor-train", log_prints=True, flow_run_name=flow_run_name)
 def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None, run_id: str | None = None,
-                resume: bool = False) -> str:
-    """Run (or resume) a training run; returns its run id."""
+                resume: bool = False) -> str | State:
+    """Run (or resume) a training run; returns its run id, or a Failed state naming what refused it (a bad key
+    or value, a missing resource) before anything of the run was written."""
     from arbor.quiet import quiet
 
     quiet()  # a worker's flow run has no CLI to do it
     from arbor import stop
+    from arbor.config import ConfigError
+    from arbor.preflight import PreflightError
+    from arbor.storage.schemas import SchemaError
 
     stop.rearm()  # under `arbor train`: SIGTERM takes arbor's stop path, not the handler Prefect set for the flow
     from arbor.storage.catalog import ensure_catalog
@@ -445,6 +453,11 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
         locks.enter_context(run_lock(run_id, home))
     try:
         cfg = prepare_run(profile, overrides, run_id, resume, home)
+    except (ConfigError, PreflightError, SchemaError) as e:
+        # refused before anything of the run was written: the flow run ends Failed with the reason as its one
+        # line (a deployment run has no CLI to print it; a traceback would bury it)
+        locks.close()
+        return Failed(message=f"{type(e).__name__}: {e}")
     except BaseException:
         locks.close()
         raise

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +22,7 @@ os.environ.setdefault("PREFECT_UI_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist (issue 46)
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"arbor-tests-prefect-{_worker}-")  # each worker's own
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
     # The cores shared out between the workers, inherited by every process a test starts. Left at torch's default
     # (every core), two workers' OpenMP threads spin on each other: a small forward/backward/AdamW loop ran at
     # 2.2 it/s with two threads and 47.8 it/s with one, on two cores loaded by another job.

@@ -260,12 +260,25 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
                              {k: v for k, v in env.items() if k != "ARBOR_HOME"}, work_dir, timeout=600, ok=False)
         refused = _get(api, f"/flow_runs/{unset}")
         stored = json.dumps([_post(api, "/deployments/filter"), _post(api, "/flow_runs/filter")])
+
+        # the command users named, on this machine (no GPU, no vLLM, no keys): refused in one line, no run written
+        qwen = _run(api, "arbor-train/qwen3-8b", {"profile": "qwen3-8b"})
+        _prefect(["worker", "start", "--pool", gpu_pool, "--run-once"], env, work_dir, timeout=600, ok=False)
+        qwen_state = _get(api, f"/flow_runs/{qwen}")["state"]
     finally:
         for w in workers:
             w.terminate()
             w.wait(timeout=180)
         server.terminate()
         server.wait(timeout=30)
+    assert qwen_state["type"] == "FAILED", qwen_state
+    why = qwen_state["message"]
+    assert why.startswith("PreflightError: profile 'qwen3-8b' cannot start here: ") and "\n" not in why, why
+    for missing in ("but this machine has 0", "'vllm' is not an executable", "DASHSCOPE_API_KEY is not set",
+                    "SERPER_API_KEY is not set", "sft.data: no such file"):
+        assert missing in why, (missing, why)
+    assert not any(r["run_id"].startswith("qwen3-8b") for r in read_table("runs", home=home).to_pylist())
+    assert not [p for p in (home / "runs").iterdir() if p.name.startswith("qwen3-8b")]
     steps = read_table("steps", run_id="deployed", home=home).to_pylist()
     assert [s["step"] for s in steps] == [1]
     # the retried flow run trained the run it started: step 1 from its first attempt (Cached), step 2 completed

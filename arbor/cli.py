@@ -12,9 +12,10 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -362,47 +363,73 @@ def train_cmd(
             _redo(cfg, resume, redo, home)
     except (ConfigError, PreflightError, SchemaError) as e:
         _fail(e)
-    from arbor import stop
-
     t0 = time.perf_counter()
     name = resume or run_id
-    previous = stop.install(lambda s: _stop_line(s, name, home))  # from here on, one stop path (issue 49)
-    api = None
-    try:
-        api = _own_prefect_api(home)  # in a session of its own: a group signal cannot take the API from the run
+
+    def train() -> str:
         from arbor.flows.train import arbor_train
+
+        return arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None, run_id=resume or run_id,
+                           resume=resume is not None)
+
+    try:
+        rid = _on_stop_path(lambda s: _stop_line(s, name, home), home, train)
+    except Exception as e:  # noqa: BLE001 - the flow's log above holds the traceback; the last line says what now
+        typer.echo(f"error: {f'run {name}' if name else 'the run'} stopped: {_cause(e)}; what was stored is kept: "
+                   f"fix that and resume it with `{_me()} train --resume {name or 'RUN'}`"
+                   + ("" if name else f" (`{_me()} runs` lists RUN)"), err=True)
+        raise typer.Exit(1) from None
+    _next_steps(rid, home, time.perf_counter() - t0)
+
+
+_T = TypeVar("_T")
+
+
+def _on_stop_path(line: Callable[[Any], str], home: Path, body: Callable[[], _T]) -> _T:
+    """Run ``body`` (a command's flows) on the one stop path (issue 49): SIGINT and SIGTERM, to the process or its
+    group, and a dependency found dead end it in seconds with the one line ``line`` renders (exit 130 / 143 / 1);
+    Prefect's temporary API is started here in a session of its own, an external one is watched. Any other
+    exception is the caller's to report."""
+    from arbor import stop
+
+    previous = stop.install(line)  # from here on, one stop path
+    api, watches = None, []
+    try:
+        api, watches = _own_prefect_api(home)  # a group signal cannot take the API from the run
         from arbor.quiet import quiet
 
         quiet()  # again, now that Prefect's log handlers exist
         with _api_settings(api):
-            rid = arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None,
-                              run_id=resume or run_id, resume=resume is not None)
+            return body()
     except stop.RunStopped as s:
         if api is not None:
             api.stop()
         stop.report(s)
         os._exit(s.code)  # the run is recorded and unwound: nothing left to wait for (Prefect's log flush)
-    except Exception as e:  # noqa: BLE001 - the flow's log above holds the traceback; the last line says what now
-        name = resume or run_id
-        typer.echo(f"error: {f'run {name}' if name else 'the run'} stopped: {_cause(e)}; what was stored is kept: "
-                   f"fix that and resume it with `{_me()} train --resume {name or 'RUN'}`"
-                   + ("" if name else f" (`{_me()} runs` lists RUN)"), err=True)
-        raise typer.Exit(1) from None
     finally:
         stop.uninstall(previous)
-    _next_steps(rid, home, time.perf_counter() - t0)
+        for w in watches:
+            w.stop()
 
 
-def _own_prefect_api(home: Path) -> Any:
+def _own_prefect_api(home: Path) -> tuple[Any, list[Any]]:
     """Start Prefect's temporary API server ourselves when no API is configured (``PREFECT_API_URL``), in its own
-    session, watched (its death stops the run naming it) and stopped when this process exits; None otherwise."""
+    session, watched (its death stops the run naming it) and stopped when this process exits. An API configured
+    elsewhere is watched through its port (``arbor.liveness``: gone for a bounded time, the run stops naming it).
+    Returns (the temporary server or None, the port watches)."""
     import atexit
 
     from prefect.settings import get_current_settings
 
-    if get_current_settings().api.url:
-        return None
     from arbor import stop
+
+    if url := get_current_settings().api.url:
+        from arbor.liveness import DEAD_AFTER_S, is_local, watch_endpoint
+
+        # a remote API (Prefect Cloud, a shared server) is asked less often and given longer: a network blip is
+        # not a dead server
+        slow = {} if is_local(url) else {"every_s": 1.0, "dead_after_s": 5 * DEAD_AFTER_S}
+        return None, [watch_endpoint("Prefect's API", url, stop.request, **slow)]
     from arbor.api_server import TemporaryApi
 
     api = TemporaryApi(home / "logs" / "prefect-api.log",
@@ -411,7 +438,7 @@ def _own_prefect_api(home: Path) -> Any:
     os.environ["PREFECT_API_URL"] = api.start()  # for processes the run starts
     api.watch(stop.request)
     stop.on_hard_stop(lambda _s: api.stop(grace_s=1.0))
-    return api
+    return api, []
 
 
 def _api_settings(api: Any) -> Any:
@@ -425,22 +452,27 @@ def _api_settings(api: Any) -> Any:
     return temporary_settings(updates={PREFECT_API_URL: api.url})
 
 
-def _stop_line(s: Any, name: str | None, home: Path) -> str:
-    """The last line of a stopped run: what stopped it and how to go on."""
+def _why(s: Any) -> tuple[str, str]:
+    """(the line's head, why it stopped) for a stop ``s``: asked (a signal) or a dependency found dead."""
+    return ("stopped", f"by {s.cause}") if s.signalled else ("error", f"because {s.cause}")
+
+
+def _stop_line(s: Any, name: str | None, home: Path, resume: Callable[[str], str] | None = None) -> str:
+    """The last line of a stopped run: what stopped it and how to go on (``resume``: the command that continues
+    run RID; default ``arbor train --resume RID``)."""
     from arbor import stop
     from arbor.storage.runs import run_row
 
     rid = name or stop.run_id()
-    why = f"by {s.cause}" if s.signalled else f"because {s.cause}"
-    head = "stopped" if s.signalled else "error"
+    head, why = _why(s)
     try:
         stored = rid is not None and run_row(rid, home) is not None
     except Exception:  # noqa: BLE001 - the line must come out whatever the store says
         stored = rid is not None
     if not stored:
         return (f"{head}: the run stopped {why} before it stored anything; start it again with the same command")
-    return (f"{head}: run {rid} stopped {why}; what was stored is kept: resume it with "
-            f"`{_me()} train --resume {rid}`")
+    how = resume(rid) if resume is not None else f"{_me()} train --resume {rid}"
+    return f"{head}: run {rid} stopped {why}; what was stored is kept: resume it with `{how}`"
 
 
 def _cause(e: BaseException) -> str:
@@ -482,13 +514,16 @@ def guidance_train_cmd(
             raise PreflightError(f"profile '{cfg.run.profile}' cannot start here: {'; '.join(missing)}")
     except (ConfigError, PreflightError, SchemaError, ValueError) as e:
         _fail(e)
-    from arbor.flows.guidance import arbor_guidance_train
-    from arbor.quiet import quiet
 
-    quiet()  # again, now that Prefect's log handlers exist
+    def guidance() -> Any:
+        from arbor.flows.guidance import arbor_guidance_train
 
-    typer.echo(arbor_guidance_train(profile=profile, overrides=overrides or None, checkpoint=checkpoint,
-                                    run_id=run_id))
+        return arbor_guidance_train(profile=profile, overrides=overrides or None, checkpoint=checkpoint, run_id=run_id)
+
+    # a known run id continues that run from its stored config (flows.train.prepare_run)
+    typer.echo(_on_stop_path(lambda s: _stop_line(s, run_id, arbor_home(),
+                                                  lambda rid: f"{_me()} guidance-train --run-id {rid}"),
+                             arbor_home(), guidance))
 
 
 @app.command("demo")
@@ -510,12 +545,14 @@ def demo_cmd(
         require(load_config(profile, {**overrides, **({"run.steps": steps} if steps is not None else {})}))
     except (ConfigError, PreflightError) as e:
         _fail(e)
-    from arbor.flows.demo import run_demo
-    from arbor.quiet import quiet
+    from arbor.paths import arbor_home
 
-    quiet()  # again, now that Prefect's log handlers exist
+    def demo() -> str:
+        from arbor.flows.demo import run_demo
 
-    run_demo(steps=steps, overrides=overrides, profile=profile)
+        return run_demo(steps=steps, overrides=overrides, profile=profile)
+
+    _on_stop_path(lambda s: _stop_line(s, None, arbor_home()), arbor_home(), demo)
 
 
 config_app = typer.Typer(help="The resolved config: every value and where it came from.", no_args_is_help=True)
@@ -720,13 +757,19 @@ def eval_cmd(
     except (ConfigError, EvalError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    from arbor.flows.evaluate import arbor_eval
-    from arbor.quiet import quiet
+    from arbor.paths import arbor_home
 
-    quiet()  # again, now that Prefect's log handlers exist
+    def evaluate() -> str:
+        from arbor.flows.evaluate import arbor_eval
 
-    arbor_eval(checkpoint=checkpoint, profile=profile, overrides=overrides or None, splits=splits,
-               runs=runs, limit=limit)
+        return arbor_eval(checkpoint=checkpoint, profile=profile, overrides=overrides or None, splits=splits,
+                          runs=runs, limit=limit)
+
+    def line(s: Any) -> str:  # an evaluation keeps its results only once it is complete: nothing to resume
+        head, why = _why(s)
+        return f"{head}: the evaluation stopped {why}; nothing of it is kept: start it again with the same command"
+
+    _on_stop_path(line, arbor_home(), evaluate)
 
 
 @app.command("report")
@@ -768,12 +811,14 @@ def compare_cmd(
         plan_compare(chosen, profile, overrides)
     except (CompareError, ConfigError, PreflightError) as e:
         _fail(e)
-    from arbor.flows.compare import run_compare
-    from arbor.quiet import quiet
+    from arbor.paths import arbor_home
 
-    quiet()  # again, now that Prefect's log handlers exist
+    def compare() -> tuple[list[str], str]:
+        from arbor.flows.compare import run_compare
 
-    _ids, table = run_compare(chosen, profile, overrides)
+        return run_compare(chosen, profile, overrides)
+
+    _ids, table = _on_stop_path(lambda s: _stop_line(s, None, arbor_home()), arbor_home(), compare)
     sys.stdout.write(table + "\n")
 
 

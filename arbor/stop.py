@@ -119,7 +119,7 @@ def _on_signal(signum: int, frame: Any) -> None:
 def request(cause: str, code: int = 1) -> None:
     """From any thread: a dependency of the run is gone; stop the run naming ``cause`` (in the main thread)."""
     with _state.lock:
-        if _state.cause is not None:
+        if _state.cause is not None or not _state.installed:  # a watch that outlived its run: nothing to stop
             return
         _state.cause, _state.signalled, _state.code = cause, False, code
     _start_deadline(DEAD_DEPENDENCY_GRACE_S)

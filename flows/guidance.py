@@ -69,6 +69,9 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         require_council(load_config(profile, overrides))
     cfg = prepare_run(profile, overrides, run_id, False, home)
     rid = str(cfg.run.run_id)
+    from arbor import stop
+
+    stop.set_run(rid)  # a stopped run's last line names it (issue 49)
     g = cfg.guidance
     if new_run:  # prepare_run wrote the row with run.method; this run trains the generator, not a policy
         write_stage("runs", [{**(run_row(rid, home) or {}), "method": "co-react-generator"}], run_id=rid, step=0,

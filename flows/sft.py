@@ -31,7 +31,7 @@ def sft_key(cfg: ArborConfig) -> str:
     from arbor.tasks.env.sft_data import reflection_share
 
     # how many ranks train and how often state is kept do not change what is trained
-    sft = cfg.sft.model_dump(mode="json", exclude={"reflections", "processes", "save_every"})
+    sft = cfg.sft.model_dump(mode="json", exclude={"reflections", "processes", "save_every", "dist_timeout_s"})
     if share := reflection_share(cfg):  # the share the rows get (unset: the protocol's default); 0 keeps old keys
         sft["reflections"] = share
     parts = {"sft": sft, "policy": policy,
@@ -160,17 +160,56 @@ def launch_sft(cfg: ArborConfig, base: Path, data: Path, out: Path, state: Path,
     with open(state / "launch.log", "a") as log, subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            tail.append(line.rstrip())
-            if line.startswith("SFT"):  # rank 0's progress and resume lines
-                print(line.rstrip(), flush=True)
-        code = proc.wait()
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                tail.append(line.rstrip())
+                if line.startswith("SFT"):  # rank 0's progress and resume lines
+                    print(line.rstrip(), flush=True)
+            code = proc.wait()
+        except BaseException:  # asked to stop (issue 49): the group is in a session of its own, stop it here
+            stop_group(proc)
+            raise
     if code != 0 or not summary.exists():
-        raise SFTLaunchError(f"the SFT process group exited with status {code} (log: {state / 'launch.log'}); "
-                             "run arbor-sft again to resume from its last kept state. Last lines:\n"
-                             + "\n".join(tail))
+        dead = dead_rank("\n".join(tail))
+        what = dead or f"the SFT process group exited with status {code}"
+        message = (f"{what} (log: {state / 'launch.log'}); run arbor-sft again to resume from its last kept state. "
+                   "Last lines:\n" + "\n".join(tail))
+        from arbor import stop
+
+        if dead and stop.installed():  # under `arbor train`: one line naming the rank, the run failed, resumable
+            print(message, flush=True)
+            raise stop.RunStopped(dead, signalled=False, code=1)
+        raise SFTLaunchError(message)
     return json.loads(summary.read_text())
+
+
+def dead_rank(output: str) -> str | None:
+    """The rank whose exit ended a launch, from torchrun's failure report ("Root Cause (first observed failure)":
+    ``rank : 1 (local_rank: 1)``, ``exitcode : -9 (pid: 123)``); None when the output holds no such report (the
+    deepspeed launcher's, a launch that failed before its ranks started). torchrun stops the other ranks itself
+    as soon as one exits (it looks every 0.1 s)."""
+    import re
+
+    _, found, rest = output.partition("Root Cause (first observed failure)")
+    m = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)", rest, re.S) if found else None
+    return f"SFT rank {m[1]} (pid {m[3]}) exited with status {m[2]}" if m else None
+
+
+def stop_group(proc: subprocess.Popen[str], grace_s: float = 3.0) -> None:
+    """SIGTERM the launched group (its session: the launcher and every rank), SIGKILL it after ``grace_s``."""
+    import signal
+
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:

@@ -194,6 +194,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
             servers.append(server)
             cfg.rollout.base_url = spec.base_url
         engine = make_engine(cfg, search=search, home=home)
+    servers += watch_dependencies(cfg, servers)
     judge = make_judge(cfg.judge, home=home)
     if cfg.run.stream_judging:  # issue 19: a group's judge work starts once its rollouts end
         from arbor.llm.stream import StreamedJudge
@@ -214,6 +215,27 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     gc.collect()
     gc.freeze()
     return state
+
+
+def watch_dependencies(cfg: ArborConfig, servers: list[Any]) -> list[Any]:
+    """Under ``arbor train`` (its stop path installed), a server the run relies on that dies ends the run naming it
+    (issue 49): the `vllm serve` the flow started, by its process; a judge or rollout server on this machine that
+    someone else started (``arbor judge serve``), by its port (``arbor.liveness``). Returns the port watches
+    (stopped with the run's servers). A remote API is left to the client's retries and timeouts."""
+    from arbor import stop
+
+    if not stop.installed():
+        return []
+    from arbor.liveness import is_local, watch_endpoint
+
+    for server in servers:
+        server.watch("vLLM's server", stop.request)
+    watches = []
+    if cfg.judge.backend == "openai" and cfg.judge.base_url and is_local(cfg.judge.base_url):
+        watches.append(watch_endpoint("the judge server", cfg.judge.base_url, stop.request))
+    if cfg.rollout.engine == "openai" and not servers and cfg.rollout.base_url and is_local(cfg.rollout.base_url):
+        watches.append(watch_endpoint("the rollout server", cfg.rollout.base_url, stop.request))
+    return watches
 
 
 def make_trainer(cfg: ArborConfig, start: Path, home: Path, loss: LossSettings) -> Any:

@@ -235,6 +235,10 @@ class RunState:
     def after_train(self, step: int) -> None:
         """Once the train stage is committed: checkpoint (every N steps) and weight sync. A crash between the
         commit and the checkpoint is repaired on resume by replaying the stored batch (``restore_policy``)."""
+        from arbor.tasks.training.checkpoint import checkpoint_due
+
+        if self.progress is not None and checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
+            self.progress.stage_started(step, "checkpoint")  # the progress line names the phase (issue 49)
         self.trainer.maybe_save(step, self.last_train_metrics)
         self.method.after_train(self, step, self.last_train_metrics)
         self.sync_weights()

@@ -59,3 +59,60 @@ def test_server_that_exits_during_startup_is_reported(tmp_path) -> None:
     spec = LaunchSpec(argv=[sys.executable, "-c", "raise SystemExit(3)"], health_url="http://127.0.0.1:9/")
     with pytest.raises(ServerDied, match="exited with 3"):
         Supervised(spec, startup_timeout_s=30).start()
+
+
+def _http_server(tmp_path) -> LaunchSpec:
+    port = _free_port()
+    return LaunchSpec(argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                            "--directory", str(tmp_path)], health_url=f"http://127.0.0.1:{port}/",
+                      base_url=f"http://user:secret@127.0.0.1:{port}/v1")
+
+
+def _first(deaths: list[str], within_s: float) -> str | None:
+    """The first death reported within ``within_s`` (polled: the watch reports from its own thread)."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while not deaths and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return deaths[0] if deaths else None
+
+
+def test_a_watched_server_that_dies_is_named_and_a_planned_restart_is_not(tmp_path) -> None:
+    """Issue 49: ``Supervised.watch`` reports a server's exit (pid and status) once; ``restart_on`` and ``stop`` are
+    no death."""
+    spec = _http_server(tmp_path)
+    deaths: list[str] = []
+    with Supervised(spec, startup_timeout_s=30) as sup:
+        sup.watch("vLLM's server", deaths.append, every_s=0.05)
+        sup.restart_on(spec)  # the save-and-restart weight sync: the old process exits, planned
+        assert _first(deaths, 0.5) is None
+        assert sup.proc is not None
+        pid = sup.proc.pid
+        sup.proc.kill()
+        assert _first(deaths, 5.0) == f"vLLM's server (pid {pid}) exited with status -9"
+    spec2 = _http_server(tmp_path)
+    quiet: list[str] = []
+    with Supervised(spec2, startup_timeout_s=30) as sup:
+        sup.watch("x", quiet.append, every_s=0.05)
+    assert _first(quiet, 0.5) is None  # stopped by its owner
+
+
+def test_a_server_someone_else_started_is_watched_through_its_port(tmp_path) -> None:
+    """Issue 49: ``arbor.liveness`` calls a server gone once it refused connections for ``dead_after_s``, naming
+    its URL without the credentials in it; a live one is left alone."""
+    from arbor.liveness import shown, watch_endpoint
+
+    spec = _http_server(tmp_path)
+    deaths: list[str] = []
+    with Supervised(spec, startup_timeout_s=30) as sup:
+        watch = watch_endpoint("the judge server", spec.base_url, deaths.append, every_s=0.05, dead_after_s=0.5)
+        assert _first(deaths, 1.0) is None
+        assert sup.proc is not None
+        sup.proc.kill()
+        got = _first(deaths, 5.0)
+        watch.stop()
+    url = shown(spec.base_url)
+    assert "secret" not in url and url == spec.base_url.replace("user:secret@", "")
+    assert got == f"the judge server at {url} stopped accepting connections (connection refused for 0 s)" or \
+        got == f"the judge server at {url} stopped accepting connections (connection refused for 1 s)", got

@@ -69,10 +69,10 @@ def _no_run_outlives_its_case():
 class Run:
     """A live `arbor train` in its own session; its output (stdout and stderr) collected line by line."""
 
-    def __init__(self, root: Path, env: dict[str, str], case: str, args: list[str]) -> None:
+    def __init__(self, root: Path, env: dict[str, str], case: str, args: list[str], command: str = "train") -> None:
         self.mark = f"ARBOR_DRILL_CASE={case}"
         self.lines: list[str] = []
-        self.proc = subprocess.Popen([ARBOR, "train", *args], cwd=root, env={**env, "ARBOR_DRILL_CASE": case},
+        self.proc = subprocess.Popen([ARBOR, command, *args], cwd=root, env={**env, "ARBOR_DRILL_CASE": case},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
         LIVE.append(self.proc)
@@ -107,6 +107,17 @@ class Run:
             except OSError:
                 pass
         return out
+
+    def rank(self, rank: int) -> int | None:
+        """The pid of rank ``rank`` of the run's launched SFT group, once it was started."""
+        for pid, cmd in self.processes().items():
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"arbor.tasks.training.sft" in cmd and f"RANK={rank}".encode() in environ:
+                return pid
+        return None
 
     def api_server(self) -> int | None:
         """The pid of the run's temporary Prefect API server, once it was started."""
@@ -217,6 +228,19 @@ def _result(home: Path, run_id: str) -> tuple[list[tuple], list[tuple], dict[str
     return trajs, steps, {k: v.numpy().tobytes() for k, v in load_file(weights).items()}
 
 
+_REFERENCE: dict[Path, tuple] = {}
+
+
+def _reference(root: Path, env: dict[str, str]) -> tuple:
+    """The result of the drill's run never stopped (TINY, no SFT), run once for the cases that resume."""
+    if root not in _REFERENCE:
+        ref = Run(root, env, "ref", ["--run-id", "never-stopped", *[f"--set={s}" for s in (*TINY, "run.sft_warm_start=false")]])
+        ref.wait_for(lambda: ref.proc.poll() is not None, "the reference run's end", timeout_s=300)
+        assert ref.proc.returncode == 0, ref.tail()
+        _REFERENCE[root] = _result(root / "home", "never-stopped")
+    return _REFERENCE[root]
+
+
 def test_a_run_stopped_by_a_group_ctrl_c_in_training_resumes_exactly(drill) -> None:
     """The representative case: Ctrl-C to the whole group while step 1 trains, then `arbor train --resume`; the
     trajectories, the update's metrics and the final weights equal those of a run never stopped."""
@@ -231,10 +255,139 @@ def test_a_run_stopped_by_a_group_ctrl_c_in_training_resumes_exactly(drill) -> N
     again = Run(root, env, "resume", ["--resume", "stopped"])
     again.wait_for(lambda: again.proc.poll() is not None, "the resumed run's end", timeout_s=300)
     assert again.proc.returncode == 0, again.tail()
-    ref = Run(root, env, "ref", ["--run-id", "never-stopped", *sets])
-    ref.wait_for(lambda: ref.proc.poll() is not None, "the reference run's end", timeout_s=300)
-    assert ref.proc.returncode == 0, ref.tail()
-    same = _result(home, "stopped") == _result(home, "never-stopped")
+    same = _result(home, "stopped") == _reference(root, env)
     TABLE.append(("train-SIGINT-group, then --resume", secs, last, _status(home, "stopped"), str(same)))
     assert _status(home, "stopped") == "completed"
     assert same
+
+
+# ------------------------------------------------------------------------------------------- session 25
+def _stop_in(root: Path, env: dict[str, str], case: str, sets: tuple[str, ...], reached: str,
+             sig: int = signal.SIGINT, command: str = "train", args: tuple[str, ...] = ()) -> tuple[Run, float, str]:
+    """A run (``command``) with ``sets`` stopped by ``sig`` to its whole group once it printed ``reached``."""
+    args = ("--run-id", case) if command == "train" else args
+    run = Run(root, env, case, [*args, *[f"--set={s}" for s in sets]], command=command)
+    run.wait_for(run.printed(reached), reached)
+    os.killpg(run.proc.pid, sig)
+    secs, last = run.finish()
+    return run, secs, last
+
+
+def test_a_signal_while_checkpointing_stops_the_run_and_it_resumes_exactly(drill) -> None:
+    """SIGTERM to the group once the run says it writes step 1's checkpoint (the run's last step: the final
+    policy): stopped in seconds, then `--resume` ends with the trajectories, metrics and weights of a run never
+    stopped. Whether the signal landed inside the save (a `.tmp` left, no committed step) is in the table: the save
+    of the tiny policy takes about as long as the progress line's 0.2 s, so it can also land just after it."""
+    root, env = drill
+    home = root / "home"
+    case = "checkpoint-sigterm-group"
+    run, secs, last = _stop_in(root, env, case, (*TINY, "run.sft_warm_start=false"), "· checkpoint ·",
+                               signal.SIGTERM)
+    ckpts = home / "checkpoints" / case
+    inside = not (ckpts / "step_000001").exists()
+    status = _status(home, case)
+    assert last == _expected(case, signal.SIGTERM, True), run.tail()
+    assert run.proc.returncode == 128 + signal.SIGTERM and status == "stopped", run.tail()
+    assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+    again = Run(root, env, case, ["--resume", case])
+    again.wait_for(lambda: again.proc.poll() is not None, "the resumed run's end", timeout_s=300)
+    assert again.proc.returncode == 0, again.tail()
+    same = _result(home, case) == _reference(root, env)
+    TABLE.append((f"checkpoint-SIGTERM-group ({'inside' if inside else 'just after'} the save), then --resume",
+                  secs, last, status, str(same)))
+    assert _status(home, case) == "completed" and same
+
+
+def test_a_signal_during_evaluation_stops_the_run(drill) -> None:
+    """SIGINT to the group while the run evaluates its starting policy (run.eval_every with eval_at_start)."""
+    root, env = drill
+    case = "eval-sigint-group"
+    run, secs, last = _stop_in(root, env, case, (*TINY, "run.sft_warm_start=false", "run.eval_every=1",
+                                                 "run.eval_size=2", "run.eval_runs=1"), "· eval ·")
+    status = _status(root / "home", case)
+    TABLE.append(("eval-SIGINT-group", secs, last, status, "-"))
+    assert last == _expected(case, signal.SIGINT, True), run.tail()
+    assert run.proc.returncode == 128 + signal.SIGINT and status == "stopped"
+    assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+
+
+def test_arbor_demo_takes_the_same_stop_path(drill) -> None:
+    """`arbor demo` (another command that trains) stopped by a group SIGINT mid-rollout: the same line, naming the
+    run it generated and how to resume it, the run marked stopped (it used to wait on Prefect's killed server)."""
+    import re
+
+    root, env = drill
+    run, secs, last = _stop_in(root, env, "demo-sigint-group", (*TINY, "run.sft_warm_start=false"), "· rollout ·",
+                               command="demo", args=("--profile", "tiny-cpu"))
+    m = re.fullmatch(r"stopped: run (\S+) stopped by SIGINT \(Ctrl-C\); what was stored is kept: resume it with "
+                     r"`(\S+) train --resume (\S+)`", last)
+    status = _status(root / "home", m[1]) if m else None
+    TABLE.append(("demo: rollout-SIGINT-group", secs, last, status, "-"))
+    assert m and m[1] == m[3] and m[2] == ARBOR, run.tail()
+    assert run.proc.returncode == 128 + signal.SIGINT and status == "stopped"
+    assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+
+
+JUDGE_PYTHON = Path(__file__).resolve().parent.parent / ".venv-judge" / "bin" / "python"
+
+
+def test_a_dead_judge_server_ends_the_run_naming_it(drill) -> None:
+    """The judge (llama.cpp's server on the shipped SmolLM2, as `arbor judge serve` runs it) SIGKILLed mid-run: the
+    run stops once the server has refused connections for 2 s (arbor.liveness), naming it, marked failed. Bound:
+    2 s to call it dead + up to 3 s for the main thread to unwind (DEAD_DEPENDENCY_GRACE_S) + the exit."""
+    import dataclasses
+    import socket
+
+    from arbor.tasks.env.policy import shipped_gguf
+    from arbor.tasks.env.serving import Supervised, llama_judge_spec
+
+    if not JUDGE_PYTHON.is_file():
+        pytest.fail(f"{JUDGE_PYTHON} not found: `make judge-env` builds llama.cpp's server (`make test` does)")
+    root, env = drill
+    case = "judge-killed"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = llama_judge_spec(str(JUDGE_PYTHON), shipped_gguf("smollm2"), port=port, alias="smollm2", n_ctx=2048)
+    spec = dataclasses.replace(spec, env={**spec.env, "ARBOR_DRILL_CASE": case})  # the case's mark
+    server = Supervised(spec, startup_timeout_s=180, max_restarts=0, log_path=str(root / "judge.log"))
+    server.start()
+    try:
+        judge = ("judge.backend=openai", f"judge.base_url={spec.base_url}", "judge.model=smollm2",
+                 "judge.api_key_env=ARBOR_DRILL_JUDGE_KEY", "judge.context_tokens=2048", "judge.max_judge_tokens=384",
+                 "judge.concurrency=1")
+        run = Run(root, {**env, "ARBOR_DRILL_JUDGE_KEY": "local"}, case,
+                  ["--run-id", case, *[f"--set={s}" for s in (*TINY, "run.sft_warm_start=false", *judge)]])
+        run.wait_for(run.printed("· rollout ·"), "rollout")
+        assert server.proc is not None
+        pid = server.proc.pid
+        server.proc.kill()
+        secs, last = run.finish()
+    finally:
+        server.stop()
+    status = _status(root / "home", case)
+    TABLE.append(("judge server SIGKILL in rollout", secs, last, status, "-"))
+    assert last == (f"error: run {case} stopped because the judge server at http://127.0.0.1:{port}/v1 stopped "
+                    f"accepting connections (connection refused for 2 s); what was stored is kept: resume it with "
+                    f"`{ARBOR} train --resume {case}`"), (pid, run.tail())
+    assert run.proc.returncode == 1 and status == "failed"
+    assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+
+
+def test_a_dead_gloo_rank_ends_the_sft_launch_naming_it(drill) -> None:
+    """One rank of a two-rank gloo SFT (torchrun) SIGKILLed while the SFT trains: torchrun stops the other rank,
+    the run ends naming the dead rank and its status, marked failed, resumable."""
+    root, env = drill
+    case = "sft-rank-killed"
+    run = Run(root, env, case, ["--run-id", case, *[f"--set={s}" for s in (*TINY, "sft.processes=2")]])
+    run.wait_for(run.printed("SFT update"), "the launched SFT's first update")
+    pid = run.rank(1)
+    assert pid is not None, run.processes()
+    os.kill(pid, signal.SIGKILL)
+    secs, last = run.finish()
+    status = _status(root / "home", case)
+    TABLE.append(("gloo rank 1 SIGKILL in a two-rank SFT", secs, last, status, "-"))
+    assert last == (f"error: run {case} stopped because SFT rank 1 (pid {pid}) exited with status -9; what was "
+                    f"stored is kept: resume it with `{ARBOR} train --resume {case}`"), run.tail()
+    assert run.proc.returncode == 1 and status == "failed"
+    assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"

@@ -84,6 +84,10 @@ class SFTConfig(Section):
         None, ge=1, description="ranks of the SFT process group. None: one per GPU of the node layout "
         "(cluster.rollout_gpus + train_gpus, or train.num_gpus / train.hostfile) under the deepspeed launcher, and "
         "on CPU one rank in the flow's process; N: the first N GPUs, or on CPU N gloo ranks under torchrun")
+    dist_timeout_s: float | None = Field(
+        None, gt=0, description="a launched group's collective timeout in seconds: how long a rank waits on a peer "
+        "that stopped answering before it fails (issue 49; a peer that exits is seen at once by the launcher). "
+        "None: 120 s for CPU ranks (gloo), DeepSpeed's default (10 min, DEEPSPEED_TIMEOUT) on GPUs")
     save_every: int = Field(
         0, ge=0, description="keep the resumable SFT state every N optimizer updates (0: every tenth of the run); "
         "arbor-sft run again after a failure resumes from the latest")

@@ -133,6 +133,7 @@ def run_sft(
                                  extra=merge(read_deepspeed_json(tc.deepspeed_config), tc.deepspeed))
     model = load_model(model_path, bf16=sc.bf16, ds_config=ds_config, gradient_checkpointing=tc.gradient_checkpointing,
                        lora=cfg.policy.lora, seed=cfg.run.seed)  # policy.lora: adapters; save_hf merges them
+    init_group(cfg)
     engine = build_engine(model, ds_config=ds_config, lr=sc.lr, weight_decay=sc.weight_decay, betas=tc.betas,
                           schedule=sc.lr_schedule, warmup_steps=int(sc.warmup_ratio * total), total_steps=total)
     engine.train()
@@ -243,6 +244,34 @@ def load_sft_state(engine: Any, state_dir: Path, world: int, total: int) -> int:
     if path is None:
         raise RuntimeError(f"{state_dir}/{kept['tag']}: DeepSpeed could not load the kept SFT state")
     return int(kept["update"])
+
+
+CPU_DIST_TIMEOUT_S = 120.0  # gloo ranks on one machine: a peer silent this long is stuck, not slow
+
+
+def dist_timeout_s(cfg: ArborConfig) -> float | None:
+    """The launched group's collective timeout (``sft.dist_timeout_s``; issue 49): unset, ``CPU_DIST_TIMEOUT_S`` for
+    CPU ranks and None (DeepSpeed's own, 10 min) on GPUs, where a ZeRO-3 gather of a large model can take minutes."""
+    if cfg.sft.dist_timeout_s is not None:
+        return cfg.sft.dist_timeout_s
+    tc = cfg.train
+    gpus = tc.hostfile or cfg.cluster.rollout_gpus or cfg.cluster.train_gpus or tc.num_gpus > 0
+    return None if gpus else CPU_DIST_TIMEOUT_S
+
+
+def init_group(cfg: ArborConfig) -> None:
+    """Join a launched group (``WORLD_SIZE`` > 1) with ``dist_timeout_s``'s collective timeout, before DeepSpeed
+    would join it with its default: a rank whose peer hangs fails after that long instead of ten minutes."""
+    import torch.distributed as dist
+
+    seconds = dist_timeout_s(cfg)
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or seconds is None or (dist.is_available() and dist.is_initialized()):
+        return
+    from datetime import timedelta
+
+    import deepspeed
+
+    deepspeed.init_distributed(timeout=timedelta(seconds=seconds))
 
 
 def sft_fault_point(update: int) -> None:

@@ -1,0 +1,101 @@
+"""Liveness of the servers a run relies on but did not start (issue 49 item 2).
+
+A server arbor starts is watched through its process (``arbor.api_server``, ``tasks.env.serving.Supervised``): its
+exit is seen at once and named with its pid and status. A server someone else started — Prefect's API behind
+``PREFECT_API_URL``, a judge served by ``arbor judge serve`` in another terminal, a vLLM server at
+``rollout.base_url`` — can only be watched through its port: ``watch_endpoint`` opens a TCP connection to it every
+``every_s`` seconds (nothing is sent: no request, no credentials), and once every attempt has failed for
+``dead_after_s`` seconds the server is taken for gone and ``on_death`` is called with one phrase naming it. A
+server that accepts connections but never answers is not detected here (the clients' own timeouts bound that).
+
+A URL is shown without its user and password (a secret never reaches a log line).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+DEAD_AFTER_S = float(os.environ.get("ARBOR_DEPENDENCY_DEAD_AFTER_S", "2"))  # a server down this long is gone
+EVERY_S = 0.25
+
+
+def shown(url: str) -> str:
+    """``url`` as it may be printed: scheme, host, port and path, without user, password, query or fragment."""
+    u = urlsplit(url)
+    host = u.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    port = f":{u.port}" if u.port else ""
+    return f"{u.scheme}://{host}{port}{u.path}"
+
+
+def address(url: str) -> tuple[str, int]:
+    """The host and port a URL's server listens on (the scheme's default port when none is given)."""
+    u = urlsplit(url)
+    return u.hostname or "127.0.0.1", u.port or (443 if u.scheme == "https" else 80)
+
+
+def is_local(url: str) -> bool:
+    """Whether ``url``'s server runs on this machine (a loopback address or ``localhost``)."""
+    host = urlsplit(url).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def reachable(host: str, port: int, timeout_s: float = 1.0) -> str | None:
+    """None when a TCP connection to (host, port) opens; else why not, in words."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no answer within {timeout_s:.0f} s"
+    except OSError as e:
+        return e.strerror or type(e).__name__
+
+
+class EndpointWatch:
+    """A daemon thread that calls ``on_death(phrase)`` once if ``url``'s server stops accepting connections for
+    ``dead_after_s`` seconds; ``stop()`` ends the watch."""
+
+    def __init__(self, name: str, url: str, on_death: Callable[[str], None], *, every_s: float = EVERY_S,
+                 dead_after_s: float = DEAD_AFTER_S) -> None:
+        self.name, self.url, self.on_death = name, url, on_death
+        self.every_s, self.dead_after_s = every_s, dead_after_s
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"arbor-watch-{name}", daemon=True)
+
+    def start(self) -> EndpointWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _loop(self) -> None:
+        host, port = address(self.url)
+        down_since: float | None = None
+        while not self._stopping.wait(self.every_s):
+            why = reachable(host, port, timeout_s=min(1.0, self.dead_after_s))
+            if why is None:
+                down_since = None
+                continue
+            now = time.monotonic()
+            down_since = now if down_since is None else down_since
+            if now - down_since >= self.dead_after_s and not self._stopping.is_set():
+                self.on_death(f"{self.name} at {shown(self.url)} stopped accepting connections ({why} for "
+                              f"{now - down_since:.0f} s)")
+                return
+
+
+def watch_endpoint(name: str, url: str, on_death: Callable[[str], None], **kw: float) -> EndpointWatch:
+    """Start an ``EndpointWatch`` of ``url`` (see the module's docstring)."""
+    return EndpointWatch(name, url, on_death, **kw).start()
+
+
+__all__ = ["EndpointWatch", "watch_endpoint", "shown", "address", "is_local", "reachable", "DEAD_AFTER_S"]

@@ -35,6 +35,7 @@ from arbor.tasks.training import checkpoint as ckpt
 from arbor.tasks.training.head import chunked_logprobs
 from arbor.tasks.training.lora import add_lora
 from arbor.tasks.training.losses import LossOut, policy_loss, token_entropy, token_logprobs
+from arbor.tasks.training.recompute import MemoryBudget, apply_recompute, resolve_recompute
 from arbor.tasks.training.update import check_token_advantages, grpo_loss_settings
 from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
 
@@ -161,8 +162,8 @@ def lr_factor(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[i
     return f
 
 
-def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any], gradient_checkpointing: bool,
-               lora: LoRAConfig | None = None, seed: int = 0):
+def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any], gradient_checkpointing: bool | str,
+               lora: LoRAConfig | None = None, seed: int = 0, memory: MemoryBudget | None = None):
     """HF causal LM from a local directory.
 
     Under ZeRO-3, when ``accelerate`` is installed, transformers partitions the weights while loading (zero.Init via
@@ -172,7 +173,10 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     ``lora`` enabled (``policy.lora``): the weights are frozen and ``lora.targets`` get adapters (Hu et al. 2021;
     ``tasks.training.lora.add_lora``), their A drawn from ``seed`` so every run (and a resume without a checkpoint) starts
     from the same adapters; only they train. Apply before ``deepspeed.initialize``: a checkpoint holds this module
-    structure."""
+    structure.
+
+    ``gradient_checkpointing``: a recompute mode (``tasks.training.recompute``: none, every_other, all; a bool is all
+    or none) or ``auto``, chosen by ``memory`` (issue 48 item 4) and logged once."""
     import importlib.util
 
     from transformers import AutoModelForCausalLM
@@ -188,11 +192,17 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.bfloat16 if bf16 else torch.float32)
     del keep_alive
     model.config.use_cache = False
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None and lora.enabled:
         g = torch.Generator().manual_seed(derive_seed(seed, "policy-lora-init") % (2**63))
         add_lora(model, lora.r, lora.alpha, lora.dropout, lora.targets, generator=g)
+    setting = gradient_checkpointing if isinstance(gradient_checkpointing, str) else (
+        "all" if gradient_checkpointing else "none")
+    mode, account = resolve_recompute(model, setting, memory, dtype_bytes=2 if bf16 else 4,
+                                      zero_stage=ds_config["zero_optimization"]["stage"],
+                                      world=int(os.environ.get("WORLD_SIZE", "1")))
+    apply_recompute(model, mode)
+    if setting == "auto" and os.environ.get("RANK", "0") == "0":
+        print(account, flush=True)  # once per model, rank 0: which mode, the estimates and the budget
     return model
 
 
@@ -412,6 +422,8 @@ class Trainer:
         model = load_model(
             self.model_path, bf16=self.tc.bf16, ds_config=self.ds_config,
             gradient_checkpointing=self.tc.gradient_checkpointing, lora=cfg.policy.lora, seed=cfg.run.seed,
+            memory=MemoryBudget(self.tc.micro_batch_tokens, self.tc.memory_budget_gib, self.tc.memory_fraction,
+                                reference_copy=self.loss.kl_coef > 0 and self.loss.kl_reference == "frozen"),
         )
         total_updates = max(1, cfg.run.steps) * self.tc.updates_per_batch
         self.engine = build_engine(

@@ -46,7 +46,7 @@ class TrainConfig(Section):
     memory_budget_gib: float | None = Field(
         None, gt=0, description="the memory gradient_checkpointing=auto may plan for, GiB per rank (None: the "
         "device's free memory x memory_fraction on CUDA, no limit on CPU)")
-    memory_fraction: float = Field(0.9, gt=0, le=1, description="share of the device's free memory auto plans for "
+    memory_fraction: float = Field(0.8, gt=0, le=1, description="share of the device's free memory auto plans for "
                                    "(the rest: headroom for what the estimate leaves out)")
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="linear warm-up share of the updates, in [0, 1)")

@@ -45,7 +45,7 @@ class MemoryBudget:
 
     tokens: int
     budget_gib: float | None = None
-    fraction: float = 0.9
+    fraction: float = 0.8
     reference_copy: bool = False
 
 

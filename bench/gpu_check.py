@@ -14,9 +14,11 @@ killed half-way still reports what it measured.
 - ``train-<size>-<mode>``: ``Trainer.train_step`` on a Qwen3-architecture model built from its config with random
   weights (no download), 0.6B with 32 x 2k-token sequences and 1.7B with 8 x 8k, under ZeRO-2, ZeRO-3 and LoRA
   (bf16, gradient checkpointing, 16k-token micro-batches): one warm-up step, then one timed step. tokens/s counts
-  every real token; MFU counts 6N model FLOPs per token plus 2N where a pi_old pass ran (N every parameter, the tied
+  every real token; MFU counts 6N model FLOPs per token plus 2N per token the trainer put through a pi_old pass
+  (``Trainer.last_timing['old_pass_tokens']``; none with one mini-batch, issue 48 item 2) (N every parameter, the tied
   embedding once; the issue's goal) over the measured peak; ``MFU+attn`` adds causal attention's
-  4 * layers * heads * head_dim * L(L+1)/2 FLOPs per sequence and forward pass (x3 for forward + backward). Peak
+  4 * layers * heads * head_dim * L(L+1)/2 FLOPs per sequence and forward pass (x3 for forward + backward, + the
+  pi_old pass's share). Peak
   memory is ``torch.cuda.max_memory_allocated`` over both steps.
 - in the 1.7B ZeRO-2 part, after its steps: ``state_dict_for_sync`` and the packing of that 1.7B state dict on
   CUDA as the NCCL weight sync packs it (``vllm_sync.packed_chunks``; the broadcast needs a second GPU), then
@@ -297,9 +299,12 @@ def part_train(ctx: Ctx, size: str, mode: str) -> None:
     timing = dict(tr.last_timing)
     lengths = [wl.prompt + wl.response] * wl.seqs
     n = count_params(shape)
-    old_pass = timing.get("old_logprobs", 0.0) > 0.0
-    passes = 3 + (1 if old_pass else 0)  # forward + backward (2x) [+ the pi_old forward]
-    model_flops = (2 * passes) * n * timing["tokens"]
+    # forward + backward (2x) for every token, + the pi_old forward for the tokens the trainer says it put through
+    # a no-grad pi_old pass (none when the update is one mini-batch: issue 48 item 2)
+    old_share = timing["old_pass_tokens"] / max(1.0, timing["tokens"])
+    old_pass = timing["old_pass_tokens"] > 0
+    passes = 3 + old_share
+    model_flops = 2 * n * (3 * timing["tokens"] + timing["old_pass_tokens"])
     ctx.emit(f"train {size} {mode}", tokens_s=timing["tokens"] / walls[-1], step_s=walls[-1],
              model_flops=model_flops, attn_flops=attention_flops(shape, lengths) * passes, peak_gib=peak_gib(ctx.device),
              params=n, old_pass=old_pass,

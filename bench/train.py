@@ -454,6 +454,9 @@ def main() -> int:
                     help="--model: train.micro_batch_tokens for both sides (default: the profile's)")
     ap.add_argument("--profile", action="store_true", help="--model: one more step of each side under torch.profiler")
     ap.add_argument("--profile-dir", default=str(ROOT / "bench" / "out" / "profile"))
+    ap.add_argument("--pi-old-pass", action="store_true",
+                    help="default bench: a no-grad pi_old pass over every trajectory, as before issue 48 item 2 "
+                         "(default: the first mini-batch's pi_old from its own forward)")
     args = ap.parse_args()
     if args.model:
         if args.threads:
@@ -477,13 +480,14 @@ def main() -> int:
                  "train.bf16": gpu, "train.gradient_checkpointing": gpu, "train.entropy_diagnostic": False}
     bench_cfg = load_config("tiny-cpu", overrides)
     tr = Trainer(bench_cfg, model_dir, tmp / "home")
+    tr.reuse_pi_old = not args.pi_old_pass
     ref = TorchLoop(model_dir, make_batch(shape["vocab_size"], groups, k, prompt, response, 0), device, gpu,
                     micro_batch_tokens)
     # interleave DeepSpeed and plain steps (after one warm-up step each) and keep the fastest of each: on a shared
     # machine the minimum is the least noisy estimate
     best: dict[str, float] | None = None
     ref_best = float("inf")
-    tokens = 0.0
+    tokens = old_pass_tokens = 0.0
     for step in range(1, args.steps + 2):
         batch = make_batch(shape["vocab_size"], groups, k, prompt, response, tr.policy_version)
         tr.train_step(policy_update(batch, step, bench_cfg), step)
@@ -494,7 +498,7 @@ def main() -> int:
         if best is None or sum(timing.values()) < sum(best.values()):
             best = timing
         ref_best = min(ref_best, t_ref)
-        tokens = tr.last_timing["tokens"]
+        tokens, old_pass_tokens = tr.last_timing["tokens"], tr.last_timing["old_pass_tokens"]
     assert best is not None
     t0 = time.perf_counter()
     tr.save_checkpoint()
@@ -505,15 +509,16 @@ def main() -> int:
     ref_tps = ref.tokens / ref_best
 
     print(f"device={device} params={n_params / 1e6:.1f}M batch={groups * k} seqs x {prompt + response} tokens "
-          f"= {int(tokens)} tokens/step")
+          f"= {int(tokens)} tokens/step; pi_old pass over {int(old_pass_tokens)} tokens"
+          f"{' (--pi-old-pass)' if args.pi_old_pass else ''}")
     print("DeepSpeed step split (s): " + ", ".join(f"{k}={v:.3f}" for k, v in split.items())
           + f", total={ds_step:.3f}; checkpoint save={t_ckpt:.3f}")
     print(f"tokens/s: deepspeed={ds_tps:,.0f} plain torch={ref_tps:,.0f} ratio={ds_tps / ref_tps:.2f} "
           "(DeepSpeed / plain; < 1 is DeepSpeed overhead)")
     if gpu:
         peak = matmul_peak_tflops()
-        # training FLOPs ~ 6 N per token (+ 2 N for the pi_old forward pass)
-        achieved = 8 * n_params * ds_tps / 1e12
+        # training FLOPs ~ 6 N per token, + 2 N per token the trainer put through a pi_old pass (issue 48 item 2)
+        achieved = (6 * tokens + 2 * old_pass_tokens) * n_params / ds_step / 1e12
         print(f"bf16 matmul peak={peak:.0f} TFLOP/s; model FLOPs={achieved:.1f} TFLOP/s; MFU={achieved / peak:.1%}")
     return 0
 

@@ -148,9 +148,10 @@ def test_dry_run_reports_a_timed_out_part_and_still_trains(tmp_path: Path) -> No
     assert rows["head chunked 16k"]["status"] == rows["head full 16k"]["status"] == "ok"
     train = rows["train 0.6b zero2"]
     assert train["status"] == "ok" and train["tokens_s"] > 0 and train["step_s"] > 0
-    assert train["params"] == check.count_params(check.DRY_SHAPE) and train["old_pass"] is True
+    # one mini-batch (updates_per_batch 1): pi_old from the forward, no pi_old pass ran: 6N per token (issue 48 item 2)
+    assert train["params"] == check.count_params(check.DRY_SHAPE) and train["old_pass"] is False
     wl = check.DRY_WORKLOAD
-    assert train["model_flops"] == 8 * train["params"] * wl.seqs * (wl.prompt + wl.response)
+    assert train["model_flops"] == 6 * train["params"] * wl.seqs * (wl.prompt + wl.response)
     assert "mfu" not in train
     text = (out / "gpu_check.txt").read_text()
     assert "CPU dry run" in text and "train 0.6b zero2" in text and "timeout" in text

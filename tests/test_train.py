@@ -294,3 +294,51 @@ def test_a_phase_scored_at_its_sampling_temperature_has_unit_tis_weights(model_d
     other = make_trainer(model_dir, tmp_path / "other", **{"rollout.temperature": 1.0})
     m1 = other.trainer.train_step(policy_update(cands, 1, other.cfg), 1)
     assert abs(m1["tis_mean"] - 1.0) > 1e-3
+
+
+def step_observed(tr: Any, batch: list[Trajectory]) -> tuple[dict[str, float], list[torch.Tensor], dict[str, Any],
+                                                             dict[str, Any]]:
+    """One ``train_step`` with every parameter gradient of every micro-batch's backward recorded (tensor hooks
+    observe, they change nothing); the metrics, the gradients in order, the weights before and after the step."""
+    start = params(tr)
+    grads: list[torch.Tensor] = []
+    hooks = [p.register_hook(lambda g: grads.append(g.detach().clone()))
+             for p in tr.engine.module.parameters() if p.requires_grad]
+    try:
+        m = tr.train_step(batch, 1)
+    finally:
+        for h in hooks:
+            h.remove()
+    return m, grads, start, params(tr)
+
+
+@pytest.mark.parametrize("updates", [1, 2])
+def test_pi_old_from_the_forward_is_bitwise_the_separate_pass(model_dir: Path, tmp_path: Path, updates: int) -> None:
+    """Issue 48 item 2: the first mini-batch's pi_old taken from its own forward (detached) gives the loss, every
+    gradient and the weights of a separate no-grad pi_old pass over every trajectory, bit for bit, when that pass
+    scores the same micro-batches (one sequence each: ``micro_batch_tokens`` 1). With two mini-batches the second
+    one's pi_old must still be the pre-update weights' (a pass before the first optimizer step): taken from its own
+    forward, after the first update, its ratio would be 1 and approx_kl would vanish."""
+    batch = make_batch(1, 0)  # 8 trajectories of different lengths in 2 groups
+    over = {"train.micro_batch_tokens": 1, "train.updates_per_batch": updates, "train.kl_coef": 0.1}
+    new = make_trainer(model_dir, tmp_path / "new", **over)
+    old = make_trainer(model_dir, tmp_path / "old", **over)
+    old.trainer.reuse_pi_old = False
+    m_new, g_new, start, p_new = step_observed(new, batch)
+    m_old, g_old, _, p_old = step_observed(old, batch)
+
+    assert m_new["loss"] == m_old["loss"] and m_new == m_old  # every metric: clip, approx_kl, TIS, KL, grad norm
+    n_params = sum(1 for p in new.engine.module.parameters() if p.requires_grad)
+    assert len(g_new) == len(g_old) == n_params * len(batch)  # one backward per sequence
+    assert all(torch.equal(a, b) for a, b in zip(g_new, g_old, strict=True))
+    assert all(torch.equal(p_new[k], p_old[k]) for k in p_old)
+    assert any(not torch.equal(p_new[k], v) for k, v in start.items())  # the step did move the weights
+
+    tokens = float(sum(len(t.prompt_ids) + len(t.response_ids) for t in batch))
+    assert old.last_timing["old_pass_tokens"] == new.last_timing["tokens"] == tokens
+    if updates == 1:  # no pi_old pass at all; the policy is pi_old: every ratio is exactly 1
+        assert new.last_timing["old_pass_tokens"] == 0.0
+        assert m_new["approx_kl"] == 0.0 and m_new["clip_frac"] == 0.0 and m_new["ref_kl"] == 0.0
+    else:  # the pass scores the second mini-batch only (4 of the 8 trajectories), whose ratios moved from 1
+        assert 0.0 < new.last_timing["old_pass_tokens"] < tokens
+        assert m_new["approx_kl"] > 1e-7 and m_new["ref_kl"] > 1e-7

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from arbor.config.base import Section
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
+def _old_checkpointing_flag(value: Any) -> Any:
+    """Configs from before issue 48 item 4 say true / false: every layer / none."""
+    if isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false")):
+        return "all" if str(value).lower() == "true" else "none"
+    return value
+
+
+Recompute = Annotated[Literal["auto", "none", "every_other", "all"], BeforeValidator(_old_checkpointing_flag)]
 
 
 class TrainConfig(Section):
@@ -30,7 +40,14 @@ class TrainConfig(Section):
     grad_clip: float = Field(1.0, ge=0, description="gradient norm clip (0: none)")
     zero_stage: int = Field(2, ge=0, le=3)
     bf16: bool = False
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: Recompute = Field(
+        "auto", description="activation recompute: none, every_other (odd decoder layers), all, or auto: the least "
+        "recompute whose estimated peak fits the memory budget (tasks.training.recompute; true/false: all/none)")
+    memory_budget_gib: float | None = Field(
+        None, gt=0, description="the memory gradient_checkpointing=auto may plan for, GiB per rank (None: the "
+        "device's free memory x memory_fraction on CUDA, no limit on CPU)")
+    memory_fraction: float = Field(0.8, gt=0, le=1, description="share of the device's free memory auto plans for "
+                                   "(the rest: headroom for what the estimate leaves out)")
     lr_schedule: Literal["constant", "cosine"] = "constant"
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="linear warm-up share of the updates, in [0, 1)")
     overlong_penalty: bool = False

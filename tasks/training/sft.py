@@ -29,6 +29,7 @@ from arbor.config import ArborConfig
 from arbor.paths import arbor_home
 from arbor.seeding import derive_seed
 from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training.recompute import MemoryBudget
 from arbor.tasks.training.train import (
     build_engine,
     deepspeed_config,
@@ -131,8 +132,10 @@ def run_sft(
     total = sc.epochs * steps_per_epoch
     ds_config = deepspeed_config(zero_stage=sc.zero_stage, bf16=sc.bf16, grad_clip=sc.grad_clip,
                                  extra=merge(read_deepspeed_json(tc.deepspeed_config), tc.deepspeed))
+    # a micro-batch holds at most micro_batch_tokens padded tokens, or one sequence of up to max_length
+    memory = MemoryBudget(max(tc.micro_batch_tokens, sc.max_length), tc.memory_budget_gib, tc.memory_fraction)
     model = load_model(model_path, bf16=sc.bf16, ds_config=ds_config, gradient_checkpointing=tc.gradient_checkpointing,
-                       lora=cfg.policy.lora, seed=cfg.run.seed)  # policy.lora: adapters; save_hf merges them
+                       lora=cfg.policy.lora, seed=cfg.run.seed, memory=memory)  # policy.lora: adapters; save_hf merges them
     init_group(cfg)
     engine = build_engine(model, ds_config=ds_config, lr=sc.lr, weight_decay=sc.weight_decay, betas=tc.betas,
                           schedule=sc.lr_schedule, warmup_steps=int(sc.warmup_ratio * total), total_steps=total)

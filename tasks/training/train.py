@@ -4,7 +4,8 @@ The trainer is a pure update worker (issue 32 item 2): ``Trainer.train_step(upda
 ``UpdateBatch`` the controller built (``tasks.training.update.policy_update``: kept trajectories, per-token advantages, the
 KL coefficient, each trajectory's version lag) and returns metrics. It knows no method. One step:
   1. every trajectory must come from the policy version it claims (weight sync), then
-  2. pi_old: log-probs of the response tokens under the current weights at the rollout temperature (no grad);
+  2. pi_old: log-probs of the response tokens under the current weights at the rollout temperature: for the first
+     mini-batch its own forward's, detached (the weights are still pi_old's); a no-grad pass for the others;
   3. ``updates_per_batch`` optimizer updates: each mini-batch is packed by token count into padded micro-batches,
      gradients accumulate over them, DeepSpeed clips and steps once per mini-batch;
   4. policy_version += 1 (the flow then syncs weights to the rollout engine and tags new rollouts with it).
@@ -34,6 +35,7 @@ from arbor.tasks.training import checkpoint as ckpt
 from arbor.tasks.training.head import chunked_logprobs
 from arbor.tasks.training.lora import add_lora
 from arbor.tasks.training.losses import LossOut, policy_loss, token_entropy, token_logprobs
+from arbor.tasks.training.recompute import MemoryBudget, apply_recompute, resolve_recompute
 from arbor.tasks.training.update import check_token_advantages, grpo_loss_settings
 from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
 
@@ -160,8 +162,8 @@ def lr_factor(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[i
     return f
 
 
-def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any], gradient_checkpointing: bool,
-               lora: LoRAConfig | None = None, seed: int = 0):
+def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any], gradient_checkpointing: bool | str,
+               lora: LoRAConfig | None = None, seed: int = 0, memory: MemoryBudget | None = None):
     """HF causal LM from a local directory.
 
     Under ZeRO-3, when ``accelerate`` is installed, transformers partitions the weights while loading (zero.Init via
@@ -171,7 +173,10 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     ``lora`` enabled (``policy.lora``): the weights are frozen and ``lora.targets`` get adapters (Hu et al. 2021;
     ``tasks.training.lora.add_lora``), their A drawn from ``seed`` so every run (and a resume without a checkpoint) starts
     from the same adapters; only they train. Apply before ``deepspeed.initialize``: a checkpoint holds this module
-    structure."""
+    structure.
+
+    ``gradient_checkpointing``: a recompute mode (``tasks.training.recompute``: none, every_other, all; a bool is all
+    or none) or ``auto``, chosen by ``memory`` (issue 48 item 4) and logged once."""
     import importlib.util
 
     from transformers import AutoModelForCausalLM
@@ -187,11 +192,17 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.bfloat16 if bf16 else torch.float32)
     del keep_alive
     model.config.use_cache = False
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora is not None and lora.enabled:
         g = torch.Generator().manual_seed(derive_seed(seed, "policy-lora-init") % (2**63))
         add_lora(model, lora.r, lora.alpha, lora.dropout, lora.targets, generator=g)
+    setting = gradient_checkpointing if isinstance(gradient_checkpointing, str) else (
+        "all" if gradient_checkpointing else "none")
+    mode, account = resolve_recompute(model, setting, memory, dtype_bytes=2 if bf16 else 4,
+                                      zero_stage=ds_config["zero_optimization"]["stage"],
+                                      world=int(os.environ.get("WORLD_SIZE", "1")))
+    apply_recompute(model, mode)
+    if setting == "auto" and os.environ.get("RANK", "0") == "0":
+        print(account, flush=True)  # once per model, rank 0: which mode, the estimates and the budget
     return model
 
 
@@ -411,6 +422,8 @@ class Trainer:
         model = load_model(
             self.model_path, bf16=self.tc.bf16, ds_config=self.ds_config,
             gradient_checkpointing=self.tc.gradient_checkpointing, lora=cfg.policy.lora, seed=cfg.run.seed,
+            memory=MemoryBudget(self.tc.micro_batch_tokens, self.tc.memory_budget_gib, self.tc.memory_fraction,
+                                reference_copy=self.loss.kl_coef > 0 and self.loss.kl_reference == "frozen"),
         )
         total_updates = max(1, cfg.run.steps) * self.tc.updates_per_batch
         self.engine = build_engine(
@@ -427,6 +440,10 @@ class Trainer:
         self.step = 0  # last trained step (0 = the start checkpoint)
         self.data_position: dict[str, Any] = {}
         self.last_timing: dict[str, float] = {}
+        self.scored_tokens = 0  # real tokens this rank has put through ``logprobs`` (no-grad passes)
+        # pi_old of a phase's first mini-batch from its own forward (issue 48 item 2); False: the separate no-grad
+        # pass over every trajectory, as before (kept for the bitwise test and bench/train.py's before/after)
+        self.reuse_pi_old = True
 
     def _reference_engine(self) -> Any:
         """The frozen reference policy pi_ref of a KL term (RubricEM eq. 1): the start checkpoint, loaded once
@@ -469,6 +486,7 @@ class Trainer:
             m = self._micro([trajs[i] for i in mb] if mb else [trajs[0]], dummy=not mb)
             lp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets)
             lp = lp.float().cpu()
+            self.scored_tokens += m.tokens if mb else 0
             for i, (a, b) in zip(mb, m.spans, strict=False):
                 out[i] = lp[a:b].clone()
         if self.world > 1:  # every rank needs every pi_old: gather the shards
@@ -523,7 +541,7 @@ class Trainer:
         sums = dict.fromkeys(keys, 0.0)
         grad_norms = []
         t_old = t_fwd = t_bwd = t_opt = 0.0
-        n_tokens_total = 0
+        n_tokens_total = old_pass_tokens = 0
         n_minis = 0
         phases = update.phase_indices()
         default_temperature = self.engine.module.temperature
@@ -532,20 +550,6 @@ class Trainer:
                 # each phase is its own update: pi_old from the weights at its start, its own token-mean and steps,
                 # and its own scoring temperature (the one its trajectories were sampled at)
                 self._set_temperature(update.phase_temperature(members) or default_temperature)
-                t0 = time.perf_counter()
-                logp_old = [torch.zeros(0)] * len(batch)
-                logp_ref = [torch.zeros(0)] * len(batch)
-                sub = [batch[i] for i in members]
-                for i, v in zip(members, self.logprobs(sub), strict=True):
-                    logp_old[i] = v
-                if self.ref_engine is not None:
-                    for i, v in zip(members, self.logprobs(sub, self.ref_engine), strict=True):
-                        logp_ref[i] = v
-                else:
-                    logp_ref = logp_old
-                synchronize()
-                t_old += time.perf_counter() - t0
-
                 # mini-batches: a seeded permutation cut into updates_per_batch parts
                 tag = "minibatch" if len(phases) == 1 else f"minibatch-phase{p}"
                 g = torch.Generator().manual_seed(derive_seed(self.cfg.run.seed, step, tag) % (2**63))
@@ -553,8 +557,30 @@ class Trainer:
                 n_mb = min(tc.updates_per_batch, len(members))
                 minis = [perm[k::n_mb] for k in range(n_mb)]
                 n_minis += len(minis)
+
+                # pi_old: the first mini-batch is trained from the weights pi_old names, so its forward's detached
+                # log-probs are pi_old (issue 48 item 2); a no-grad pass scores the later mini-batches' trajectories
+                # before the first optimizer step. The separate pass for every trajectory: reuse_pi_old False.
+                t0 = time.perf_counter()
+                first = set(minis[0]) if self.reuse_pi_old else set()
+                logp_old = [torch.zeros(0)] * len(batch)
+                logp_ref: list[torch.Tensor] | None = None  # None: the KL term measures against pi_old
+                scored = self.scored_tokens
+                later = [i for i in members if i not in first]
+                if later:
+                    for i, v in zip(later, self.logprobs([batch[i] for i in later]), strict=True):
+                        logp_old[i] = v
+                old_pass_tokens += self.scored_tokens - scored
+                if self.ref_engine is not None:
+                    logp_ref = [torch.zeros(0)] * len(batch)
+                    sub = [batch[i] for i in members]
+                    for i, v in zip(members, self.logprobs(sub, self.ref_engine), strict=True):
+                        logp_ref[i] = v
+                synchronize()
+                t_old += time.perf_counter() - t0
+
                 phase_tokens = 0.0
-                for mini in minis:
+                for n_mini, mini in enumerate(minis):
                     n_loss_tokens = float(sum(sum(batch[i].loss_mask) for i in mini))
                     lens = [len(batch[i].prompt_ids) + len(batch[i].response_ids) for i in mini]
                     micro = self._rank_shards([[mini[j] for j in mb]
@@ -562,7 +588,8 @@ class Trainer:
                     for k, mb in enumerate(micro):
                         self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
                         t0 = time.perf_counter()
-                        out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens, logp_ref)
+                        out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens, logp_ref,
+                                                      old_from_forward=n_mini == 0 and self.reuse_pi_old)
                         synchronize()
                         t1 = time.perf_counter()
                         self.engine.backward(out.loss, scale_wrt_gas=False)
@@ -606,7 +633,7 @@ class Trainer:
             loss_tokens=sums["tokens"],
         )
         self.last_timing = dict(old_logprobs=t_old, forward=t_fwd, backward=t_bwd, optimizer=t_opt,
-                                tokens=float(n_tokens_total))
+                                tokens=float(n_tokens_total), old_pass_tokens=float(old_pass_tokens))
         self.step = step
         self.policy_version += 1
         metrics["policy_version"] = float(self.policy_version)
@@ -620,22 +647,26 @@ class Trainer:
 
     def _micro_loss(
         self, batch: list[Trajectory], mb: list[int], logp_old: list[torch.Tensor], adv: list[torch.Tensor],
-        n_loss_tokens: float, logp_ref: list[torch.Tensor] | None = None,
+        n_loss_tokens: float, logp_ref: list[torch.Tensor] | None = None, old_from_forward: bool = False,
     ) -> tuple[LossOut, int]:
+        """One micro-batch's forward and loss. ``logp_ref`` None: the KL term measures against pi_old.
+        ``old_from_forward``: the weights are still pi_old's, so pi_old is this forward's detached log-probs
+        (issue 48 item 2) and ``logp_old`` is not read."""
         tc = self.tc
         m = self._micro([batch[i] for i in mb] if mb else [batch[0]], dummy=not mb,
                         advantages=[adv[i] for i in mb] if mb else None)
         n_pos = m.rows.shape[0]
+        mode = "grad" if tc.entropy_coef != 0.0 else ("detached" if tc.entropy_diagnostic else "none")
+        logp, ent = self.engine(m.ids, m.att, m.rows, m.cols, m.targets, entropy=mode)
         if mb and m.spans[-1][1] == n_pos and n_pos > 0 and float(m.mask.sum()) > 0:
-            old = torch.cat([logp_old[i] for i in mb]).to(self.device)
-            ref = torch.cat([(logp_ref or logp_old)[i] for i in mb]).to(self.device)
+            old = (logp.detach().float() if old_from_forward
+                   else torch.cat([logp_old[i] for i in mb]).to(self.device))
+            ref = old if logp_ref is None else torch.cat([logp_ref[i] for i in mb]).to(self.device)
             a = m.adv
         else:  # a padding micro-batch, or one without any loss token: forward/backward for the collectives only
             old = torch.zeros(n_pos, device=self.device)
             ref = old
             a = torch.zeros(n_pos, device=self.device)
-        mode = "grad" if tc.entropy_coef != 0.0 else ("detached" if tc.entropy_diagnostic else "none")
-        logp, ent = self.engine(m.ids, m.att, m.rows, m.cols, m.targets, entropy=mode)
         out = policy_loss(
             logp, old, m.rollout_lp, a, m.mask, eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=tc.tis_cap,
             n_tokens=n_loss_tokens, kl_coef=self.kl_coef, logp_ref=ref if self.kl_coef != 0.0 else None,

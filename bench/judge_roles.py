@@ -13,7 +13,8 @@ own reflections need a RubricEM run). Staged-protocol roles read the standard pr
 
 Per role and ``judge.structured_outputs`` mode: calls, valid answers (the role's parser accepted the reply within
 the judge's retries), mean attempts, mean latency, prompt and completion tokens per call, calls whose last reply
-was cut off at max_tokens. Nothing is cached (each mode is asked afresh) and the judge's key is read from
+was cut off at max_tokens, and the invalid answers (issue 50 item 9): attempts whose reply validated but was the
+prompt's template echoed, a loop or an empty field (``llm.answers``), and the calls that ended so (fell back). Nothing is cached (each mode is asked afresh) and the judge's key is read from
 ``--api-key-env`` (any value for a local server).
 """
 
@@ -144,7 +145,9 @@ def measure(judge: Any, calls: list[Call]) -> dict[str, Any]:
             "latency_s": statistics.fmean(r["latency_s"] or 0.0 for r in rows) if rows else float("nan"),
             "prompt_tokens": statistics.fmean(r["prompt_tokens"] or 0 for r in rows) if rows else float("nan"),
             "completion_tokens": statistics.fmean(r["completion_tokens"] or 0 for r in rows) if rows else float("nan"),
-            "truncated": sum(r["error"] == "Truncated" for r in rows), "seconds": time.perf_counter() - t0}
+            "truncated": sum(r["error"] == "Truncated" for r in rows),
+            "invalid_answers": sum(e == "InvalidAnswer" for r in rows for e in r["attempt_errors"] or []),
+            "ended_invalid": sum(r["error"] == "InvalidAnswer" for r in rows), "seconds": time.perf_counter() - t0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,12 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     rules = make_judge(JudgeConfig(backend="rules"), home=Path(tempfile.mkdtemp()))
     calls = build_calls(groups, staged, cfg, decode, rules, args.calls)
     print(f"{len(groups)} groups of run {args.run}; judge {args.model} at {args.base_url}", flush=True)
-    print("| role | mode | calls | valid | attempts | latency s | prompt tok | completion tok | truncated |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| role | mode | calls | valid | attempts | latency s | prompt tok | completion tok | truncated | "
+          "invalid answers (calls ended so) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for role in args.roles:
         for mode in args.modes:
             if not calls[role]:
-                print(f"| {role} | {mode} | 0 | (no inputs in this run) | | | | | |", flush=True)
+                print(f"| {role} | {mode} | 0 | (no inputs in this run) | | | | | | |", flush=True)
                 continue
             jc = JudgeConfig(backend="openai", base_url=args.base_url, model=args.model,
                              api_key_env=args.api_key_env, structured_outputs=mode, cache=False,
@@ -188,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             m = measure(make_judge(jc, home=Path(tempfile.mkdtemp())), calls[role])
             print(f"| {role} | {mode} | {m['calls']} | {m['valid_rate']:.0%} | {m['attempts']:.2f} | "
                   f"{m['latency_s']:.1f} | {m['prompt_tokens']:.0f} | {m['completion_tokens']:.0f} | "
-                  f"{m['truncated']} |", flush=True)
+                  f"{m['truncated']} | {m['invalid_answers']} ({m['ended_invalid']}) |", flush=True)
     return 0
 
 

@@ -23,9 +23,10 @@ from openai.types.chat import ChatCompletion
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm import prompts
+from arbor.llm.answers import check_reply
 from arbor.llm.base import ROLES, CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
-from arbor.llm.parse import InvalidOutput
+from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.retry_after import requested_wait_s
 from arbor.seeding import derive_seed
 
@@ -247,6 +248,9 @@ class OpenAIJudge(Judge):
                 content = (resp.choices[0].message.content or "") if resp.choices else ""
                 truncated = bool(resp.choices) and resp.choices[0].finish_reason == "length"
                 value = parse(content)
+            except InvalidAnswer as e:  # parsed, but no answer (issue 50 item 9): retried with the reason
+                error = "InvalidAnswer"
+                sent = prompts.retry_messages(messages, content, str(e), False)
             except InvalidOutput as e:  # a cut-off reply that still parses is used; one that does not is "Truncated"
                 error = "Truncated" if truncated else "InvalidOutput"
                 sent = prompts.retry_messages(messages, content, str(e), truncated)
@@ -316,8 +320,14 @@ class OpenAIJudge(Judge):
 
     # ---- every role ------------------------------------------------------------------------------------------
     async def _answer(self, role: Role[Q, T], request: Q, ctx: CallContext | None) -> JudgeOutcome[T]:
-        """The role's prompt (fitted to ``judge.context_tokens``), sent with its schema, its reply parsed."""
+        """The role's prompt (fitted to ``judge.context_tokens``), sent with its schema, its reply parsed and then
+        checked to be an answer, not the prompt's template echoed or a loop (``llm.answers``, issue 50 item 9)."""
         items = role.items(request)
         version, messages = self._fit(role, role.texts(request), items, lambda b: role.render(request, b))
-        return await self._call(role.name, version, messages, lambda text: role.parse(text, request), ctx, items,
-                                request_schema(role, request))
+
+        def parse(text: str) -> T:
+            value = role.parse(text, request)
+            check_reply(text, version, _role_schema(role.name), messages)
+            return value
+
+        return await self._call(role.name, version, messages, parse, ctx, items, request_schema(role, request))

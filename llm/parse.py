@@ -35,6 +35,12 @@ class InvalidOutput(ValueError):
     """The judge's reply does not validate against the role's schema (retried, then recorded as a failure)."""
 
 
+class InvalidAnswer(InvalidOutput):
+    """The reply validates but is no answer: the prompt's placeholders or instructions echoed, a loop, an empty
+    field (``llm.answers.answer_problem``; issue 50 item 9). Retried with the reason like any invalid output, and
+    recorded in the ledger as ``InvalidAnswer``."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

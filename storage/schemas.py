@@ -105,7 +105,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("prompt_tokens", I64), _f("completion_tokens", I64), _f("cost_usd", F64), _f("cache_hit", BOOL),
         _f("attempts", I64), _f("error", STR),
         # what each attempt ended in, in order: null for the one that answered, else its error class
-        # (InvalidOutput, Truncated, RateLimitError, ...); [] for a cache hit (issue 31 item 2)
+        # (InvalidOutput, InvalidAnswer, Truncated, RateLimitError, ...); [] for a cache hit (issue 31 item 2);
+        # InvalidAnswer: a reply that validated but echoed the prompt's template or looped (issue 50 item 9)
         _f("attempt_errors", pa.list_(STR)),
     ]),
     "eval_results": pa.schema([

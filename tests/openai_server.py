@@ -15,7 +15,8 @@ As a process (benchmarks): ``python tests/openai_server.py --latency 0.2`` print
 Fault kinds (``FaultPlan.queue`` is consumed one entry per request, in arrival order; then normal answers):
 ``429`` (with ``Retry-After: plan.retry_after``), ``500``, ``hang`` (sleeps ``hang_s`` before answering, past the
 client's timeout), ``malformed`` (not JSON), ``fenced`` (valid JSON inside a ```json fence after prose),
-``invalid`` (JSON of the wrong shape), ``length`` (the first half of the answer, ``finish_reason: "length"``,
+``invalid`` (JSON of the wrong shape), ``echo`` (the reply example of the role's own prompt, placeholders and
+all, as SmolLM2-135M under llama.cpp's grammar answered induction: issue 50 item 9), ``length`` (the first half of the answer, ``finish_reason: "length"``,
 as when ``max_tokens`` runs out), ``ok``. ``always="A"`` makes every pairwise answer ``{"winner": "A"}``.
 ``accuracy_by_model={"judge-b": "inverse"}`` scripts the accuracy verdict by the requested model (a second judge).
 ``scripted={"You count": '{"count": 2}'}`` answers a role the server does not know (one a test registers).
@@ -43,7 +44,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 CACHE_HEADER = "x-arbor-cache-key"
-FAULTS = ("429", "500", "hang", "malformed", "fenced", "invalid", "length", "ok")
+FAULTS = ("429", "500", "hang", "malformed", "fenced", "invalid", "echo", "length", "ok")
 ACCURACY_RULES = ("match", "inverse", "correct", "incorrect")
 _ROLE_MARKERS = [
     ("You are an expert judge", "pairwise"),
@@ -191,6 +192,21 @@ _INVALID = {"pairwise": '{"winner": "C"}', "accuracy": "I cannot decide.", "indu
             "rank_actions": '{"ranking": ["X"]}'}
 
 
+def echo_of(system: str) -> str:
+    """The reply example of a system prompt: its first JSON object holding a ``"<...>"`` placeholder, else its first
+    JSON object (what a small judge under a grammar writes back; issue 50 item 9)."""
+    decoder = json.JSONDecoder()
+    found = []
+    for start in (i for i, ch in enumerate(system) if ch == "{"):
+        try:
+            obj, end = decoder.raw_decode(system, start)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            found.append(system[start:end])
+    return next((f for f in found if re.search(r'"<[^"]+>"', f)), found[0] if found else "{}")
+
+
 class OpenAIServer:
     """A uvicorn + starlette server on 127.0.0.1 with an ephemeral port, run in a background thread."""
 
@@ -271,6 +287,8 @@ class OpenAIServer:
             content = f"Here is my judgement.\n```json\n{content}\n```\nThat is all."
         elif fault == "invalid":
             content = _INVALID[role]
+        elif fault == "echo":
+            content = echo_of(system)
         elif fault == "length":
             content = content[: len(content) // 2]
         prompt_chars = sum(len(m.get("content", "")) for m in messages)

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from flow_support import STAGED, table
 
+from arbor.llm.answers import answer_problem, template_of
+from arbor.llm.openai_backend import _role_schema
 from arbor.paths import PROJECT_ROOT
 from arbor.tasks.env.policy import shipped_gguf
 from arbor.tasks.env.serving import Supervised, llama_judge_spec
@@ -85,6 +87,11 @@ def test_one_step_of_each_method_with_the_real_judge(name: str, llama_judge: str
     for c in sent:  # every attempt in the ledger; the last one decides the call
         assert len(c["attempt_errors"]) == c["attempts"] and c["attempt_errors"][-1] == c["error"]
     valid = sum(c["error"] is None for c in sent)
+    if name == "arbor":  # issue 50 item 9: no draft or common rubric in the memory is the induction prompt's template
+        kept = [e for e in table("rubric_events", name, tmp_path) if e["event"] in ("induced", "consolidated")]
+        for e in kept:
+            reply = {"rubrics": [{k: e[k] for k in ("title", "description", "counter_description")}]}
+            assert answer_problem(reply, template_of("induction.v1"), _role_schema("induction")) is None, e
     # the share of each role's signal that came from the judge (a valid answer) and from a fallback (a failed
     # call, filled neutrally by the method): issue 31 item 6's per-method report, printed with `pytest -s`
     per_role = {r: (sum(c["error"] is None for c in sent if c["role"] == r), sum(c["role"] == r for c in sent))

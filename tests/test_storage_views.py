@@ -314,6 +314,7 @@ def test_judge_attempts_by_role_counts_each_attempt(tmp_path):
         dict(role="pairwise", attempts=3, error="InvalidOutput",
              attempt_errors=["InvalidOutput", "RateLimitError", "InvalidOutput"]),
         dict(role="accuracy", attempts=1, error=None, attempt_errors=[None]),
+        dict(role="induction", attempts=2, error=None, attempt_errors=["InvalidAnswer", None]),  # issue 50 item 9
     ]
     write_stage("judge_calls", [{**r, "cache_hit": r.get("cache_hit", False)} for r in rows], run_id="ra", step=1,
                 stage="score", home=tmp_path)
@@ -322,5 +323,7 @@ def test_judge_attempts_by_role_counts_each_attempt(tmp_path):
     assert (p["calls"], p["valid"], p["first_attempt_valid"]) == (3, 2, 0)
     assert p["valid_rate"] == pytest.approx(2 / 3) and p["mean_attempts"] == pytest.approx(8 / 3)
     assert (p["invalid_attempts"], p["truncated_attempts"], p["other_failed_attempts"]) == (3, 2, 1)
+    i = got["induction"]  # a reply that validated but echoed the prompt's placeholders is an invalid attempt
+    assert (i["invalid_attempts"], i["other_failed_attempts"], i["valid"]) == (1, 0, 1)
     a = got["accuracy"]
     assert (a["calls"], a["valid"], a["first_attempt_valid"], a["mean_attempts"]) == (1, 1, 1, 1.0)

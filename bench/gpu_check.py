@@ -22,7 +22,8 @@ killed half-way still reports what it measured.
   memory is ``torch.cuda.max_memory_allocated`` over both steps.
 - in the 1.7B ZeRO-2 part, after its steps: ``state_dict_for_sync`` and the packing of that 1.7B state dict on
   CUDA as the NCCL weight sync packs it (``vllm_sync.packed_chunks``; the broadcast needs a second GPU), then
-  ``save_checkpoint`` (ds/ + hf/) and the reload of hf/ with ``from_pretrained`` on the GPU.
+  ``save_checkpoint(wait=False)`` (ds/ + hf/; issue 48 item 5): the step's wait for it (the host copy), a step run
+  while the background writer writes, the time until the commit, and the reload of hf/ with ``from_pretrained``.
 - ``rollout-b16``, ``rollout-b64``: ``bench/rollout.py`` (the agent loop of ``TransformersEngine`` against
   ``generate()``), its ratio parsed from its output.
 
@@ -88,7 +89,8 @@ class Part:
 
 def train_rows(size: str, mode: str) -> tuple[str, ...]:
     base = (f"train {size} {mode}",)
-    return base + ((f"weight sync {size}", f"checkpoint save {size}", f"checkpoint reload {size}")
+    return base + ((f"weight sync {size}", f"checkpoint save {size}", f"checkpoint wait {size}",
+                    f"checkpoint reload {size}")
                    if (size, mode) == ("1.7b", "zero2") else ())
 
 
@@ -324,12 +326,27 @@ def part_train(ctx: Ctx, size: str, mode: str) -> None:
              detail=f"state_dict_for_sync {t_sd:.2f} s + pack {t_pack:.3f} s: {nbytes / 2**30:.2f} GiB in "
                     f"{n_buckets} chunks ({nbytes / 2**30 / max(t_pack, 1e-9):.0f} GiB/s; {how})")
     del sd
-    # checkpoint: save (ds/ + hf/), then the hf/ folder reloaded on the GPU
+    # checkpoint (issue 48 item 5): the step's save copies the state to pinned host memory and returns; the next
+    # step runs while the background writer writes ds/ + hf/; then the wait for the commit. Then hf/ reloaded.
+    sync(ctx.device)
     t0 = time.perf_counter()
-    path = tr.save_checkpoint()
+    path = tr.save_checkpoint(wait=False)
+    t_wait = time.perf_counter() - t0
+    host_gib = (tr.save_timing or {}).get("snapshot_bytes", 0.0) / 2**30
+    batch = make_batch(shape["vocab_size"], wl, tr.policy_version)
+    t1 = time.perf_counter()
+    tr.train_step(policy_update(batch, 3, cfg), 3)
+    sync(ctx.device)
+    t_next = time.perf_counter() - t1
+    t_finish = tr.finish_save()
     t_save = time.perf_counter() - t0
     size_gib = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**30
-    ctx.emit(f"checkpoint save {size}", step_s=t_save, detail=f"ds/ + hf/, {size_gib:.1f} GiB on disk")
+    ctx.emit(f"checkpoint save {size}", step_s=t_save,
+             detail=f"ds/ + hf/, {size_gib:.1f} GiB on disk, committed by the background writer")
+    ctx.emit(f"checkpoint wait {size}", step_s=t_wait,
+             detail=f"the step's wait: host copy of {host_gib:.1f} GiB (first save: pinned buffers allocated); next "
+                    f"step {t_next:.2f} s with the writer running (alone {walls[-1]:.2f} s), then {t_finish:.1f} s "
+                    "until the commit")
     from transformers import AutoModelForCausalLM
 
     sync(ctx.device)

@@ -234,7 +234,9 @@ class RunState:
 
     def after_train(self, step: int) -> None:
         """Once the train stage is committed: checkpoint (every N steps) and weight sync. A crash between the
-        commit and the checkpoint is repaired on resume by replaying the stored batch (``restore_policy``)."""
+        commit and the checkpoint is repaired on resume by replaying the stored batch (``restore_policy``). Under
+        ``checkpoint.async_save`` the save returns once the state is copied and is written while the next step
+        runs (issue 48 item 5); ``close`` waits for it at the run's end and abandons it under a stop."""
         from arbor.tasks.training.checkpoint import checkpoint_due
 
         if self.progress is not None and checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):

@@ -182,6 +182,7 @@ def test_checkpoint_resume_replay_is_bitwise_equal(model_dir: Path, tmp_path: Pa
     for s in range(1, 4):
         b.train_step(batches[s], s)
         b.maybe_save(s)
+    b.finish_save()  # step 2's save was written in the background while step 3 trained (issue 48 item 5)
     assert ckpt.complete_steps(b.ckpt_root) == [2]
     (b.ckpt_root / "step_000003.tmp" / "hf").mkdir(parents=True)  # a half-written save
     del b

@@ -72,9 +72,11 @@ def test_service_trains_saves_dies_and_resumes(tmp_path: Path) -> None:
         # a bad command answers ok=false and the service keeps serving
         bad = svc.call("train", step=2, update=str(b1))  # batch of version 0, trainer at version 1
         assert not bad["ok"] and "policy version 0" in bad["error"]
-        assert svc.call("save", step=1)["ok"]
+        saved = svc.call("save", step=1, wait=False)  # written in the background (issue 48 item 5)
+        assert saved["ok"] and saved["committed"] in (None, 1) and saved["path"].endswith("step_000001")
         r2 = svc.call("train", step=2, update=str(b2))
         assert r2["ok"]
+        assert svc.call("finish_save") == {"ok": True, "committed": 1}
         assert svc.call("export_hf", path=str(tmp_path / "uninterrupted"))["ok"]
 
         # the process group dies (killed mid-run): restart, load step 1, replay step 2 from its stored batch

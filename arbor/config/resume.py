@@ -26,6 +26,7 @@ SAFE_ON_RESUME: frozenset[str] = frozenset({
     "judge.cost_cap_usd",                                                 # cost cap
     "rollout.request_timeout_s", "cluster.startup_timeout_s",             # transport
     "checkpoint.every", "checkpoint.keep_last",                           # bookkeeping (replay makes it exact)
+    "checkpoint.async_save",                                              # when the same files are written
 })
 
 

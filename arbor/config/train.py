@@ -72,6 +72,9 @@ class CheckpointConfig(Section):
     keep_best: bool = True
     best_metric: str = Field("mean_total_reward", description="metric (higher is better) that picks the best")
     dir: str | None = Field(None, description="checkpoint root (default: {ARBOR_HOME}/checkpoints/{run_id})")
+    async_save: bool = Field(True, description="the step's checkpoint is copied to host memory and written and "
+                             "committed by a background thread while the next step runs (issue 48 item 5; the same "
+                             "files); false: the step waits for the write")
 
 
 class SFTConfig(Section):

@@ -701,38 +701,110 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, step: int | None = None, metrics: dict[str, float] | None = None) -> Path:
+    _pending: ckpt.PendingSave | None = None  # the save in flight (issue 48 item 5)
+    _pending_state: dict[str, Any] | None = None
+    _last_write_s: float = 0.0  # the last finished background write (and commit), seconds
+    save_timing: dict[str, float] | None = None  # the last save: wait_s, save_s (the step's share), write_s
+
+    def save_checkpoint(self, step: int | None = None, metrics: dict[str, float] | None = None, *,
+                        wait: bool = True) -> Path:
         """Atomic checkpoint of ``step`` (default: the last trained step) then retention (every rank calls):
-        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.checkpoint``."""
+        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.checkpoint``.
+
+        ``wait=False`` (the step's save under ``checkpoint.async_save``, issue 48 item 5): the state is copied to host
+        memory (``ckpt.HostSnapshot``) and a background writer writes and commits it while the next step runs; the
+        returned path exists once it committed. A save first waits for the one in flight (at most one);
+        ``save_timing`` records that wait, the copy's time and the previous write's."""
+        t0 = time.perf_counter()
+        self.finish_save()
+        waited = time.perf_counter() - t0
         step = self.step if step is None else step
         tmp = self.ckpt_root / f"step_{step:06d}.tmp"
         if self.rank == 0:
+            ckpt.wait_in_flight(self.ckpt_root)  # another trainer of this process writing here (tests, benches)
             ckpt.begin(self.ckpt_root, step)
         self._barrier()
-        self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        ckpt.save_hf(self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
-                     adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
-        torch.save(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")
-        self._barrier()
-        final = ckpt.step_dir(self.ckpt_root, step)
-        if self.rank == 0:
-            state = dict(step=step, policy_version=self.policy_version, data_position=self.data_position,
-                         metrics=metrics or {}, run_id=self.run_id, world_size=self.world)
-            final = ckpt.commit(tmp, step, state)
-            ckpt.apply_retention(self.ckpt_root, self.cfg.checkpoint.keep_last, self.cfg.checkpoint.keep_best,
-                                 self.cfg.checkpoint.best_metric)
-        self._barrier()
-        return final
+        state = dict(step=step, policy_version=self.policy_version, data_position=dict(self.data_position),
+                     metrics=dict(metrics or {}), run_id=self.run_id, world_size=self.world)
+        if wait or not ckpt.snapshot_supported(self.engine):
+            self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+            ckpt.save_hf(self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
+                         adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
+            torch.save(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")
+            self._barrier()
+            final = ckpt.step_dir(self.ckpt_root, step)
+            if self.rank == 0:
+                final = ckpt.commit(tmp, step, state)
+                self._retain()
+            self._barrier()
+            self.save_timing = dict(wait_s=waited, save_s=time.perf_counter() - t0 - waited, write_s=0.0)
+            return final
+        t1 = time.perf_counter()
+        pool = self.__dict__.setdefault("_snapshot_pool", {})  # pinned host buffers reused between saves (CUDA)
+        snap = ckpt.HostSnapshot(tmp, pool)
+        with ckpt.snapshotting(self.engine, snap):
+            self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+        ckpt.snapshot_hf(snap, self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
+                         adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
+        snap.add(tmp / f"rng_rank{self.rank}.pt", ckpt.rng_state())
+        snap.finish()
+        single = self.world == 1
+        cfg = self.cfg.checkpoint
+        self._pending = ckpt.PendingSave(
+            self.ckpt_root, step, tmp, snap, commit_state=state if single else None,
+            retention=ckpt.Retention(cfg.keep_last, cfg.keep_best, cfg.best_metric) if single else None,
+            serialization=bool(getattr(self.engine.checkpoint_engine, "zipfile_serialization", True)))
+        self._pending_state = state
+        self._pending.start()
+        self.save_timing = dict(wait_s=waited, save_s=time.perf_counter() - t1, write_s=self._last_write_s,
+                                snapshot_bytes=float(snap.bytes))
+        return ckpt.step_dir(self.ckpt_root, step)
+
+    def _retain(self) -> None:
+        c = self.cfg.checkpoint
+        ckpt.apply_retention(self.ckpt_root, c.keep_last, c.keep_best, c.best_metric)
+
+    def finish_save(self, abandon: bool = False) -> float:
+        """Wait for the save in flight (issue 48 item 5), or with ``abandon`` stop it uncommitted; returns the
+        seconds waited. Several ranks: every rank's writer finished, a barrier, then rank 0 commits (the commit of
+        a save of several ranks happens here: at the next save, a resume or the run's end)."""
+        p, self._pending = self._pending, None
+        if p is None:
+            return 0.0
+        t0 = time.perf_counter()
+        if abandon:
+            p.cancel()
+            return 0.0
+        p.wait()
+        self._last_write_s = p.write_s
+        if self.world > 1:
+            self._barrier()
+            if self.rank == 0:
+                ckpt.commit(p.tmp, p.step, self._pending_state or {})
+                self._retain()
+            self._barrier()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """The run's end: wait for the save in flight; under a stop (``arbor.stop``) abandon it instead, so the
+        stop is not held up by a write (the previous checkpoint stays the latest; the resume replays the steps)."""
+        from arbor import stop
+
+        self.finish_save(abandon=stop.current() is not None)
 
     def maybe_save(self, step: int, metrics: dict[str, float] | None = None) -> Path | None:
-        """Save when ``step`` is a multiple of ``checkpoint.every`` or the run's last step."""
+        """Save when ``step`` is a multiple of ``checkpoint.every`` or the run's last step; in the background under
+        ``checkpoint.async_save`` (issue 48 item 5)."""
         due = ckpt.checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps)
-        return self.save_checkpoint(step, metrics) if due else None
+        return self.save_checkpoint(step, metrics, wait=not self.cfg.checkpoint.async_save) if due else None
 
     def load_latest(self) -> int | None:
         """Load the latest complete checkpoint (weights, optimizer, scheduler, RNG, version); its step or None.
+        A save in flight is waited for first (it may become the latest).
 
         The caller then replays the training stage of each later step from that step's stored batch."""
+        self.finish_save()
+        ckpt.wait_in_flight(self.ckpt_root)
         path = ckpt.latest_complete(self.ckpt_root)
         if path is None:
             return None

@@ -16,12 +16,16 @@ Control channel (a directory shared with the flow; on several nodes it must be o
 Commands (``op`` plus arguments) and answers (always ``ok``; ``error`` when not ok):
     ping                                   -> step, policy_version
     train        step, update (Parquet)    -> metrics           (``write_update``: trajectories + advantages)
-    save         step?, metrics?           -> path              (atomic checkpoint + retention)
+    save         step?, metrics?, wait?    -> path, committed   (atomic checkpoint + retention; wait=false: written
+                                                                 in the background, issue 48 item 5; committed:
+                                                                 the latest complete checkpoint's step, or null)
+    finish_save                            -> committed         (wait for the save in flight)
     load_latest                            -> step (null: none) (then the flow replays later steps with train)
     export_hf    path                      -> path, policy_version   (save-and-restart weight sync)
     sync_vllm    base_url, master_address, master_port, packed, buffer_bytes, timeout_s, reset_tries
                                            -> policy_version, weight_version (confirmed), seconds, bytes
-    shutdown                               -> (the process group exits 0)
+    shutdown     abandon?                  -> (the process group exits 0 once the save in flight is written;
+                                               abandon=true: it is left uncommitted, as a stop wants)
 
 A failing command answers ``ok: false`` and the service keeps serving; if the process group dies, the client
 (``TrainerService``) restarts it, loads the latest checkpoint and replays the steps after it.
@@ -42,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from arbor.config import ArborConfig
-from arbor.tasks.training.checkpoint import checkpoint_due
+from arbor.tasks.training.checkpoint import checkpoint_due, complete_steps
 from arbor.tasks.training.update import grpo_loss_settings
 from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
 
@@ -157,8 +161,11 @@ def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:
         trainer.data_position = {"step": int(cmd["step"]), "update": str(cmd["update"])}
         return {"metrics": metrics, "policy_version": trainer.policy_version}
     if op == "save":
-        path = trainer.save_checkpoint(cmd.get("step"), cmd.get("metrics"))
-        return {"path": str(path)}
+        path = trainer.save_checkpoint(cmd.get("step"), cmd.get("metrics"), wait=bool(cmd.get("wait", True)))
+        return {"path": str(path), "committed": _committed(trainer)}
+    if op == "finish_save":
+        trainer.finish_save()
+        return {"committed": _committed(trainer)}
     if op == "load_latest":
         return {"step": trainer.load_latest(), "policy_version": trainer.policy_version}
     if op == "export_hf":
@@ -178,7 +185,14 @@ def execute(trainer: Any, cmd: dict[str, Any]) -> dict[str, Any]:
             return {"policy_version": trainer.policy_version}
         return {"policy_version": trainer.policy_version, "weight_version": report.version,
                 "seconds": report.seconds, "bytes": report.bytes}
-    raise ValueError(f"unknown op {op!r} (known: ping, train, save, load_latest, export_hf, sync_vllm, shutdown)")
+    raise ValueError(f"unknown op {op!r} (known: ping, train, save, finish_save, load_latest, export_hf, sync_vllm, "
+                     "shutdown)")
+
+
+def _committed(trainer: Any) -> int | None:
+    """The step of the latest complete checkpoint (a save in flight is not one yet)."""
+    steps = complete_steps(trainer.ckpt_root)
+    return steps[-1] if steps else None
 
 
 def serve(channel: Path, model_path: Path, home: Path) -> int:
@@ -213,6 +227,7 @@ def serve(channel: Path, model_path: Path, home: Path) -> int:
             cmd = box[0]
         assert cmd is not None
         if cmd.get("op") == "shutdown":
+            trainer.finish_save(abandon=bool(cmd.get("abandon")))  # issue 48 item 5: never exit mid-write
             if rank == 0:
                 write_json_atomic(resp_dir / f"{seq:06d}.json", {"ok": True})
             return 0
@@ -292,13 +307,14 @@ class TrainerService:
             time.sleep(POLL_S)
         return json.loads(resp.read_text())
 
-    def stop(self, timeout_s: float = 30.0) -> int | None:
-        """Ask for a clean shutdown; kill the process group if it does not exit."""
+    def stop(self, timeout_s: float = 30.0, abandon: bool = False) -> int | None:
+        """Ask for a clean shutdown; kill the process group if it does not exit. ``abandon``: a save in flight is
+        left uncommitted instead of waited for (a stop)."""
         if self.proc is None:
             return None
         if self.alive():
             try:
-                self.call("shutdown", timeout_s=timeout_s)
+                self.call("shutdown", timeout_s=timeout_s, abandon=abandon)
                 self.proc.wait(timeout_s)
             except (TrainerDied, TimeoutError, subprocess.TimeoutExpired):
                 self.kill()
@@ -373,10 +389,16 @@ class RemoteTrainer:
         return dict(answer["metrics"])
 
     def maybe_save(self, step: int, metrics: dict[str, float] | None = None) -> None:
+        """Save when due; under ``checkpoint.async_save`` the service answers once the state is copied and writes
+        it in the background (issue 48 item 5), so only the updates up to the latest *committed* checkpoint go."""
         if checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
-            self._call("save", step=step, metrics=metrics or {})
-            for s in range(1, step + 1):  # a restart now replays only the updates after this checkpoint
-                self.update_path(s).unlink(missing_ok=True)
+            answer = self._call("save", step=step, metrics=metrics or {}, wait=not self.cfg.checkpoint.async_save)
+            self._drop_updates(answer.get("committed"))
+
+    def _drop_updates(self, committed: int | None) -> None:
+        """A restart replays only the updates after the latest complete checkpoint: the earlier ones go."""
+        for s in range(1, (committed or 0) + 1):
+            self.update_path(s).unlink(missing_ok=True)
 
     def load_latest(self) -> int | None:
         answer = self._call("load_latest")
@@ -398,7 +420,19 @@ class RemoteTrainer:
         return int(answer["weight_version"])
 
     def close(self) -> None:
-        self.service.stop()
+        """The run's end: the save in flight is written and committed first (a stop, ``arbor.stop``, abandons it
+        instead: the previous checkpoint stays the latest and a resume replays the steps after it)."""
+        from arbor import stop
+
+        stopping = stop.current() is not None
+        if not stopping and self.service.alive():
+            try:
+                answer = self.service.call("finish_save")
+                if answer.get("ok"):
+                    self._drop_updates(answer.get("committed"))
+            except (TrainerDied, TimeoutError):
+                pass  # nothing more to commit: the stored updates stay for a resume
+        self.service.stop(abandon=stopping)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,14 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from arbor.config import load_config  # noqa: E402
 from arbor.tasks.training.losses import group_advantages, policy_loss  # noqa: E402
-from arbor.tasks.training.train import PolicyHead, Trainer, make_micro, pack_by_tokens, synchronize  # noqa: E402
+from arbor.tasks.training.train import (  # noqa: E402
+    PolicyHead,
+    Trainer,
+    make_micro,
+    pack_micro_batches,
+    packing_mode,
+    synchronize,
+)
 from arbor.tasks.training.update import policy_update  # noqa: E402
 from arbor.tasks.types import Trajectory  # noqa: E402
 
@@ -87,12 +94,17 @@ class TorchLoop:
         self.model = PolicyHead(lm)  # the same loss-position head the trainer uses, without DeepSpeed
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
         adv = group_advantages([t.base_reward for t in batch], [t.group for t in batch])
-        # the trainer's token-packed micro-batches (one [B, L] batch of 65k tokens does not fit a GPU: issue 48)
+        # the trainer's token-packed micro-batches (one [B, L] batch of 65k tokens does not fit a GPU: issue 48),
+        # packed rows where the attention allows (issue 48 item 3)
+        packing = packing_mode(lm)
         self.micros = []
-        for mb in pack_by_tokens([len(t.prompt_ids) + len(t.response_ids) for t in batch], micro_batch_tokens):
+        for rows in pack_micro_batches([len(t.prompt_ids) + len(t.response_ids) for t in batch], micro_batch_tokens,
+                                       packing):
+            mb = [i for row in rows for i in row]
             ts = [batch[i] for i in mb]
             m = make_micro([t.prompt_ids for t in ts], [t.response_ids for t in ts], [t.loss_mask for t in ts],
-                           [t.rollout_logprobs for t in ts]).to(device)
+                           [t.rollout_logprobs for t in ts],
+                           layout=None if packing == "padded" else [len(r) for r in rows]).to(device)
             a = torch.cat([adv[i].expand(e - s) for i, (s, e) in zip(mb, m.spans, strict=True)]).to(device)
             self.micros.append((m, a))
         self.n_loss = float(sum(float(m.mask.sum()) for m, _ in self.micros))
@@ -103,9 +115,10 @@ class TorchLoop:
         synchronize()
         t0 = time.perf_counter()
         with torch.no_grad():
-            olds = [self.model(m.ids, m.att, m.rows, m.cols, m.targets)[0] for m, _ in self.micros]
+            olds = [self.model(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)[0]
+                    for m, _ in self.micros]
         for (m, a), old in zip(self.micros, olds, strict=True):
-            logp, _ = self.model(m.ids, m.att, m.rows, m.cols, m.targets)
+            logp, _ = self.model(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
             out = policy_loss(logp, old, m.rollout_lp, a, m.mask, n_tokens=self.n_loss)
             out.loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -143,7 +156,7 @@ def make_world_batch(vocab: int, groups: int, k: int, version: int, prompt: int 
 class BareLoop:
     """The bare-PyTorch reference of one arbor step on the real model: the same HF model (LoRA-wrapped like the
     trainer's when ``lora`` is enabled), the same loss-position head at the same temperature, the same token-packed
-    micro-batches (``pack_by_tokens``); pi_old pass (no grad), forward + policy loss, backward (accumulated over
+    micro-batches (``pack_micro_batches``); pi_old pass (no grad), forward + policy loss, backward (accumulated over
     the micro-batches), clip + AdamW (the optimizer and settings the trainer hands DeepSpeed) over the trainable
     parameters. Times each phase like ``Trainer.last_timing``."""
 
@@ -169,24 +182,26 @@ class BareLoop:
 
     def step(self, batch: list[Trajectory]) -> float:
         """One step on ``batch``; its wall time in seconds (phases in ``last_timing``, ``tokens`` the real ones)."""
-        from arbor.tasks.training.train import pack_by_tokens
-
         t0 = time.perf_counter()
         adv = group_advantages([t.base_reward for t in batch], [t.group for t in batch])
         micros = []
-        for mb in pack_by_tokens([len(t.prompt_ids) + len(t.response_ids) for t in batch], self.micro_batch_tokens):
+        packing = packing_mode(self.model.lm)
+        for rows in pack_micro_batches([len(t.prompt_ids) + len(t.response_ids) for t in batch],
+                                       self.micro_batch_tokens, packing):
+            mb = [i for row in rows for i in row]
             trajs = [batch[i] for i in mb]
             m = make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                           [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs])
+                           [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs],
+                           layout=None if packing == "padded" else [len(r) for r in rows])
             micros.append((m, torch.cat([adv[i].expand(b - a) for i, (a, b) in zip(mb, m.spans, strict=True)])))
         n_loss = float(sum(float(m.mask.sum()) for m, _ in micros))
         with torch.no_grad():
-            olds = [self.model(m.ids, m.att, m.rows, m.cols, m.targets)[0] for m, _ in micros]
+            olds = [self.model(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)[0] for m, _ in micros]
         t1 = time.perf_counter()
         t_fwd = t_bwd = 0.0
         for (m, a), old in zip(micros, olds, strict=True):
             ta = time.perf_counter()
-            logp, _ = self.model(m.ids, m.att, m.rows, m.cols, m.targets)
+            logp, _ = self.model(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
             out = policy_loss(logp, old, m.rollout_lp, a, m.mask, n_tokens=n_loss)
             tb = time.perf_counter()
             out.loss.backward()

@@ -276,6 +276,107 @@ def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return bins
 
 
+def pack_by_lengths(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Padded micro-batches of sequences of similar lengths (issue 48 item 3, the fallback where the attention
+    cannot keep packed sequences apart): as few micro-batches as ``pack_by_tokens`` makes, cut where they waste the
+    fewest padded tokens.
+
+    Sequences are sorted longest first and cut into runs; a run of n costs n x its first (longest) length, which
+    must stay within ``max_tokens`` (a sequence longer than the budget gets a micro-batch of its own). Among the
+    cuts with the fewest runs (greedy's count is the least), dynamic programming keeps the one with the least
+    padding, the earliest cut on ties. Returns indices, each micro-batch longest first."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    s = [lengths[i] for i in order]
+    n = len(s)
+    prefix = [0]
+    for x in s:
+        prefix.append(prefix[-1] + x)
+    # best[i]: (micro-batches, padded tokens) of the cheapest cut of s[i:]; nxt[i]: where its first run ends
+    best: list[tuple[int, int]] = [(0, 0)] * (n + 1)
+    nxt = [n] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best[i] = (n + 1, 0)
+        for j in range(i + 1, n + 1):
+            if j - i > 1 and (j - i) * s[i] > max_tokens:
+                break
+            count, pad = best[j]
+            cand = (count + 1, pad + (j - i) * s[i] - (prefix[j] - prefix[i]))
+            if cand < best[i]:
+                best[i], nxt[i] = cand, j
+    out: list[list[int]] = []
+    i = 0
+    while i < n:
+        out.append(order[i : nxt[i]])
+        i = nxt[i]
+    return out
+
+
+def pack_rows(lengths: list[int], max_tokens: int, one_row: bool = False) -> list[list[list[int]]]:
+    """Padding-free micro-batches (issue 48 item 3): each a list of rows, each row the indices of sequences laid
+    end to end, their position ids restarting at 0 (``make_micro(layout=...)``), so that attention keeps them apart.
+
+    First fit, longest first: the micro-batches are tried in order, in each the first row with room for the
+    sequence, else a new row while rows x width stays within ``max_tokens``; a sequence that fits none opens a
+    micro-batch. A micro-batch's width is the length of the sequence that opened it (its longest): the attention
+    of a masked kernel (sdpa, eager) costs rows x width^2, no more than padding each of its sequences to that
+    width would. ``one_row`` (flash attention's variable-length kernel, which needs one row and skips the masked
+    pairs): one row of up to ``max_tokens`` per micro-batch. A sequence longer than the budget is alone."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    micro: list[list[list[int]]] = []
+    shape: list[tuple[int, int]] = []  # per micro-batch: (width, most rows)
+    fill: list[list[int]] = []  # per micro-batch: tokens in each row
+    for i in order:
+        n = lengths[i]
+        for m, (width, most) in enumerate(shape):
+            room = [r for r, used in enumerate(fill[m]) if used + n <= width]
+            if room:
+                micro[m][room[0]].append(i)
+                fill[m][room[0]] += n
+                break
+            if len(fill[m]) < most and n <= width:
+                micro[m].append([i])
+                fill[m].append(n)
+                break
+        else:
+            width = max(n, max_tokens) if one_row else n
+            shape.append((width, 1 if one_row else max(1, max_tokens // n)))
+            micro.append([[i]])
+            fill.append([n])
+    return micro
+
+
+PACKING_ATTENTION = {"sdpa": "packed", "eager": "packed", "flash_attention_2": "varlen", "flash_attention_3": "varlen"}
+PACKING_MODELS = ("llama", "qwen2", "qwen3")  # decoders whose transformers source was read (docs/decisions.md)
+
+
+def packing_mode(lm: torch.nn.Module) -> str:
+    """How micro-batches are laid out for ``lm`` (issue 48 item 3): ``"packed"`` (several sequences a row, position
+    ids restarting at 0; transformers then builds a block-diagonal causal mask from the position ids when no
+    attention mask is given: sdpa, eager), ``"varlen"`` (one such row per micro-batch: flash attention's
+    variable-length kernel, which reads the sequence starts from the position ids only when the batch has one row),
+    or ``"padded"`` (one sequence a row, right-padded, ``pack_by_lengths``) for any other attention implementation
+    or model type, or a model that does not build its mask with transformers' ``create_causal_mask``."""
+    import sys
+
+    from transformers import masking_utils
+
+    config = getattr(lm, "config", None)
+    mode = PACKING_ATTENTION.get(getattr(config, "_attn_implementation", None) or "", "padded")
+    base = getattr(lm, "base_model", lm)
+    module = sys.modules.get(type(base).__module__)
+    if getattr(config, "model_type", None) not in PACKING_MODELS or (
+            getattr(module, "create_causal_mask", None) is not masking_utils.create_causal_mask):
+        return "padded"
+    return mode
+
+
+def pack_micro_batches(lengths: list[int], max_tokens: int, packing: str) -> list[list[list[int]]]:
+    """Micro-batches as rows of sequence indices for a ``packing_mode``: padded ones hold one sequence a row."""
+    if packing == "padded":
+        return [[[i] for i in mb] for mb in pack_by_lengths(lengths, max_tokens)]
+    return pack_rows(lengths, max_tokens, one_row=packing == "varlen")
+
+
 def scoring_temperature(rollout_temperature: float) -> float:
     """The temperature the trainer scores tokens at: the one the rollout sampled with, so that pi_old, pi_theta and
     the rollout log-probs are the same distribution (TIS compares like with like; slime and verl divide the logits
@@ -305,9 +406,13 @@ class PolicyHead(torch.nn.Module):
         item 1: no [loss positions x vocabulary] logits in memory); any other head takes the full-logits path."""
         return type(self.lm.lm_head) is torch.nn.Linear
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor,
-                targets: torch.Tensor, entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
+                cols: torch.Tensor, targets: torch.Tensor, entropy: str = "none",
+                position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed rows (issue 48 item 3) come with ``position_ids`` and no ``attention_mask``; no KV cache either
+        way (with one, transformers would not read the packing from the position ids)."""
+        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    use_cache=False).last_hidden_state
         if self.chunked():
             head = self.lm.lm_head
             logp, ent = chunked_logprobs(hidden[rows, cols], head.weight, head.bias, targets, self.temperature,
@@ -328,10 +433,11 @@ class PolicyHead(torch.nn.Module):
 
 @dataclass
 class Micro:
-    """One micro-batch: padded sequences plus the flat list of loss positions (row, col, target)."""
+    """One micro-batch: padded sequences (or packed rows: ``pos`` set, ``att`` None; issue 48 item 3) plus the
+    flat list of loss positions (row, col, target)."""
 
     ids: torch.Tensor
-    att: torch.Tensor
+    att: torch.Tensor | None
     rows: torch.Tensor
     cols: torch.Tensor
     targets: torch.Tensor
@@ -340,22 +446,38 @@ class Micro:
     spans: list[tuple[int, int]]  # per sequence: its slice of the flat positions
     tokens: int  # real (unpadded) tokens
     adv: torch.Tensor  # the per-token advantage at each loss position (zeros when none was given)
+    pos: torch.Tensor | None = None  # packed rows: position ids restarting at 0 for each sequence
 
     def to(self, device: Any) -> Micro:
-        return Micro(self.ids.to(device), self.att.to(device), self.rows.to(device), self.cols.to(device),
-                     self.targets.to(device), self.rollout_lp.to(device), self.mask.to(device), self.spans,
-                     self.tokens, self.adv.to(device))
+        return Micro(self.ids.to(device), None if self.att is None else self.att.to(device), self.rows.to(device),
+                     self.cols.to(device), self.targets.to(device), self.rollout_lp.to(device), self.mask.to(device),
+                     self.spans, self.tokens, self.adv.to(device), None if self.pos is None else self.pos.to(device))
 
 
 def make_micro(prompts: list[list[int]], responses: list[list[int]], masks: list[list[int]],
                rollout_lps: list[list[float]] | None = None, dummy: bool = False,
-               advantages: list[torch.Tensor] | None = None) -> Micro:
+               advantages: list[torch.Tensor] | None = None, layout: list[int] | None = None) -> Micro:
     """Right-padded sequences and the loss positions: response token j of row b is predicted at P_b - 1 + j.
-    ``advantages`` (one value per response token, ``Method.token_advantages``) are read at the same positions."""
+    ``advantages`` (one value per response token, ``Method.token_advantages``) are read at the same positions.
+
+    ``layout`` (issue 48 item 3): how many of the sequences, in order, each row holds end to end (``pack_rows``);
+    position ids restart at 0 with each sequence and a row's padded tail counts as a sequence of its own, so no
+    attention mask is needed (``att`` None). The loss positions keep the sequences' order either way."""
     seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
-    L = max(len(s) for s in seqs)
-    ids = torch.zeros((len(seqs), L), dtype=torch.long)
-    att = torch.zeros((len(seqs), L), dtype=torch.long)
+    per_row = layout if layout is not None else [1] * len(seqs)
+    if sum(per_row) != len(seqs) or min(per_row) < 1:
+        raise ValueError(f"make_micro: layout {per_row} does not place {len(seqs)} sequences")
+    starts: list[tuple[int, int]] = []  # per sequence: (row, first column)
+    row_len: list[int] = []
+    for r, count in enumerate(per_row):
+        row_len.append(0)
+        for _ in range(count):
+            starts.append((r, row_len[r]))
+            row_len[r] += len(seqs[len(starts) - 1])
+    L = max(row_len)
+    ids = torch.zeros((len(row_len), L), dtype=torch.long)
+    att = torch.zeros((len(row_len), L), dtype=torch.long)
+    pos = torch.zeros((len(row_len), L), dtype=torch.long)
     rows: list[int] = []
     cols: list[int] = []
     tgts: list[int] = []
@@ -363,13 +485,15 @@ def make_micro(prompts: list[list[int]], responses: list[list[int]], masks: list
     spans = []
     adv: list[torch.Tensor] = []
     for b, (p, r, m) in enumerate(zip(prompts, responses, masks, strict=True)):
-        ids[b, : len(p) + len(r)] = torch.tensor(p + r)
-        att[b, : len(p) + len(r)] = 1
+        row, c0 = starts[b]
+        ids[row, c0 : c0 + len(p) + len(r)] = torch.tensor(p + r)
+        att[row, c0 : c0 + len(p) + len(r)] = 1
+        pos[row, c0 : c0 + len(p) + len(r)] = torch.arange(len(p) + len(r))
         start = len(rows)
         keep = [j for j, k in enumerate(m) if k]
         for j in keep:
-            rows.append(b)
-            cols.append(len(p) - 1 + j)
+            rows.append(row)
+            cols.append(c0 + len(p) - 1 + j)
             tgts.append(r[j])
             rlp.append(rollout_lps[b][j] if rollout_lps is not None else 0.0)
         if advantages is not None:
@@ -378,9 +502,12 @@ def make_micro(prompts: list[list[int]], responses: list[list[int]], masks: list
     if not rows:  # no loss token at all: one placeholder position, masked out
         rows, cols, tgts, rlp, dummy, adv = [0], [0], [0], [0.0], True, []
     mask = torch.zeros(len(rows)) if dummy else torch.ones(len(rows))
-    return Micro(ids, att, torch.tensor(rows), torch.tensor(cols), torch.tensor(tgts),
-                 torch.tensor(rlp, dtype=torch.float32), mask, spans, sum(len(s) for s in seqs),
-                 torch.cat(adv) if adv else torch.zeros(len(rows)))
+    if layout is not None:  # a row's padded tail: positions from 0 again, a sequence of its own
+        for row, n in enumerate(row_len):
+            pos[row, n:] = torch.arange(L - n)
+    return Micro(ids, None if layout is not None else att, torch.tensor(rows), torch.tensor(cols),
+                 torch.tensor(tgts), torch.tensor(rlp, dtype=torch.float32), mask, spans, sum(len(s) for s in seqs),
+                 torch.cat(adv) if adv else torch.zeros(len(rows)), pos if layout is not None else None)
 
 
 def check_trajectory(t: Trajectory) -> None:
@@ -436,6 +563,10 @@ class Trainer:
         self.ref_engine = self._reference_engine() if self.kl_coef > 0 and self.kl_reference == "frozen" else None
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.packing = packing_mode(self.engine.module.lm)  # issue 48 item 3; the reference is the same model
+        if self.rank == 0:
+            print(f"trainer: micro-batches {self.packing} ({self.engine.module.lm.config._attn_implementation} "
+                  f"attention)", flush=True)
         self.policy_version = 0
         self.step = 0  # last trained step (0 = the start checkpoint)
         self.data_position: dict[str, Any] = {}
@@ -470,10 +601,16 @@ class Trainer:
             dist.barrier()
 
     def _micro(self, trajs: list[Trajectory], dummy: bool = False,
-               advantages: list[torch.Tensor] | None = None) -> Micro:
+               advantages: list[torch.Tensor] | None = None, rows: list[list[int]] | None = None) -> Micro:
+        """``rows``: the micro-batch's rows (``pack_micro_batches``), laid out as packed rows unless padded."""
+        layout = [len(r) for r in rows] if rows and self.packing != "padded" else None
         return make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
                           [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs], dummy,
-                          advantages).to(self.device)
+                          advantages, layout).to(self.device)
+
+    def _pack(self, lengths: list[int]) -> list[list[list[int]]]:
+        """Micro-batches (rows of indices into ``lengths``) for this model's ``packing`` (issue 48 item 3)."""
+        return pack_micro_batches(lengths, self.tc.micro_batch_tokens, self.packing)
 
     @torch.no_grad()
     def logprobs(self, trajs: list[Trajectory], engine: Any = None) -> list[torch.Tensor]:
@@ -482,9 +619,10 @@ class Trainer:
         engine = self.engine if engine is None else engine
         out: list[torch.Tensor | None] = [None] * len(trajs)
         lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
-        for mb in self._rank_shards(pack_by_tokens(lengths, self.tc.micro_batch_tokens)):
-            m = self._micro([trajs[i] for i in mb] if mb else [trajs[0]], dummy=not mb)
-            lp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets)
+        for rows in self._rank_shards(self._pack(lengths)):
+            mb = [i for row in rows for i in row]
+            m = self._micro([trajs[i] for i in mb] if mb else [trajs[0]], dummy=not mb, rows=rows)
+            lp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
             lp = lp.float().cpu()
             self.scored_tokens += m.tokens if mb else 0
             for i, (a, b) in zip(mb, m.spans, strict=False):
@@ -499,7 +637,7 @@ class Trainer:
                     out[i] = v
         return [v if v is not None else torch.zeros(0) for v in out]
 
-    def _rank_shards(self, micro: list[list[int]]) -> list[list[int]]:
+    def _rank_shards(self, micro: list[Any]) -> list[Any]:
         """This rank's micro-batches (round robin); ranks with fewer get empty ones, so collectives line up."""
         mine = micro[self.rank :: self.world]
         n = math.ceil(len(micro) / self.world)
@@ -583,8 +721,7 @@ class Trainer:
                 for n_mini, mini in enumerate(minis):
                     n_loss_tokens = float(sum(sum(batch[i].loss_mask) for i in mini))
                     lens = [len(batch[i].prompt_ids) + len(batch[i].response_ids) for i in mini]
-                    micro = self._rank_shards([[mini[j] for j in mb]
-                                               for mb in pack_by_tokens(lens, tc.micro_batch_tokens)])
+                    micro = self._rank_shards([[[mini[j] for j in row] for row in mb] for mb in self._pack(lens)])
                     for k, mb in enumerate(micro):
                         self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
                         t0 = time.perf_counter()
@@ -646,18 +783,19 @@ class Trainer:
                 engine.module.temperature = float(temperature)
 
     def _micro_loss(
-        self, batch: list[Trajectory], mb: list[int], logp_old: list[torch.Tensor], adv: list[torch.Tensor],
+        self, batch: list[Trajectory], rows: list[list[int]], logp_old: list[torch.Tensor], adv: list[torch.Tensor],
         n_loss_tokens: float, logp_ref: list[torch.Tensor] | None = None, old_from_forward: bool = False,
     ) -> tuple[LossOut, int]:
         """One micro-batch's forward and loss. ``logp_ref`` None: the KL term measures against pi_old.
         ``old_from_forward``: the weights are still pi_old's, so pi_old is this forward's detached log-probs
         (issue 48 item 2) and ``logp_old`` is not read."""
         tc = self.tc
+        mb = [i for row in rows for i in row]  # the loss positions follow this order whatever the layout
         m = self._micro([batch[i] for i in mb] if mb else [batch[0]], dummy=not mb,
-                        advantages=[adv[i] for i in mb] if mb else None)
+                        advantages=[adv[i] for i in mb] if mb else None, rows=rows)
         n_pos = m.rows.shape[0]
         mode = "grad" if tc.entropy_coef != 0.0 else ("detached" if tc.entropy_diagnostic else "none")
-        logp, ent = self.engine(m.ids, m.att, m.rows, m.cols, m.targets, entropy=mode)
+        logp, ent = self.engine(m.ids, m.att, m.rows, m.cols, m.targets, entropy=mode, position_ids=m.pos)
         if mb and m.spans[-1][1] == n_pos and n_pos > 0 and float(m.mask.sum()) > 0:
             old = (logp.detach().float() if old_from_forward
                    else torch.cat([logp_old[i] for i in mb]).to(self.device))

@@ -113,17 +113,23 @@ def deterministic():
 # short one; files not named follow in collection order. (xdist's own `--dist loadgroup` cannot do this under pytest
 # 9.2: it renames `item._nodeid`, which pytest 9.2 no longer reads, so its groups are silently ignored.)
 COSTLIEST_FIRST: tuple[str, ...] = (  # the first two build the two longest SFT starts side by side
-    "test_real_judge.py", "test_learning.py", "test_flow_train.py", "test_flow_pipeline.py", "test_methods.py",
-    "test_flow_arco.py", "test_flow_guidance.py", "test_stop_drill.py", "test_flow_rubricem.py", "test_deployment.py",
+    "test_real_judge.py", "test_learning.py", "test_stop_drill.py", "test_flow_train.py", "test_flow_pipeline.py",
+    "test_methods.py", "test_deployment.py", "test_flow_arco.py", "test_flow_guidance.py", "test_flow_rubricem.py",
     "test_bad_input.py", "test_sft.py", "test_example_diversity.py", "test_smollm2.py", "test_flow_lora.py",
     "test_install.py")
 ONE_UNIT = {"test_flow_train.py": "reference_run", "test_flow_pipeline.py": "reference_run"}
+# a file whose cases share nothing costly is cut in two units, so the two workers can split it: the stop drill's
+# signal-by-phase table, and its other cases (dead dependencies, the resumes that share one reference run)
+SPLIT = {"test_stop_drill.py": "test_a_signal_stops_the_run_in_seconds"}
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its file, or its file's ONE_UNIT group."""
+    """The unit of work a test belongs to: its file, its file's ONE_UNIT group, or one of a SPLIT file's halves."""
     path = nodeid.split("::", 1)[0]
-    return ONE_UNIT.get(Path(path).name, path)
+    name = Path(path).name
+    if name in SPLIT:
+        return f"{path}::{'table' if f'::{SPLIT[name]}' in nodeid else 'rest'}"
+    return ONE_UNIT.get(name, path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

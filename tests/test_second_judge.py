@@ -105,6 +105,7 @@ def test_rules_judge_refuses_a_second_judge_up_front(arbor_home: Path) -> None:
 SPLITS = ["offline:train", "bench:local"]
 
 
+@pytest.mark.slow  # an eval flow from the SFT start (make test-fast would otherwise build that start: ~4 min)
 def test_eval_flow_rejudges_the_same_answers_with_the_second_model(sft_policy: Path, arbor_home: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(JUDGE_KEY_ENV, JUDGE_KEY)

@@ -186,11 +186,13 @@ class StepLabel:
 class LossSettings:
     """The policy loss's fixed choices for a whole run, decided by the controller (the method) and handed to the
     trainer when it is built (issue 32 item 2): the upper PPO clip and the KL term's initial coefficient and
-    reference (``frozen``: the start checkpoint, loaded once more; ``old``: pi_old)."""
+    reference (``frozen``: the start checkpoint, loaded once more; ``old``: pi_old), and how the per-token losses
+    are averaged (``loss_agg``)."""
 
     eps_clip_high: float
     kl_coef: float
     kl_reference: Literal["old", "frozen"]
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"  # tasks.training.losses (issue 50)
 
 
 @dataclass

@@ -42,7 +42,8 @@ STAGED = {"rollout.protocol": "rubricem", "rollout.system_prompt": (
 
 def tiny_overrides(start_checkpoint: Path, **extra: Any) -> dict[str, Any]:
     """Small enough for two cores: the tiny-cpu profile with 8 prompts x K=4 and two steps; one admitted draft
-    triggers a consolidation (k_consol=1) so that step 2 already activates a common rubric."""
+    triggers a consolidation (k_consol=1) over all of D (consolidation_batch=all: the rules judge abstracts a feature
+    seen for two queries in one call) so that step 2 already activates a common rubric."""
     o: dict[str, Any] = {
         "run.steps": 2,
         "run.sft_warm_start": False,
@@ -50,6 +51,7 @@ def tiny_overrides(start_checkpoint: Path, **extra: Any) -> dict[str, Any]:
         "rollout.batch_size": 8,
         "rollout.k": 4,
         "memory.k_consol": 1,
+        "memory.consolidation_batch": "all",
         "checkpoint.every": 1,
     }
     o.update(extra)

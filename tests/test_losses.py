@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from arbor.tasks.training.losses import (
+    aggregate_token_losses,
     dynamic_sampling_filter,
     dynamic_sampling_refill,
     group_advantages,
@@ -183,3 +184,45 @@ def test_dapo_oversampling_hook_refills() -> None:
 def test_overlong_penalty_by_hand() -> None:
     # L_max 100, L_cache 20: <= 80 -> 0; 90 -> (80 - 90) / 20 = -0.5; 100 -> -1; beyond -> -1
     assert [overlong_penalty(n, 100, 20) for n in (50, 80, 90, 100, 130)] == [0.0, 0.0, -0.5, -1.0, -1.0]
+
+
+# ---------------------------------------------------------------------------------------------- aggregation (issue 50)
+def test_token_mean_and_seq_mean_token_mean_by_hand() -> None:
+    # sample A: 1 loss token, l = 4; sample B: 3 loss tokens, l = 1, 2, 3 (and a masked position, l = 100)
+    #   token-mean          = (4 + 1 + 2 + 3) / 4 = 2.5
+    #   seq-mean-token-mean = (4/1 + 6/3) / 2 = (4 + 2) / 2 = 3.0   (slime's default: each sample weighs 1/N)
+    per_token = t([[4.0, 0.0, 0.0, 0.0], [1.0, 2.0, 100.0, 3.0]])
+    mask = t([[1, 0, 0, 0], [1, 1, 0, 1]])
+    assert float(aggregate_token_losses(per_token, mask, "token-mean")) == pytest.approx(2.5, abs=1e-12)
+    assert float(aggregate_token_losses(per_token, mask, "seq-mean-token-mean")) == pytest.approx(3.0, abs=1e-12)
+    # the flat layout of the trainer's loss positions (samples as runs of seq_lengths) gives the same
+    flat, fmask = t([[4.0, 1.0, 2.0, 100.0, 3.0]])[0], t([[1, 1, 1, 0, 1]])[0]
+    got = aggregate_token_losses(flat, fmask, "seq-mean-token-mean", seq_lengths=[1, 4])
+    assert float(got) == pytest.approx(3.0, abs=1e-12)
+    # split over two micro-batches with the mini-batch's counts, the shares add up to the mini-batch's value:
+    #   token-mean 4/4 + 6/4 = 2.5; seq-mean 4/2 + 2/2 = 3.0; an extra sample without loss tokens counts in N: 6/3
+    one, two = (flat[:1], fmask[:1]), (flat[1:], fmask[1:])
+    tok = sum(float(aggregate_token_losses(x, m, "token-mean", n_tokens=4)) for x, m in (one, two))
+    seq = sum(float(aggregate_token_losses(x, m, "seq-mean-token-mean", seq_lengths=[len(x)], n_seqs=2))
+              for x, m in (one, two))
+    assert (tok, seq) == (pytest.approx(2.5, abs=1e-12), pytest.approx(3.0, abs=1e-12))
+    empty = aggregate_token_losses(per_token, mask, "seq-mean-token-mean", n_seqs=3)
+    assert float(empty) == pytest.approx(2.0, abs=1e-12)
+    with pytest.raises(ValueError, match="loss_agg"):
+        aggregate_token_losses(per_token, mask, "sum")  # type: ignore[arg-type]
+
+
+def test_policy_loss_seq_mean_token_mean_gradient_by_hand() -> None:
+    # ratio 1 (logp = logp_old), no TIS, no clipping at r = 1: l_t = -A_t, dl_t/dlogp_t = -A_t.
+    # A = [-4 | -1, -2, -3] over samples of 1 and 3 tokens: loss = (4 + (1 + 2 + 3)/3) / 2 = 3.0 and
+    # dL/dlogp = [4 * 1/2 | 1 * 1/6, 2 * 1/6, 3 * 1/6]; token-mean: 2.5 and [4, 1, 2, 3] / 4
+    for agg, loss, grad in (("seq-mean-token-mean", 3.0, [2.0, 1 / 6, 2 / 6, 3 / 6]),
+                            ("token-mean", 2.5, [1.0, 0.25, 0.5, 0.75])):
+        logp = torch.zeros(4, dtype=torch.float64, requires_grad=True)
+        out = policy_loss(logp, torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64),
+                          t([[-4.0, -1.0, -2.0, -3.0]])[0], torch.ones(4, dtype=torch.float64), tis_cap=None,
+                          agg=agg, seq_lengths=[1, 3])  # type: ignore[arg-type]
+        out.loss.backward()
+        assert out.loss.item() == pytest.approx(loss, abs=1e-12)
+        assert torch.allclose(logp.grad, t([grad])[0], atol=1e-12)
+        assert out.tokens == 4.0 and out.clip_sum == 0.0  # diagnostics stay token sums

@@ -450,13 +450,16 @@ def drive(mem, step, log, groups, retire_last=False, phases=("score", "retire", 
         elif ph == "induce":
             log.extend(mem.admit_drafts(step, [draft(step, g, 0, [1.0, 0.5, 0.0], f1) for g in range(2)
                                                if (step + g) % 3]))
-        elif mem.consolidation_due():
-            log.extend(mem.consolidate(step, [common(f"r{step}a"), common(f"r{step}b")], toy_embed))
+        else:
+            while mem.consolidation_due():  # one call per batch of k_consol drafts, as the flow's stage (§3.3)
+                log.extend(mem.consolidate(step, [common(f"r{step}a{mem._commons}"),
+                                                  common(f"r{step}b{mem._commons}")], toy_embed))
 
 
-@pytest.mark.parametrize("retire_last", [False, True])
-def test_rebuild_from_events_is_identical_and_continues_identically(retire_last):
-    cfg = MemoryConfig(k_consol=2, pool_max=2, maturity=1, kappa=1)
+@pytest.mark.parametrize(("retire_last", "batch"), [(False, "k_consol"), (True, "all")])
+def test_rebuild_from_events_is_identical_and_continues_identically(retire_last, batch):
+    # both consolidation batches (issue 50 item 2); either pairing meets every kind of event below
+    cfg = MemoryConfig(k_consol=2, pool_max=2, maturity=1, kappa=1, consolidation_batch=batch)
     live, log, groups = RubricMemory(cfg), Records(), {}
     for step in range(12):
         drive(live, step, log, groups, retire_last)
@@ -545,3 +548,71 @@ def test_rows_fit_storage_schemas_and_replay_after_a_parquet_round_trip(tmp_path
              "rubric_sources": back.sources}[table].extend(got)
     assert back.activations and back.sources
     assert RubricMemory.from_events(cfg, back.events, back.activations, back.sources, groups).state() == mem.state()
+
+
+# ------------------------------------------------------------------------------------------------ issue 50 item 2
+class StageRun:
+    """What ARBOR's consolidate stage reads of a run (``tasks.methods.base.StepResources``): the rules judge."""
+
+    def __init__(self, cfg, home):
+        from arbor.llm import make_judge
+
+        self.cfg, self.run_id, self.embed = cfg, "r", toy_embed
+        self.judge = make_judge(cfg.judge, home=home)
+
+    def run_async(self, coro):
+        import asyncio
+
+        return asyncio.run(coro)
+
+    def judge_capped(self):
+        return False
+
+    def judge_rows(self):
+        return self.judge.drain_calls()
+
+
+def admitted_drafts(mem, step, features):
+    """One admitted draft per group g, of rules feature ``features[g]``, from question q{g % 2} (two queries)."""
+    results = []
+    for g, feat in enumerate(features):
+        r = RubricMemory.make_drafts(step, g, [RubricDraft(f"t {feat}", f"does {feat}", f"fails {feat}", feat, 1)])[0]
+        results.append(DraftResult(r, g, f"q{g % 2}", f"question {g % 2}?", ok(GOOD[0]), GOOD[1]))
+    return mem.admit_drafts(step, results)
+
+
+@pytest.mark.parametrize(("batch", "calls", "left"), [("k_consol", [4, 4], 2), ("all", [10], 0)])
+def test_consolidation_takes_k_consol_drafts_per_call(tmp_path, batch, calls, left):
+    """§3.3: consolidation fires when |D| reaches K_consol. With K_consol = 4 and 10 drafts admitted in one step the
+    stage makes 2 calls of the 4 oldest drafts each and leaves the newest 2 in D; the stored rows say which drafts
+    each call consumed, and replaying them gives the same memory. ``consolidation_batch=all`` (arbor before issue
+    50): one call over all 10."""
+    from arbor.config import load_config
+    from arbor.tasks.methods.arbor.method import Arbor
+
+    cfg = load_config("tiny-cpu", {"run.method": "arbor", "memory.k_consol": 4,
+                                   "memory.consolidation_batch": batch, "judge.backend": "rules"})
+    method = Arbor(cfg)
+    # drafts 0-3 all of answer_in_evidence, 4-7 of query_entity_overlap, 8-9 of format_valid; each feature from both
+    # queries, so the rules judge abstracts one common rubric per feature it sees in a call
+    feats = ["answer_in_evidence"] * 4 + ["query_entity_overlap"] * 4 + ["format_valid"] * 2
+    admit_rows = admitted_drafts(method.memory, 1, feats).events
+    out = method.consolidate(StageRun(cfg, tmp_path), 1, [])
+
+    assert [c["stage"] for c in out["judge_calls"]] == ["consolidate"] * len(calls)
+    consumed = [e["rubric_id"] for e in out["rubric_events"] if e["kind"] == "draft" and e["event"] == "consolidated"]
+    assert consumed == [f"d1.{g}.0" for g in range(sum(calls))]  # oldest first
+    assert [d.rubric.rubric_id for d in method.memory.D] == [f"d1.{g}.0" for g in range(10 - left, 10)]
+    lineage = {}
+    for s in out["rubric_sources"]:
+        lineage.setdefault(s["common_rubric_id"], []).append(s["draft_rubric_id"])
+    if batch == "k_consol":  # one common per call, ids counted on over the step's calls
+        assert lineage == {"c1.0": [f"d1.{g}.0" for g in range(4)], "c1.1": [f"d1.{g}.0" for g in range(4, 8)]}
+        assert [r.feature for r in method.memory.pool] == ["answer_in_evidence", "query_entity_overlap"]
+    else:  # one call sees three features, the rules judge keeps at most 2 (most widely seen first)
+        assert set(lineage) == {"c1.0", "c1.1"} and all(len(v) == 10 for v in lineage.values())
+    groups = {(1, g): GroupInfo(f"q{g % 2}", f"question {g % 2}?", tuple(GOOD[1])) for g in range(10)}
+    replayed = RubricMemory.from_events(cfg.memory, admit_rows + out["rubric_events"], [], out["rubric_sources"],
+                                        groups)
+    assert replayed.state() == method.memory.state()
+    assert not method.memory.consolidation_due()

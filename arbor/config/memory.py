@@ -12,6 +12,10 @@ from arbor.config.base import Section
 class MemoryConfig(Section):
     lambda_: float = Field(0.1, ge=0.0, description="rubric shaping coefficient lambda (eq. 4)")
     k_consol: int = Field(8, ge=1, description="drafts in D that trigger a consolidation (K_consol)")
+    consolidation_batch: Literal["k_consol", "all"] = Field(
+        "k_consol", description="what one consolidation call digests. k_consol (§3.3: it fires once |D| reaches "
+        "K_consol): the oldest k_consol drafts, one call per full batch in the step's consolidate stage, the rest wait "
+        "in D; all (arbor before issue 50): one call a step over all of D once |D| >= k_consol")
     delta_v: float = Field(0.05, ge=0.0, description="variance threshold delta_v (eq. 2, shaping filter, n_r)")
     rho_min: float = Field(0.0, ge=-1.0, le=1.0, description="Pearson threshold rho_min (eq. 2, retirement)")
     kappa: int = Field(5, ge=0, description="retire when n_r > kappa consecutive low-variance activations")

@@ -34,6 +34,11 @@ class TrainConfig(Section):
         "frozen (the start checkpoint, kept as a reference model: RubricEM's eq. 1, DeepSeekMath's GRPO)")
     entropy_coef: float = Field(0.0, ge=0)
     adv_norm: Literal["std", "mean"] = "std"
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] | None = Field(
+        None, description="how a mini-batch's per-token losses are averaged: token-mean (one mean over all its loss "
+        "tokens), seq-mean-token-mean (each sample's token mean, then the mean over its samples: slime's default, "
+        "calculate_per_token_loss off, the framework of ARBOR §4.1); None: the method's own (arbor: "
+        "seq-mean-token-mean; every other method: token-mean)")
     adv_eps: float = Field(1e-6, gt=0)
     updates_per_batch: int = Field(1, ge=1, description="optimizer updates (mini-batches) per rollout batch")
     micro_batch_tokens: int = Field(16384, ge=1)

@@ -8,14 +8,17 @@ Notation (per response token t of trajectory i):
     A_{i,t}  = A_i on every token (GRPO), or per token / segment (a method's ``token_advantages``)
     w_t      = min(exp(logp_old - logp_rollout), C)           (TIS weight, detached; slime --use-tis, C = 2)
     l_t      = -w_t * min(r_t A_{i,t}, clip(r_t, 1 - eps_low, 1 + eps_high) A_{i,t})
-    L        = sum_t m_t l_t / sum_t m_t                      (token-level aggregation over the mini-batch)
-             + kl_coef * k3(pi_ref || pi_theta) - entropy_coef * H   (both 0 in the paper)
+    L        = agg(l_t + kl_coef * k3(pi_ref || pi_theta) - entropy_coef * H_t)   (both extra terms 0 in the paper)
+    agg      = token-mean:          sum_i sum_t m_t l_t / sum_i sum_t m_t            (over the mini-batch)
+               seq-mean-token-mean: (1/N) sum_i (sum_t m_t l_t / sum_t m_t)          (N samples in the mini-batch;
+                                    slime's default, the framework of ARBOR §4.1: ``aggregate_token_losses``)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -23,6 +26,8 @@ from torch import Tensor
 from arbor.tasks.group_stats import EPS, all_equal
 
 ZERO_VAR_TOL = EPS  # a group whose rewards differ by at most this is outcome-homogeneous (DAPO drops it)
+LossAgg = Literal["token-mean", "seq-mean-token-mean"]
+LOSS_AGGS: tuple[LossAgg, ...] = ("token-mean", "seq-mean-token-mean")
 
 
 # ---------------------------------------------------------------------------------------------- advantages
@@ -154,6 +159,50 @@ class LossOut:
     ref_kl_sum: float = 0.0  # sum of k3(pi_ref || pi_theta) over loss tokens (0 without a KL term)
 
 
+def aggregate_token_losses(
+    per_token: Tensor,
+    mask: Tensor,
+    agg: LossAgg = "token-mean",
+    *,
+    seq_lengths: Sequence[int] | None = None,
+    n_tokens: float | None = None,
+    n_seqs: float | None = None,
+) -> Tensor:
+    """One micro-batch's share of the mini-batch loss from per-token losses (ARBOR §4.1 / App. B.2: "GRPO with TIS
+    in slime"; issue 50 item 1).
+
+    ``token-mean``: sum_i sum_t m_it l_it / n_tokens, n_tokens = the mini-batch's loss tokens (default: this
+    micro-batch's), so the micro-batches' shares add up to one mean over every token of the mini-batch.
+    ``seq-mean-token-mean``: sum_i (sum_t m_it l_it / max(1, sum_t m_it)) / n_seqs, n_seqs = the mini-batch's
+    samples (default: this micro-batch's), so the shares add up to the mean over samples of each sample's token
+    mean: slime's reduction with ``calculate_per_token_loss`` off (its default), where every sample weighs the same
+    whatever its length and a sample without loss tokens counts in N with 0.
+
+    Samples: the rows of a 2-D ``per_token`` [N, T], or consecutive runs of ``seq_lengths`` positions of a flat
+    one (the trainer's loss positions). ``mask`` has ``per_token``'s shape.
+    """
+    if agg not in LOSS_AGGS:
+        raise ValueError(f"train.loss_agg must be one of {LOSS_AGGS}, got {agg!r}")
+    m = mask.to(per_token.dtype)
+    if agg == "token-mean":
+        n = float(m.sum()) if n_tokens is None else float(n_tokens)
+        return (per_token * m).sum() / max(n, 1.0)
+    if seq_lengths is None:
+        if per_token.ndim != 2:
+            raise ValueError("seq-mean-token-mean: a flat per_token needs seq_lengths")
+        sums, counts = (per_token * m).sum(-1), m.sum(-1)
+    else:
+        flat, fm = per_token.reshape(-1), m.reshape(-1)
+        if sum(seq_lengths) != flat.numel():
+            raise ValueError(f"seq_lengths add up to {sum(seq_lengths)}, per_token has {flat.numel()} positions")
+        seg = torch.repeat_interleave(torch.arange(len(seq_lengths), device=flat.device),
+                                      torch.as_tensor(list(seq_lengths), device=flat.device))
+        sums = torch.zeros(len(seq_lengths), dtype=flat.dtype, device=flat.device).index_add(0, seg, flat * fm)
+        counts = torch.zeros(len(seq_lengths), dtype=flat.dtype, device=flat.device).index_add(0, seg, fm)
+    n = float(sums.numel()) if n_seqs is None else float(n_seqs)
+    return (sums / counts.clamp(min=1.0)).sum() / max(n, 1.0)
+
+
 def k3_kl(logp: Tensor, logp_ref: Tensor) -> Tensor:
     """Schulman's k3 estimator of KL(pi_theta || pi_ref) from samples of pi_theta: exp(d) - d - 1, d = ref - logp."""
     d = logp_ref - logp
@@ -171,19 +220,21 @@ def policy_loss(
     eps_high: float = 0.2,
     tis_cap: float | None = 2.0,
     n_tokens: float | None = None,
+    agg: LossAgg = "token-mean",
+    seq_lengths: Sequence[int] | None = None,
+    n_seqs: float | None = None,
     kl_coef: float = 0.0,
     logp_ref: Tensor | None = None,
     entropy_coef: float = 0.0,
     entropy: Tensor | None = None,
 ) -> LossOut:
-    """Clipped surrogate with TIS, token-level aggregation (see the module docstring). All tensors [N, T].
+    """Clipped surrogate with TIS (see the module docstring). All tensors [N, T] (or flat, with ``seq_lengths``).
 
-    ``n_tokens`` is the number of loss tokens in the whole mini-batch (so micro-batch losses add up to the
-    mini-batch mean); it defaults to this micro-batch's ``mask.sum()``.
+    ``agg``, ``n_tokens``, ``seq_lengths``, ``n_seqs``: how the per-token losses are reduced
+    (``aggregate_token_losses``); ``n_tokens`` / ``n_seqs`` count the whole mini-batch, so micro-batch losses add up
+    to the mini-batch's. The diagnostics are token sums whatever ``agg``.
     """
     m = mask.to(logp.dtype)
-    n = float(m.sum()) if n_tokens is None else float(n_tokens)
-    n = max(n, 1.0)
     log_ratio = logp - logp_old
     ratio = torch.exp(log_ratio)
     surr1 = ratio * adv_tokens
@@ -207,7 +258,7 @@ def policy_loss(
         if entropy is None:
             raise ValueError("train.entropy_coef != 0 needs token entropies")
         per_token = per_token - entropy_coef * entropy
-    loss = (per_token * m).sum() / n
+    loss = aggregate_token_losses(per_token, mask, agg, seq_lengths=seq_lengths, n_tokens=n_tokens, n_seqs=n_seqs)
     with torch.no_grad():
         clipped = ((ratio < 1.0 - eps_low) & (adv_tokens < 0)) | ((ratio > 1.0 + eps_high) & (adv_tokens > 0))
         approx_kl = (ratio - 1.0) - log_ratio  # k3 estimate of KL(pi_old || pi_theta)

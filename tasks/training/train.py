@@ -720,13 +720,16 @@ class Trainer:
                 phase_tokens = 0.0
                 for n_mini, mini in enumerate(minis):
                     n_loss_tokens = float(sum(sum(batch[i].loss_mask) for i in mini))
+                    # the mini-batch's counts: every micro-batch on every rank divides by them, so the shares
+                    # add up to its token-mean or its mean over samples (loss_agg; slime's reduction)
                     lens = [len(batch[i].prompt_ids) + len(batch[i].response_ids) for i in mini]
                     micro = self._rank_shards([[[mini[j] for j in row] for row in mb] for mb in self._pack(lens)])
                     for k, mb in enumerate(micro):
                         self.engine.set_gradient_accumulation_boundary(k == len(micro) - 1)
                         t0 = time.perf_counter()
                         out, n_tok = self._micro_loss(batch, mb, logp_old, adv, n_loss_tokens, logp_ref,
-                                                      old_from_forward=n_mini == 0 and self.reuse_pi_old)
+                                                      old_from_forward=n_mini == 0 and self.reuse_pi_old,
+                                                      n_samples=float(len(mini)))
                         synchronize()
                         t1 = time.perf_counter()
                         self.engine.backward(out.loss, scale_wrt_gas=False)
@@ -785,10 +788,12 @@ class Trainer:
     def _micro_loss(
         self, batch: list[Trajectory], rows: list[list[int]], logp_old: list[torch.Tensor], adv: list[torch.Tensor],
         n_loss_tokens: float, logp_ref: list[torch.Tensor] | None = None, old_from_forward: bool = False,
+        n_samples: float | None = None,
     ) -> tuple[LossOut, int]:
         """One micro-batch's forward and loss. ``logp_ref`` None: the KL term measures against pi_old.
         ``old_from_forward``: the weights are still pi_old's, so pi_old is this forward's detached log-probs
-        (issue 48 item 2) and ``logp_old`` is not read."""
+        (issue 48 item 2) and ``logp_old`` is not read. ``n_loss_tokens`` / ``n_samples``: the mini-batch's loss
+        tokens and samples, the denominators of ``loss_agg``'s token-mean / seq-mean-token-mean."""
         tc = self.tc
         mb = [i for row in rows for i in row]  # the loss positions follow this order whatever the layout
         m = self._micro([batch[i] for i in mb] if mb else [batch[0]], dummy=not mb,
@@ -801,13 +806,16 @@ class Trainer:
                    else torch.cat([logp_old[i] for i in mb]).to(self.device))
             ref = old if logp_ref is None else torch.cat([logp_ref[i] for i in mb]).to(self.device)
             a = m.adv
+            seq_lengths = [b - s for s, b in m.spans]  # the loss positions of each sample, in order
         else:  # a padding micro-batch, or one without any loss token: forward/backward for the collectives only
             old = torch.zeros(n_pos, device=self.device)
             ref = old
             a = torch.zeros(n_pos, device=self.device)
+            seq_lengths = [n_pos]  # all masked: a share of 0
         out = policy_loss(
             logp, old, m.rollout_lp, a, m.mask, eps_low=self.eps_low, eps_high=self.eps_high, tis_cap=tc.tis_cap,
-            n_tokens=n_loss_tokens, kl_coef=self.kl_coef, logp_ref=ref if self.kl_coef != 0.0 else None,
+            n_tokens=n_loss_tokens, agg=self.loss.loss_agg, seq_lengths=seq_lengths, n_seqs=n_samples,
+            kl_coef=self.kl_coef, logp_ref=ref if self.kl_coef != 0.0 else None,
             entropy_coef=tc.entropy_coef, entropy=ent,
         )
         # DeepSpeed averages gradients over data-parallel ranks; the loss is a sum over the whole mini-batch.

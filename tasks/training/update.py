@@ -149,8 +149,9 @@ def policy_update(batch: Sequence[Trajectory], step: int, cfg: ArborConfig, rule
 
 
 def grpo_loss_settings(train: TrainConfig) -> LossSettings:
-    """Plain GRPO's loss settings: the configured clip and KL term."""
-    return LossSettings(eps_clip_high=train.eps_clip_high, kl_coef=train.kl_coef, kl_reference=train.kl_reference)
+    """Plain GRPO's loss settings: the configured clip, KL term and aggregation (default: token-mean)."""
+    return LossSettings(eps_clip_high=train.eps_clip_high, kl_coef=train.kl_coef, kl_reference=train.kl_reference,
+                        loss_agg=train.loss_agg or "token-mean")
 
 
 __all__ = ["GRPO_RULE", "GRPORule", "UpdateRule", "check_token_advantages", "grpo_loss_settings",

@@ -15,9 +15,11 @@ Call order within one training step ``s`` (enforced; each call at most once per 
        ... the flow shapes rewards (tasks.shaping), induces drafts on mixed groups and judges each draft on its
            source group; ``RubricMemory.make_drafts(s, group, drafts)`` mints the draft ids ...
     4. rec = mem.admit_drafts(s, [DraftResult(rubric, group, question_id, question, scoring, f1), ...])  (eq. 2)
-    5. if mem.consolidation_due():                 |D| >= k_consol
-           new = <consolidation judge>(mem.candidates_by_query(), mem.pool)   (0-2 RubricDrafts)
-           rec = mem.consolidate(s, new, embed)    de-dup (cosine >= dedup_threshold), capacity, lineage; D cleared
+    5. while mem.consolidation_due():              |D| >= k_consol
+           drafts = mem.consolidation_batch()      the oldest k_consol drafts (memory.consolidation_batch=all: D)
+           new = <consolidation judge>(mem.candidates_by_query(drafts), mem.pool)   (0-2 RubricDrafts)
+           rec = mem.consolidate(s, new, embed)    de-dup (cosine >= dedup_threshold), capacity, lineage; the
+                                                   batch leaves D (the only call that may repeat within a step)
 
 Every call returns ``Records`` (events / activations / sources): plain dicts whose keys are the columns of
 ``rubric_events`` / ``rubric_activations`` / ``rubric_sources`` (docs/interfaces.md) without run_id.
@@ -26,7 +28,8 @@ Every call returns ``Records`` (events / activations / sources): plain dicts who
 statistics are re-accumulated from the activation rows' scores with the groups' F1 (``groups``: (step, group) ->
 GroupInfo, read back from the trajectories table).
 
-Ids are deterministic: drafts ``d{step}.{group}.{i}``, commons ``c{step}.{i}``, warm-start commons ``w{i}``.
+Ids are deterministic: drafts ``d{step}.{group}.{i}``, commons ``c{step}.{i}`` (i counts on over the step's
+consolidation calls), warm-start commons ``w{i}``.
 """
 
 from __future__ import annotations
@@ -273,6 +276,7 @@ class RubricMemory:
         self._retired = False  # retire() done in the current step
         self._last = ""
         self._seq = 0
+        self._commons = 0  # common ids minted in the current step: the next one is c{step}.{_commons}
 
     # ---------------------------------------------------------------- views
     @property
@@ -283,12 +287,19 @@ class RubricMemory:
         return self.stats[rubric_id].rho
 
     def consolidation_due(self) -> bool:
+        """|D| has reached K_consol (§3.3): a consolidation call is due."""
         return not self.cfg.frozen and len(self.D) >= self.cfg.k_consol
 
-    def candidates_by_query(self) -> dict[str, list[Rubric]]:
-        """D grouped by query of origin (question text), in admission order (the consolidation prompt, E.2)."""
+    def consolidation_batch(self) -> list[DraftEntry]:
+        """The drafts the next consolidation call digests (§3.3: it fires when |D| reaches K_consol, so one call sees
+        K_consol drafts): the oldest ``k_consol`` in admission order; ``memory.consolidation_batch=all``: all of D."""
+        return list(self.D) if self.cfg.consolidation_batch == "all" else self.D[: self.cfg.k_consol]
+
+    def candidates_by_query(self, drafts: Sequence[DraftEntry] | None = None) -> dict[str, list[Rubric]]:
+        """``drafts`` (default: all of D) grouped by query of origin (question text), in admission order (the
+        consolidation prompt, E.2)."""
         out: dict[str, list[Rubric]] = {}
-        for d in self.D:
+        for d in self.D if drafts is None else drafts:
             out.setdefault(d.question or "", []).append(d.rubric)
         return out
 
@@ -314,16 +325,19 @@ class RubricMemory:
             raise ValueError(f"RubricMemory: step {step} after step {self._step} (steps must not go back)")
         if self._step is None or step > self._step:
             self._step, self._phase, self._retired, self._seq, self._last = step, -1, False, 0, ""
+            self._commons = 0
         name = _PHASE_NAMES[phase]
-        if phase == _RETIRE:
+        if phase == _CONSOLIDATE and self._phase == _CONSOLIDATE and self._last == name:
+            pass  # the next batch of K_consol drafts in the same step (§3.3)
+        elif phase == _RETIRE:
             if self._retired:
                 raise RuntimeError(f"RubricMemory: retire called twice in step {step}")
             self._retired, self._phase = True, max(self._phase, _ACTIVATE)
         elif phase <= self._phase:
             raise RuntimeError(
                 f"RubricMemory: {name} called after {self._last} in step {step} (order: load_pool -> "
-                "select_active -> apply_activations -> [retire] -> admit_drafts -> consolidate -> [retire]; "
-                "each at most once per step)"
+                "select_active -> apply_activations -> [retire] -> admit_drafts -> consolidate... -> [retire]; "
+                "each at most once per step, consolidate once per batch)"
             )
         else:
             self._phase = phase
@@ -568,14 +582,16 @@ class RubricMemory:
 
     # ---------------------------------------------------------------- 5. consolidation and capacity (§3.3)
     def consolidate(self, step: int, new_commons: Sequence[RubricDraft], embed: Embed) -> Records:
-        """Write the consolidation judge's new common rubrics into P (de-dup, capacity), keep lineage, clear D."""
+        """Write the consolidation judge's new common rubrics into P (de-dup, capacity), keep lineage; the drafts of
+        ``consolidation_batch()`` (the ones the judge was shown) leave D (§3.3). May repeat within a step while
+        ``consolidation_due()``."""
         self._enter(step, _CONSOLIDATE)
         if self.cfg.frozen:
             raise RuntimeError("RubricMemory.consolidate: the memory is frozen (memory.frozen=true)")
         if not self.consolidation_due():
             raise RuntimeError(f"RubricMemory.consolidate: not due (|D| = {len(self.D)} < k_consol)")
         rec = Records()
-        drafts = list(self.D)
+        drafts = self.consolidation_batch()
         existing = list(self.P.values())
         texts = [rubric_text(r) for r in existing] + [rubric_text(c) for c in new_commons]
         vecs = _normalise(embed(texts)) if new_commons else np.zeros((len(texts), 1))
@@ -586,7 +602,7 @@ class RubricMemory:
         kept_ids: list[str] = []
         kept_vecs: list[np.ndarray] = []
         for i, c in enumerate(new_commons):
-            new = Rubric(f"c{step}.{i}", c.title, c.description, c.counter_description, "common", c.feature, c.direction)
+            new = Rubric(f"c{step}.{self._commons + i}", c.title, c.description, c.counter_description, "common", c.feature, c.direction)
             v = vecs[len(existing) + i]
             ids = old_ids + kept_ids
             sims = [float(v @ w) for w in list(old_vecs) + kept_vecs]
@@ -614,7 +630,8 @@ class RubricMemory:
                 rec.sources.append({"step": step, "common_rubric_id": new.rubric_id,
                                     "draft_rubric_id": d.rubric.rubric_id, "draft_step": d.step, "group": d.group,
                                     "question_id": d.question_id, "question": d.question})
-        for d in drafts:  # D is cleared: each draft leaves it as "consolidated"
+        self._commons += len(new_commons)
+        for d in drafts:  # the batch leaves D: each of its drafts as "consolidated"
             self._emit(rec, self._event(step, "consolidated", d.rubric, group=d.group,
                                         reason=f"consumed by consolidation at step {step}"))
         return rec
@@ -667,6 +684,9 @@ class RubricMemory:
                 mem._replay_activations(step, step_acts, groups)
             mem._step, mem._phase, mem._retired, mem._last = step, _CONSOLIDATE, True, "replay"
             mem._seq = 1 + max((e["seq"] for e in by_step.get(step, [])), default=-1)
+            mem._commons = 1 + max((int(e["rubric_id"].rsplit(".", 1)[1]) for e in by_step.get(step, [])
+                                    if e["kind"] == "common" and str(e["rubric_id"]).startswith(f"c{step}.")),
+                                   default=-1)
         if partial_phase is not None:
             if partial_phase not in _PARTIAL:
                 raise ValueError(f"from_events: unknown partial_phase {partial_phase!r} (one of {sorted(_PARTIAL)})")

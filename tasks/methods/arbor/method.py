@@ -16,9 +16,11 @@ stages; each returns the events it caused, so a resumed run rebuilds the memory 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from arbor.config import ArborConfig
+from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext
 from arbor.tasks.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import GroupScoring
@@ -33,7 +35,7 @@ from arbor.tasks.methods.arbor.memory import (
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
 from arbor.tasks.stages import StageStore, fault_point
-from arbor.tasks.types import Rubric, Trajectory
+from arbor.tasks.types import LossSettings, Rubric, Trajectory
 
 SCORE = Stage("score", ("rubric_events", "rubric_activations", "judge_calls"))
 RETIRE = Stage("retire", ("rubric_events",))
@@ -112,6 +114,11 @@ class Arbor(Method):
     def restore(self, run: StepResources) -> None:
         self.memory = rebuild_memory(self.cfg, run.store, self.cfg.run.steps)
 
+    def loss_settings(self, train: TrainConfig) -> LossSettings:
+        """§4.1 / App. B.2: GRPO with TIS in slime, whose default loss averages each sample's tokens, then the
+        samples (``train.loss_agg`` unset: seq-mean-token-mean; issue 50 item 1)."""
+        return replace(super().loss_settings(train), loss_agg=train.loss_agg or "seq-mean-token-mean")
+
     def summary(self) -> dict[str, float | str]:
         return {"rubric/pool_size": float(len(self.memory.pool)),
                 "pool": ", ".join(f"{r.rubric_id} {r.title}" for r in self.memory.pool) or "(empty)"}
@@ -181,13 +188,18 @@ class Arbor(Method):
         return out
 
     def consolidate(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
-        """Every K_consol admitted drafts: LLM abstraction + embedding de-dup, capacity, lineage (§3.3)."""
-        nothing: dict[str, Rows] = {"rubric_events": [], "rubric_sources": [], "judge_calls": []}
+        """Every K_consol admitted drafts: LLM abstraction + embedding de-dup, capacity, lineage (§3.3). One judge
+        call per batch of K_consol drafts, oldest first, in order (each sees the pool the previous one left), while
+        |D| >= K_consol (``memory.consolidation_batch=all``: one call over all of D). The stage stores every call's
+        rows together: a stage cut short is redone whole from the memory the induce stage left."""
+        rec = Records()
         if not self.memory.consolidation_due() or run.judge_capped():
-            return nothing
-        out = run.run_async(run.judge.consolidate(self.memory.candidates_by_query(), self.memory.pool,
-                                                  ctx=CallContext(run.run_id, step, "consolidate")))
-        if out.value is None:  # the judge failed after retries: keep D, try again at the next step
-            return {**nothing, "judge_calls": run.judge_rows()}
-        rec = self.memory.consolidate(step, out.value, run.embed)
+            return {"rubric_events": [], "rubric_sources": [], "judge_calls": []}
+        while self.memory.consolidation_due():
+            drafts = self.memory.consolidation_batch()
+            out = run.run_async(run.judge.consolidate(self.memory.candidates_by_query(drafts), self.memory.pool,
+                                                      ctx=CallContext(run.run_id, step, "consolidate")))
+            if out.value is None:  # the judge failed after retries: keep these drafts in D, try again next step
+                break
+            rec.extend(self.memory.consolidate(step, out.value, run.embed))
         return {"rubric_events": rec.events, "rubric_sources": rec.sources, "judge_calls": run.judge_rows()}

@@ -25,16 +25,19 @@ def test_rl_profiles_sample_the_full_distribution(profile: str) -> None:
     ("qwen3-8b", "arbor", "seq-mean-token-mean"), ("qwen3-8b", "grpo", "seq-mean-token-mean"),
     ("qwen3-4b", "arbor", "seq-mean-token-mean"), ("qwen3-14b", "dapo", "seq-mean-token-mean"),
     ("qwen3-8b-rubricem", "rubricem", "token-mean"),
-    ("tiny-world", "arbor", "seq-mean-token-mean"), ("tiny-world", "grpo", "token-mean"),
+    ("tiny-world", "arbor", "token-mean"), ("tiny-world", "grpo", "token-mean"),
     ("tiny-world", "no-memory", "token-mean"), ("tiny-cpu", "rubricem", "token-mean"),
+    ("tiny-world:unset", "arbor", "seq-mean-token-mean"), ("tiny-world:unset", "grpo", "token-mean"),
 ])
 def test_loss_aggregation_per_profile_and_method(profile: str, method: str, agg: str) -> None:
     """Issue 50 item 1: ARBOR's paper profiles train every method as slime's default does (§4.1: "using Slime"):
-    each sample's token mean, then the mean over samples; RubricEM asks for token-level aggregation (its F.3).
-    Without a profile value each method keeps its own: ARBOR slime's, the others token-mean."""
+    each sample's token mean, then the mean over samples; RubricEM asks for token-level aggregation (its F.3); the
+    synthetic world keeps token-mean for all. Without a profile value (``:unset``) each method keeps its own: ARBOR
+    slime's, the others token-mean."""
     from arbor.tasks.methods import make_method
 
-    cfg = load_config(profile, {"run.method": method})
+    profile, _, unset = profile.partition(":")
+    cfg = load_config(profile, {"run.method": method, **({"train.loss_agg": None} if unset else {})})
     assert make_method(cfg).loss_settings(cfg.train).loss_agg == agg
 
 

@@ -27,6 +27,7 @@ from arbor.config.judge import JudgeConfig  # noqa: E402
 from arbor.llm import CallContext, make_judge  # noqa: E402
 from arbor.llm.cache import cache_key  # noqa: E402
 from arbor.llm.prompts import pairwise_messages  # noqa: E402
+from arbor.llm.text import WHOLE  # noqa: E402
 from arbor.seeding import coin  # noqa: E402
 from arbor.tasks.methods.arbor.judge import sparse_edges  # noqa: E402
 from arbor.tasks.types import Rubric, Trajectory  # noqa: E402
@@ -70,7 +71,7 @@ async def run_bare(base_url: str, cfg: JudgeConfig, calls: list) -> float:
     """The same HTTP requests with nothing of ours around them: one httpx client, one semaphore."""
     bodies = []
     for q, a, b, s, _ in calls:
-        version, messages = pairwise_messages(q, *((b, a) if s else (a, b)), RUBRIC, cfg.max_judge_tokens)
+        version, messages = pairwise_messages(q, *((b, a) if s else (a, b)), RUBRIC, cfg.max_judge_tokens or WHOLE)
         params = {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
         key = cache_key("pairwise", cfg.model, version, messages, params)
         bodies.append(({"model": cfg.model, "messages": messages, **params}, key))

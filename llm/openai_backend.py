@@ -27,6 +27,7 @@ from arbor.llm.answers import check_reply
 from arbor.llm.base import ROLES, CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
+from arbor.llm.text import WHOLE, shared_budget
 from arbor.retry_after import requested_wait_s
 from arbor.seeding import derive_seed
 
@@ -143,16 +144,36 @@ class OpenAIJudge(Judge):
     def _fit(self, role: Role[Any, Any], texts: int, items: int | None,
              render: Callable[[int], tuple[str, list[dict[str, str]]]]) -> tuple[str, list[dict[str, str]]]:
         """A role's prompt with each of its ``texts`` compacted texts (trajectories, histories, candidates) at
-        ``judge.max_judge_tokens``; when ``judge.context_tokens`` is set and that prompt and the reply would not
-        fit, at the budget that makes them fit (issue 31 item 3). The prompt's own words are measured by rendering
-        it with every text at ``prompts.MIN_TEXT_TOKENS``."""
-        version, messages = render(self.cfg.max_judge_tokens)
+        ``judge.max_judge_tokens`` (null: whole, App. E.1 / E.3). When ``judge.context_tokens`` is set and that
+        prompt and the reply would not fit, at the largest budget under which they do (issues 31 item 3, 50 item
+        3): from each text's equal share of the window (``text.shared_budget``; the prompt's own words measured
+        with every text at ``prompts.MIN_TEXT_TOKENS``) up, by bisection, so a short text stays whole and
+        leaves its room to the long ones, and nothing is cut that fits."""
+        cap = self.cfg.max_judge_tokens
+        version, messages = render(WHOLE if cap is None else cap)
         window = self.cfg.context_tokens
         reply = self._reply_tokens(role.name, items)
-        if window is None or prompts.message_tokens(messages) + reply <= window:
+        size = prompts.message_tokens(messages)
+        if window is None or size + reply <= window or texts == 0:
             return version, messages
+
+        def fits(m: list[dict[str, str]]) -> bool:
+            return prompts.message_tokens(m) + reply <= window
+
         own = prompts.message_tokens(render(prompts.MIN_TEXT_TOKENS)[1]) - texts * prompts.MIN_TEXT_TOKENS
-        return render(max(prompts.MIN_TEXT_TOKENS, (window - reply - max(own, 0)) // max(1, texts)))
+        lo = max(prompts.MIN_TEXT_TOKENS, shared_budget(window, reply, own, texts))
+        best = render(lo)
+        if not fits(best[1]):
+            return best  # even the equal share does not fit (every text at its skeleton): the smallest prompt
+        hi = max(lo, min(size, cap if cap is not None else size))  # no text is longer than the whole prompt
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            cand = render(mid)
+            if fits(cand[1]):
+                lo, best = mid, cand
+            else:
+                hi = mid - 1
+        return best
 
     def _dialect(self, base_url: str | None) -> str:
         mode = self.cfg.structured_outputs

@@ -11,7 +11,7 @@ from arbor.tasks.format import _TRAILING_EOS, BOXED, PROTOCOLS, check_format
 from arbor.tasks.reward import normalize_answer
 
 __all__ = ["normalize_answer", "escape_block", "estimate_tokens", "parse_trajectory", "structure_valid",
-           "compact_trajectory", "elision_marker", "min_judge_budget", "PROMPT_TAGS"]
+           "compact_trajectory", "elision_marker", "min_judge_budget", "shared_budget", "WHOLE", "PROMPT_TAGS"]
 
 # the block tags of every shipped protocol (tasks.format): arbor's, Search-R1's <information>, RubricEM's staged
 # scaffold (<structured_plan>, <tool_output>, <state_evaluation>, <review>), read from the protocols themselves
@@ -124,6 +124,17 @@ def min_judge_budget(max_response_tokens: int, max_result_blocks: int) -> int:
     (5-digit) elision marker per result block (docs/decisions.md, issue 11)."""
     marker = len(elision_marker(4 * 99_999))
     return max_response_tokens + math.ceil(max_result_blocks * marker / 4)
+
+
+# a compaction budget no trajectory reaches: ``compact_trajectory(t, WHOLE) == t`` (``judge.max_judge_tokens: null``)
+WHOLE = 1 << 40
+
+
+def shared_budget(window: int, reply: int, own: int, texts: int) -> int:
+    """Each compacted text's equal share of a judge's window (issue 31 item 3, issue 50 item 3): the window less
+    the reply budget and the prompt's own words, split over the ``texts`` trajectories it shows (E.1: two contrast
+    pairs, four slots; E.3: two responses). Every text compacted to it, the prompt fits."""
+    return (window - reply - max(own, 0)) // max(1, texts)
 
 
 def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

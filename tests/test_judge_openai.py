@@ -565,3 +565,57 @@ def test_cache_is_shared_across_processes(server: OpenAIServer, tmp_path: Path) 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, True, 0.0]
     assert set(server.counts.values()) == {1}  # the second process made no request
+
+
+def _searching(sample: int, n_search: int, passage_reps: int, reward: float) -> Trajectory:
+    """A trajectory with a think, a query and a long result block per search (passages of ~40 * reps chars)."""
+    body = "".join(f"<think>step {k} of {sample}: what is still missing</think>\n<search>tower {k} designer {sample}"
+                   f"</search>\n<result>\nDoc {k}: {'passage text about towers and designers ' * passage_reps}\n"
+                   "</result>\n" for k in range(n_search))
+    return Trajectory("t", 1, 0, sample, "q0", Q, ["Paris"], text=f"{body}<answer>\\boxed{{Paris}}</answer>",
+                      base_reward=reward, f1=reward, format_valid=True)
+
+
+def _user(server: OpenAIServer) -> str:
+    return server.bodies[0]["messages"][1]["content"]
+
+
+def test_the_paper_profiles_show_the_pairwise_judge_both_whole_trajectories(server: OpenAIServer,
+                                                                            tmp_path: Path) -> None:
+    """Issue 50 item 3 (App. E.3): qwen3-8b's judge settings send two ~30k-token trajectories (10 searches, long
+    results) whole, every result body included, since they fit qwen-plus's 129,024-token input; before, each
+    was compacted to 8,448 tokens and the judge never saw the evidence."""
+    from arbor.config import load_config
+    from arbor.llm.text import escape_block, estimate_tokens
+
+    paper = load_config("qwen3-8b").judge
+    a, b = _searching(0, 10, 300, 1.0), _searching(1, 10, 290, 0.0)
+    assert min(estimate_tokens(a.text), estimate_tokens(b.text)) > 29_000  # each far over the old 8,448 cap
+    cfg = config(server, max_judge_tokens=paper.max_judge_tokens, context_tokens=paper.context_tokens)
+    judge = make_judge(cfg, home=tmp_path)
+    assert run(_with(judge, judge.pairwise(Q, a, b, RUBRIC))).ok
+    user = _user(server)
+    assert escape_block(a.text) in user and escape_block(b.text) in user and "elided" not in user
+
+
+def test_a_prompt_that_does_not_fit_cuts_only_what_it_must(server: OpenAIServer, tmp_path: Path) -> None:
+    """max_judge_tokens=null, a 20,000-token window: induction's four slots (best twice, worst, hard) hold ~6k +
+    ~0.5k + ~6k + ~6k tokens and the prompt is over the window. The short worst stays whole and the long ones
+    share what is left (bisection past the equal share (20,000 - 1,024 - own) / 4 ~ 4.4k), so the request fills
+    the window to within a few markers; only result text is cut, every think and query survives."""
+    from arbor.llm.text import escape_block, estimate_tokens, parse_trajectory
+    from arbor.tasks.induction import select_anchors
+
+    best, worst, hard = _searching(0, 4, 150, 1.0), _searching(1, 1, 20, 0.0), _searching(2, 4, 150, 0.5)
+    group = [best, worst, hard]
+    anchors = select_anchors([t.f1 for t in group], [1, 1, 1], [True] * 3)
+    assert [estimate_tokens(t.text) > 5_800 for t in group] == [True, False, True]
+    judge = make_judge(config(server, max_judge_tokens=None, context_tokens=20_000), home=tmp_path)
+    assert run(_with(judge, judge.induce(Q, ["Paris"], group, anchors, []))).ok
+    user = _user(server)
+    sent = sum(estimate_tokens(m["content"]) for m in server.bodies[0]["messages"])
+    assert 20_000 - 300 <= sent + 1024 <= 20_000
+    assert escape_block(worst.text) in user and "elided" in user
+    for t in (best, hard):
+        p = parse_trajectory(t.text)
+        assert all(escape_block(x) in user for x in p.of("think") + p.queries)

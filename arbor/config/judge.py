@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from arbor.config.base import Section, builtin_or_plugin
 
@@ -70,10 +70,15 @@ class JudgeConfig(Section):
     backoff_base_s: float = Field(0.5, ge=0)
     backoff_max_s: float = Field(30.0, ge=0, description="the longest wait between attempts, a server's "
                                  "Retry-After (seconds or a date) included")
-    max_judge_tokens: int = Field(3000, ge=256, description="trajectory compaction budget before judging")
+    max_judge_tokens: int | None = Field(
+        3000, ge=256, description="arbor's per-trajectory cap (chars / 4 tokens): every trajectory a judge is shown "
+        "is compacted to it (result bodies first). null: no cap, as ARBOR's prompts show it (App. E.1, E.3): each "
+        "trajectory goes whole, results included, and is compacted only when the prompt, its K trajectories and "
+        "the reply would not fit judge.context_tokens (which null requires)")
     context_tokens: int | None = Field(None, ge=2048, description="the judge's context window; set, every prompt's "
                                        "trajectories are compacted further so that they, the prompt and the reply "
-                                       "fit it (a local 135M judge: its server's n_ctx)")
+                                       "fit it (a local 135M judge: its server's n_ctx; qwen-plus: 129,024 input "
+                                       "tokens)")
     cost_cap_usd: float | None = Field(None, ge=0, description="per-run judge cost cap; past it: base reward only")
     price_in_per_mtok: float = Field(0.4, ge=0.0, description="USD per million prompt tokens")
     price_out_per_mtok: float = Field(1.2, ge=0.0, description="USD per million completion tokens")
@@ -92,6 +97,14 @@ class JudgeConfig(Section):
             v = getattr(over, name)
             out[name] = getattr(self, name) if v is None else v
         return out
+
+    @model_validator(mode="after")
+    def _budget_from_window(self) -> JudgeConfig:
+        if self.max_judge_tokens is None and self.context_tokens is None:
+            raise ValueError("judge.max_judge_tokens=null (trajectories shown whole, compacted only to fit the "
+                             "judge's window) needs judge.context_tokens, the window the budget is derived from; "
+                             "set judge.context_tokens or a cap judge.max_judge_tokens")
+        return self
 
     @field_validator("backend")
     @classmethod

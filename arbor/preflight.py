@@ -308,6 +308,64 @@ def _judge_role_problems(cfg: ArborConfig, env: dict[str, str]) -> list[str]:
     return out
 
 
+# what a judge prompt carries besides its template and its trajectories (the question, gold answers, the rubric or
+# the memory's existing rubrics): unknown before the run, bounded generously for search QA
+PROMPT_TEXT_ALLOWANCE = 2048
+
+
+def judge_shares(cfg: ArborConfig) -> dict[str, tuple[int, int, int]]:
+    """The judge prompts of ``run.method`` that show trajectories (ARBOR: E.1's two contrast pairs, four slots, and
+    A.1's unlabeled group of up to K; E.3's two responses; RaR: one), each as (trajectories shown, the equal
+    share of ``judge.context_tokens`` each keeps when all are as long as they can be, the reply's tokens). Empty
+    without a window. The prompt's own words are measured by rendering it with empty trajectories, plus
+    ``PROMPT_TEXT_ALLOWANCE``."""
+    from arbor.llm import role_of  # the judges' layer, imported only when a run is checked
+    from arbor.llm.text import WHOLE, shared_budget
+    from arbor.tasks.types import Rubric, Trajectory
+
+    window = cfg.judge.context_tokens
+    if window is None:
+        return {}
+    k = cfg.rollout.k
+    blank = [Trajectory("", 0, 0, i, "", "", [], format_valid=True) for i in range(k)]
+    rubric = Rubric("", "", "", "")
+    asks: dict[str, tuple[str, int, dict[str, object]]] = {}
+    if cfg.run.method == "arbor":
+        contrast = {"mode": "contrast", "positive": 0, "worst": 1, "hard": 2}
+        asks["pairwise"] = ("pairwise", 2, dict(question="", shown_a=blank[0], shown_b=blank[1], rubric=rubric))
+        asks["induction"] = ("induction", 4, dict(question="", golds=[""], trajectories=blank[:3],
+                                                  anchors=contrast, existing=[]))
+        asks["induction (unlabeled)"] = ("induction", k, dict(question="", golds=[""], trajectories=blank,
+                                                              anchors={"mode": "unlabeled"}, existing=[]))
+    elif cfg.run.method == "rar":
+        asks["rar_rate"] = ("rar_rate", 1, dict(question="", trajectory=blank[0], items=[""]))
+    out: dict[str, tuple[int, int, int]] = {}
+    for label, (name, texts, fields) in asks.items():
+        role = role_of(name)
+        own = sum(len(m["content"]) for m in role.render(role.request(**fields), WHOLE)[1]) // 4
+        reply = int(cfg.judge.for_role(name)["max_tokens"])  # type: ignore[call-overload]
+        out[label] = (texts, shared_budget(window, reply, own + PROMPT_TEXT_ALLOWANCE, texts), reply)
+    return out
+
+
+def judge_window_problems(cfg: ArborConfig) -> list[str]:
+    """``judge.max_judge_tokens: null`` (trajectories whole, App. E.1 / E.3): the window must at least hold every
+    trajectory's own reasoning, queries and answer with its results elided (``llm.text.min_judge_budget``) when
+    all that a prompt shows are as long as the rollout allows; otherwise the judge would be shown cut reasoning."""
+    if cfg.judge.backend != "openai" or cfg.judge.max_judge_tokens is not None:
+        return []
+    from arbor.llm.text import min_judge_budget
+
+    r = cfg.rollout
+    need = min_judge_budget(r.max_response_tokens, max(r.max_searches, r.max_turns - 1))
+    return [f"judge.context_tokens={cfg.judge.context_tokens}: {role} shows {texts} trajectories, ~{share} tokens "
+            f"each once the prompt and the reply ({reply}) are set aside, less than the {need} that a whole "
+            f"response's reasoning, queries and answer need with its results elided (rollout.max_response_tokens "
+            f"{r.max_response_tokens}); use a judge with a larger window, or set a cap judge.max_judge_tokens to "
+            "accept compaction past the results"
+            for role, (texts, share, reply) in judge_shares(cfg).items() if share < need]
+
+
 def _plugin_problems(cfg: ArborConfig) -> list[str]:
     """Import and shape-check every plug-in the config names (issue 14 item 1); nothing is imported otherwise."""
     from arbor.plugins import PluginError, is_import_path
@@ -478,6 +536,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         if not env.get(cfg.judge.api_key_env):
             missing.append(f"judge.api_key_env: environment variable {cfg.judge.api_key_env} is not set")
     missing += _judge_role_problems(cfg, env)
+    missing += judge_window_problems(cfg)
     if cfg.search.backend == "http" and not cfg.search.url:
         missing.append("search.url: the http search backend needs a retriever URL (Search-R1 /retrieve)")
     if cfg.search.backend == "web":

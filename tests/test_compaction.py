@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -197,8 +198,9 @@ def _response_8192(n_searches: int = 10, docs_per_result: int = 10) -> tuple[str
 def test_qwen3_budget_keeps_every_reasoning_and_query_character() -> None:
     from arbor.config import load_config
 
-    cfg = load_config("qwen3-8b")
+    cfg = load_config("qwen3-8b", ["judge.max_judge_tokens=8448"])  # arbor's capped variant (the profiles: null)
     budget = cfg.judge.max_judge_tokens
+    assert budget is not None
     text, thinks, queries = _response_8192()
     assert estimate_tokens(text) > budget  # compaction really runs
     out = compact_trajectory(text, budget)
@@ -211,17 +213,43 @@ def test_qwen3_budget_keeps_every_reasoning_and_query_character() -> None:
     assert verdict(out) == verdict(text) == (True, "", "Gustave Eiffel")
 
 
-def test_qwen3_profiles_budget_covers_a_full_response() -> None:
-    """budget >= response tokens + one elision marker per possible result block (docs/decisions.md, issue 11)."""
+def test_qwen3_profiles_show_whole_trajectories_within_the_judges_window() -> None:
+    """Issue 50 item 3 (App. E.1 / E.3): no per-trajectory cap; qwen-plus's 129,024 input tokens are the budget.
+    Two trajectories as long as the rollout allows fit E.3's prompt whole (never compacted); E.1's four slots and
+    A.1's K trajectories, all at their longest, still keep every reasoning, query and answer character (results
+    elided only then): each share >= a whole response's non-result text plus its markers."""
     from arbor.config import load_config
     from arbor.llm.text import min_judge_budget
+    from arbor.preflight import judge_shares, judge_window_problems
 
     for profile in ("qwen3-4b", "qwen3-8b", "qwen3-14b"):
         cfg = load_config(profile)
+        assert (cfg.judge.max_judge_tokens, cfg.judge.context_tokens) == (None, 129024), profile
         blocks = max(cfg.rollout.max_searches, cfg.rollout.max_turns - 1)
         need = min_judge_budget(cfg.rollout.max_response_tokens, blocks)
         assert need >= cfg.rollout.max_response_tokens + math.ceil(blocks * 28 / 4)
-        assert cfg.judge.max_judge_tokens >= need, profile
+        shares = judge_shares(cfg)
+        assert [(r, n) for r, (n, _, _) in shares.items()] == \
+            [("pairwise", 2), ("induction", 4), ("induction (unlabeled)", cfg.rollout.k)]
+        assert shares["pairwise"][1] >= cfg.rollout.max_context_tokens, profile
+        assert min(s for _, s, _ in shares.values()) >= need, profile
+        assert judge_window_problems(cfg) == []
+
+
+def test_a_window_too_small_for_whole_reasoning_is_refused() -> None:
+    """The config refuses a derived budget without a window; preflight names the roles a too-small window would
+    cut into the reasoning for (a 32k judge: induction's 4 x ~7k and the unlabeled 8 x ~3.5k < 8,272)."""
+    from arbor.config import ConfigError, load_config
+    from arbor.preflight import judge_window_problems
+
+    with pytest.raises(ConfigError, match=r"judge.max_judge_tokens=null .* needs judge.context_tokens"):
+        load_config("qwen3-8b", ["judge.context_tokens=null"])
+    problems = judge_window_problems(load_config("qwen3-8b", ["judge.context_tokens=32768"]))
+    assert [p.split(" shows ")[0] for p in problems] == \
+        ["judge.context_tokens=32768: induction", "judge.context_tokens=32768: induction (unlabeled)"]
+    assert "less than the 8272" in problems[0]
+    assert judge_window_problems(load_config("qwen3-8b", ["judge.context_tokens=32768",
+                                                          "judge.max_judge_tokens=8448"])) == []
 
 
 def test_under_budget_is_unchanged_and_markers_are_tag_free() -> None:

@@ -103,8 +103,9 @@ def build_calls(groups: list[list[Any]], staged: list[list[Any]], cfg: Any, deco
                       if len(ts := trajectory_steps(t, decode, cfg.rollout.max_searches)) > turn]
             cands = [s.action, *others]
             if len(cands) > 1:
-                calls["rank_actions"].append(lambda j, q=q, golds=golds, h=s.history, c=cands: j.rank_actions(
-                    q, golds, h, c, order=list(range(len(c)))[::-1]))
+                # no golds: what the council is sent by default (guidance.rank_golds false, issue 50 item 5)
+                calls["rank_actions"].append(lambda j, q=q, h=s.history, c=cands: j.rank_actions(
+                    q, None, h, c, order=list(range(len(c)))[::-1]))
     by_query = dict(list(drafts.items())[:4])
     if sum(len(v) for v in by_query.values()) >= 2:
         calls["consolidation"] = [lambda j, b=by_query: j.consolidate(b, [])]

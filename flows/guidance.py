@@ -106,7 +106,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         judges = [(name, j) for name, j, _ in council]
         ranked = rank_points(points, judges, min_rankings=g.min_rankings, seed=cfg.run.seed,
                              ctx=CallContext(run_id=rid, step=0, stage="rank"),
-                             rationale={name: reasoned for name, _, reasoned in council})
+                             rationale={name: reasoned for name, _, reasoned in council}, golds=g.rank_golds)
         return {"branch_points": ranked, "judge_calls": [c for _, j in judges for c in j.drain_calls()]}
 
     ranked = stage(0, "rank", "branch_points", rank)

@@ -621,9 +621,21 @@ def step_verify(history: str, action: str, rubric: StepRubric) -> StepVerdict:
 
 def rank_actions(question: str, golds: Sequence[str] | None, history: str, shown: Sequence[str]) -> list[str]:
     """The expert ranking as a HEURISTIC: each candidate's ARCO ``step_criteria`` scores summed (no result
-    yet), best first, as the shown labels; ties keep the shown order."""
+    yet), best first, as the shown labels; ties keep the shown order. An answer is judged against the golds when
+    they are shown (``guidance.rank_golds``, arbor's); without them (Co-ReAct §3.1: no answer key) by the evidence
+    so far: +1 when a result in the history holds it, -1 when none does."""
     earlier = parse_trajectory(history).queries
-    score = [sum(v for _, v in step_criteria(question, golds or [], a, "", earlier)) for a in shown]
+    evidence = _tool_outputs(history)
+
+    def total(action: str) -> float:
+        crit = step_criteria(question, golds or [], action, "", earlier)
+        answer = parse_trajectory(action).answer
+        if not golds and answer is not None:
+            crit[0] = ("The answer is held by a result so far",
+                       1.0 if any(_contains(r, answer) for r in evidence) else -1.0)
+        return sum(v for _, v in crit)
+
+    score = [total(a) for a in shown]
     best_first = sorted(range(len(shown)), key=lambda j: -score[j])
     return [RANK_LABELS[j] for j in best_first]
 

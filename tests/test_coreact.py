@@ -251,3 +251,23 @@ def test_a_judge_without_a_final_ranking_is_left_out_and_two_valid_rankings_keep
     # arbor's bare-JSON variant (rank_judges[i].rationale=false) reads that same JSON reply
     [json_kept] = rank_points([POINT], judges, min_rankings=3, seed=0, rationale={"c": False})
     assert json_kept["n_rankings"] == 3 and json_kept["kept"]
+
+
+def test_the_ranking_council_sees_no_gold_answer_by_default(tmp_path: Path) -> None:
+    """Issue 50 item 5 (§3.1, App. A: the judges rank a slate from the query, the prefix h_t and the candidates;
+    DR Tulu's research queries have no answer key, and the agent never has one): the council's requests carry no
+    golds and the prompt says none was provided; ``guidance.rank_golds=true`` (arbor's earlier) shows them."""
+    from arbor.config.guidance import GuidanceConfig
+    from arbor.llm import prompts
+    from arbor.tasks.methods.coreact.generator import rank_points
+
+    assert GuidanceConfig().rank_golds is False
+    plain, shown = _Replies('Final answer:\n["X", "Y", "Z"]', tmp_path / "a"), _Replies(
+        'Final answer:\n["X", "Y", "Z"]', tmp_path / "b")
+    [kept] = rank_points([POINT], [("a", plain.judge)], min_rankings=1, seed=0)
+    assert kept["kept"] and [q.golds for q in plain.judge.seen] == [None]
+    q = plain.judge.seen[0]
+    user = prompts.rank_actions_messages(q.question, q.golds, q.history, q.shown, 3000)[1][1]["content"]
+    assert "<ground_truth>(not provided)</ground_truth>" in user
+    rank_points([POINT], [("b", shown.judge)], min_rankings=1, seed=0, golds=True)
+    assert [q.golds for q in shown.judge.seen] == [["Rema"]]

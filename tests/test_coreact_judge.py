@@ -192,6 +192,19 @@ def test_rules_rank_actions_prefers_a_right_answer_and_ignores_the_shown_order(t
     assert [r["role"] for r in rows] == ["rank_actions"] * 3 and len({r["cache_key"] for r in rows}) == 3
 
 
+def test_rules_rank_actions_without_golds_prefers_the_answer_the_evidence_holds(tmp_path: Path) -> None:
+    """Issue 50 item 5: without an answer key (Co-ReAct §3.1's judges see none) the rules ranking judges an answer
+    by the evidence so far: the one a result of the history holds (Rema) beats one no result holds (Bob Ray),
+    whatever the shown order; given golds (guidance.rank_golds) it follows them instead."""
+    judge = make_judge(JudgeConfig(backend="rules"), home=tmp_path)
+    candidates = ["<search>Ann Lee</search>", WRONG, RIGHT]  # a repeat (-3), unsupported (-1 + 2), supported (3)
+    for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0]):
+        out = run(judge.rank_actions(Q, None, H2, candidates, order=order))
+        assert out.ok and out.value == [3, 2, 1], order
+    out = run(judge.rank_actions(Q, ["Bob Ray"], H2, candidates, order=[0, 1, 2]))
+    assert out.value == [3, 1, 2]  # the gold-aware variant ranks by the golds, not the evidence
+
+
 # ---- prompts -------------------------------------------------------------------------------------------------------
 def test_prompts_state_the_phase_and_escape_the_history() -> None:
     def user(calls: int, history: str = "") -> str:

@@ -558,3 +558,95 @@ def test_a_failed_verification_or_rubric_leaves_the_step_as_unverified_or_unguid
     k = sum(e is not None for e in errors)
     assert k >= 1 and all(e.startswith("InvalidOutput") for e in errors[:k]) and errors[k:] == [None] * (len(rows) - k)
     assert "step_verify" not in roles and calls == engine.calls == len(rows)
+
+
+# ---- issue 50 items 4 and 5: the prefix h_t, and where the generator's branching points lie -------------------------
+def _long_state(tok: Any, search: BM25Search) -> tuple[AgentLoop, Any]:
+    """A trajectory whose first query lies more than 4,000 characters before its end (a long reasoning turn)."""
+    loop = AgentLoop(tok, search, Budgets(max_turns=5, max_searches=3, max_response_tokens=20000,
+                                          max_context_tokens=40000, max_new_tokens_per_turn=8000, top_k=1))
+    s = loop.start("q1", QUESTION, ["Delina"], seed=1)
+    loop.advance([s], [_gen(tok, "<think>find the film first</think><search>Tobara</search>")])
+    loop.advance([s], [_gen(tok, "<think>" + "the result names the director. " * 150 + "</think>"
+                                 "<search>Kerar Silix</search>")])
+    return loop, s
+
+
+def test_the_writer_and_verifier_read_the_whole_prefix(tok: Any, search: BM25Search, tmp_path: Path) -> None:
+    """Issue 50 item 4 (Co-ReAct §3.1-3.3: the rubric, the verifier and the ranking condition on the whole prefix
+    h_t): by default (the paper's) a branching point carries all of the history, so a query made long ago is still
+    judgeable as a repeat; arbor's bound (a number) compacts the prefix and keeps every query, where the old
+    4,000-character tail cut dropped the first one."""
+    import asyncio
+
+    from arbor.config.guidance import GuidanceConfig
+    from arbor.tasks.methods.coreact.guidance import branch_point, strip_guidance
+
+    assert GuidanceConfig().max_history_chars is None
+    assert load_config("qwen3-8b-coreact").guidance.max_history_chars is None
+    loop, s = _long_state(tok, search)
+    full = strip_guidance(s.text, loop.protocol.result_close)
+    assert len(full) > 4000 and "<search>Tobara</search>" not in full[-4000:]  # what the tail cut lost
+    whole = branch_point(s, GuidanceConfig().max_history_chars, loop.protocol.result_close)
+    assert whole.history == full and whole.tool_calls == 2
+    judge = RulesJudge(load_config("tiny-cpu").judge, home=tmp_path)
+    rubric = StepRubric((RubricItem(1.0, "query is new"),))
+    out = asyncio.run(judge.step_verify(QUESTION, whole.history, "<search>Tobara</search>", rubric))
+    assert out.value is not None and out.value.satisfied == (False,)  # the repeat is seen
+    bounded = branch_point(s, 1000, loop.protocol.result_close)
+    assert len(bounded.history) <= 1100 and "elided" in bounded.history
+    assert "<search>Tobara</search>" in bounded.history and "<search>Kerar Silix</search>" in bounded.history
+
+
+class _BranchEngine:
+    """The policy's place for ``collect_branch_points``: one stored trajectory, and candidates drawn in turn from
+    a fixed list (distinct, so every slate fills)."""
+
+    CANDIDATES = ["<search>Tobara film director</search>", "<search>Kerar Silix birthplace</search>",
+                  "<answer>\\boxed{Delina}</answer>", "<search>Delina poet</search>"]
+
+    def __init__(self, loop: AgentLoop, state: Any) -> None:
+        self.loop, self.tokenizer, self.state, self.n = loop, loop.tokenizer, state, 0
+
+    def generate_groups(self, questions: Any, k: int, seed: int, step: int, run_id: str = "") -> list[Any]:
+        from types import SimpleNamespace
+
+        s = self.state
+        return [SimpleNamespace(prompt_ids=s.prompt_ids, response_ids=s.response_ids, loss_mask=s.loss_mask)]
+
+    def complete(self, requests: list[GenRequest], *, temperature: float, stop_strings: list[str]) -> list[Generation]:
+        out = []
+        for _ in requests:
+            out.append(_gen(self.tokenizer, self.CANDIDATES[self.n % len(self.CANDIDATES)]))
+            self.n += 1
+        return out
+
+
+def test_branching_points_are_the_tool_calling_steps_with_the_whole_prefix(tok: Any, search: BM25Search) -> None:
+    """Issue 50 item 5 (§3.1: "at every tool-calling step t"; App. A discards points that already emitted the
+    answer): the policy's trajectory searches twice and answers; its two search turns are branching points and its
+    answering turn is not (``guidance.branch_steps=every``, arbor's earlier, keeps all three). Each point stores the
+    whole prefix h_t (item 4)."""
+    from types import SimpleNamespace
+
+    from arbor.tasks.methods.coreact.generator import collect_branch_points, tool_calling_step
+
+    loop, s = _long_state(tok, search)
+    loop.advance([s], [_gen(tok, "<answer>\\boxed{Delina}</answer>")])
+    assert s.done and len(s.turns) == 3
+    q = SimpleNamespace(question_id="q1", question=QUESTION, golds=["Delina"])
+    over = {"guidance.branch_temperatures": [0.7], "guidance.branch_samples": 4, "guidance.slate_k": 3}
+    cfg = load_config("tiny-cpu", over)
+    assert cfg.guidance.branch_steps == "tool" and load_config("qwen3-8b-coreact").guidance.branch_steps == "tool"
+    rows = collect_branch_points(_BranchEngine(loop, s), [q], cfg, run_id="g", seed=0)
+    assert [r["turn"] for r in rows] == [0, 1] and [r["tool_calls"] for r in rows] == [0, 1]
+    assert all(len(r["candidates"]) == 3 for r in rows)
+    assert rows[1]["history"].startswith("<think>find the film first</think><search>Tobara</search>")
+    assert len(rows[1]["history"]) < 4000 < len(tok.decode(s.response_ids[:len(s.response_ids)]))
+    every = load_config("tiny-cpu", {**over, "guidance.branch_steps": "every"})
+    rows = collect_branch_points(_BranchEngine(loop, s), [q], every, run_id="g", seed=0)
+    assert [r["turn"] for r in rows] == [0, 1, 2]
+    assert "<search>Tobara</search>" in rows[2]["history"] and len(rows[2]["history"]) > 4000  # no tail cut
+    # a search the loop would turn into the forced answer (no search left) is no tool-calling step either
+    assert tool_calling_step(loop, "<search>x</search>", 0) and not tool_calling_step(loop, "<search>x</search>", 3)
+    assert not tool_calling_step(loop, "<answer>\\boxed{x}</answer>", 0) and not tool_calling_step(loop, "no tag", 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from arbor.config import load_config
+from arbor.llm.text import min_judge_budget
 
 
 @pytest.mark.parametrize("profile", ["qwen3-4b", "qwen3-8b", "qwen3-14b"])
@@ -97,6 +98,11 @@ def test_coreact_profile_has_its_paper_settings() -> None:
     assert (g.generator_init, g.warm_start, g.agent_temperature, g.trajectory_tokens) == \
         ("Qwen/Qwen3-14B", False, 0.0, 6000)
     assert (g.group_size, g.lr, g.kl_coef, g.epochs, g.slate_k) == (8, 2e-6, 5e-3, 2, 4)
+    # issue 50 items 4, 5 (§3.1-3.3): the whole prefix h_t, points at tool-calling steps, a council without gold;
+    # the judge's budget keeps a whole response's non-result text, so only result bodies could be elided
+    assert (g.max_history_chars, g.branch_steps, g.rank_golds) == (None, "tool", False)
+    blocks = max(cfg.rollout.max_searches, cfg.rollout.max_turns - 1)
+    assert cfg.judge.max_judge_tokens >= min_judge_budget(cfg.rollout.max_response_tokens, blocks)
     verifier = cfg.judge.for_role("step_verify")
     assert (verifier["model"], verifier["temperature"]) == ("Qwen/Qwen3-14B", 0.0)
     assert cfg.policy.model == "Qwen/Qwen3-8B" and not cfg.run.sft_warm_start  # the released agent, no SFT

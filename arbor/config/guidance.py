@@ -82,8 +82,12 @@ class GuidanceConfig(Section):
         0.0, ge=0.0, description="guided inference (arbor eval with guidance): the agent's sampling temperature for "
         "both the guided and the unguided answers of the comparison; 0: greedy (the paper's agent, §4.1, App. A); "
         "null: eval.temperature (or rollout.temperature). Training rollouts always sample at rollout.temperature")
-    max_history_chars: int = Field(4000, ge=200, description="the rubric writer and the verifier read the question "
-                                   "and the last this-many characters of the agent's history")
+    max_history_chars: int | None = Field(
+        None, ge=200, description="what of the agent's history h_t the rubric source and the verifier read (and a "
+        "branching point stores). null (the paper's, §3.1-3.3: they condition on the whole prefix h_t): all of it; "
+        "each judge role still compacts it to judge.max_judge_tokens (llm.text.compact_trajectory). A number "
+        "(arbor's bound, e.g. for a small generator's context): the prefix compacted to about this many characters "
+        "the same way (tags, queries and answers kept, result bodies elided first)")
     generator: str | None = Field(None, description="source=generator: a generator checkpoint directory (written by "
                                   "arbor-guidance-train) or a Hugging Face model id")
     generator_temperature: float = Field(0.7, ge=0.0, description="the generator samples at T = 0.7 (App. A)")
@@ -99,6 +103,16 @@ class GuidanceConfig(Section):
                               "weights are proportional to max(rho_r, 0.1), summing to 1")
     # ---- generator training (§3.1, §3.2, App. A)
     branch_questions: int = Field(64, ge=1, description="training questions whose trajectories give branching points")
+    branch_steps: Literal["tool", "every"] = Field(
+        "tool", description="which turns of a branching trajectory are branching points. tool (the paper's, §3.1: "
+        "'at every tool-calling step'; App. A discards points that have emitted a final answer): a turn whose own "
+        "action called the search tool while searches were left, so the answering turn is not one. every: arbor's "
+        "earlier variant, every turn including the answer")
+    rank_golds: bool = Field(
+        False, description="whether the ranking council sees the training question's gold answers. false (the "
+        "paper's, §3.1, App. A: the judges rank from the query, the prefix h_t and the slate; DR Tulu's research "
+        "queries carry no answer key, and the agent never has one at inference): no reference answer. true: "
+        "arbor's earlier variant, the golds shown as the reference answer")
     branch_temperatures: list[float] = Field(
         default_factory=lambda: [0.1, 0.4, 0.7, 1.0], description="candidate next actions are sampled at each of "
         "these temperatures (App. A), branch_samples each")

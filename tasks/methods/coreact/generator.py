@@ -1,13 +1,15 @@
 """Co-ReAct's rubric generator training, one function per stage (Kang et al., 2026, §3.1-3.2, App. A; issue 17).
 
-1. ``collect_branch_points``: the policy answers each training question once; the context before each of its turns
-   is a branching point (q, h_t). Candidate next actions are sampled there at several temperatures; exact
-   duplicates go and ``slate_k`` diverse ones stay (``coreact.select_diverse``: MMR over BM25); a point with fewer
-   distinct candidates is dropped. The paper extends a spine by the top-ranked action at each depth; we branch
+1. ``collect_branch_points``: the policy answers each training question once; the context before each of its
+   tool-calling turns (``guidance.branch_steps``, §3.1; not the answering turn) is a branching point (q, h_t), h_t
+   the whole prefix (``guidance.max_history_chars``). Candidate next actions are sampled there at several
+   temperatures; exact duplicates go and ``slate_k`` diverse ones stay (``coreact.select_diverse``: MMR over
+   BM25); a point with fewer distinct candidates is dropped. The paper extends a spine by the top-ranked action at each depth; we branch
    along the policy's own sampled trajectory (docs/decisions.md).
 2. ``rank_points``: every judge of ``guidance.rank_judges`` (the paper's council of three) ranks each slate
-   list-wise under a seeded shuffle of neutral labels, reasoning first and answering with the ranking; the Borda
-   count of the valid rankings is the consensus sigma*; a point needs ``min_rankings`` (2) valid ones.
+   list-wise under a seeded shuffle of neutral labels (no gold answer unless ``guidance.rank_golds``), reasoning
+   first and answering with the ranking; the Borda count of the valid rankings is the consensus sigma*; a point
+   needs ``min_rankings`` (2) valid ones.
 3. ``warm_rows``: the generator's warm start: the judge's own step rubric at each point as an SFT target (a tiny
    model cannot write the rubric format unprompted; the paper starts from Qwen3-14B, which can).
 4. ``sample_update`` and ``update_batch``: one GRPO update: G rubrics per point from the current generator, each
@@ -42,6 +44,7 @@ from arbor.tasks.methods.coreact.guidance import (
     BranchPoint,
     GeneratorRubrics,
     generator_user,
+    prefix_history,
     run_judge,
 )
 from arbor.tasks.types import Trajectory
@@ -63,6 +66,12 @@ def generator_config(cfg: ArborConfig, run_id: str, total_updates: int) -> Arbor
 
 # ---- 1. branching points ---------------------------------------------------------------------------------------
 
+def tool_calling_step(loop: Any, turn_text: str, searches_before: int) -> bool:
+    """Whether the trajectory's turn is a tool-calling step (§3.1): its own action is a search that runs (a search
+    budget left), not the answer, nor a malformed turn, nor a search the loop turns into the forced answer."""
+    return loop.is_search(turn_text) and searches_before < loop.budgets.max_searches
+
+
 def collect_branch_points(engine: Any, questions: Sequence[Any], cfg: ArborConfig, *, run_id: str,
                           seed: int) -> list[dict[str, Any]]:
     """``branch_points`` rows (not yet ranked) from one rollout per question and sampled slates at its turns."""
@@ -71,9 +80,13 @@ def collect_branch_points(engine: Any, questions: Sequence[Any], cfg: ArborConfi
     trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "branch"), 0, run_id=run_id)
     rows: list[dict[str, Any]] = []
     for q, t in zip(questions, trajs, strict=True):
-        for turn, (start, _end) in enumerate(turn_spans(t.loss_mask)):
+        for turn, (start, end) in enumerate(turn_spans(t.loss_mask)):
             ctx = t.prompt_ids + t.response_ids[:start]
             history = tok.decode(t.response_ids[:start], skip_special_tokens=False)
+            tool_calls = history.count("</search>")
+            if g.branch_steps == "tool" and not tool_calling_step(
+                    loop, tok.decode(t.response_ids[start:end], skip_special_tokens=False), tool_calls):
+                continue
             room = min(loop.budgets.max_new_tokens_per_turn, loop.budgets.max_response_tokens - start)
             if room <= 0:
                 continue
@@ -90,7 +103,7 @@ def collect_branch_points(engine: Any, questions: Sequence[Any], cfg: ArborConfi
                 continue
             rows.append({"run_id": run_id, "step": 0, "point_id": f"{q.question_id}/t{turn}",
                          "question_id": q.question_id, "question": q.question, "golds": list(q.golds), "turn": turn,
-                         "history": history[-g.max_history_chars:], "tool_calls": history.count("</search>"),
+                         "history": prefix_history(history, g.max_history_chars), "tool_calls": tool_calls,
                          "candidates": slate, "judge_ranks": None, "n_rankings": 0, "consensus": None,
                          "kept": None})
     return rows
@@ -105,14 +118,17 @@ def shuffled_order(seed: int, point_id: str, judge_name: str, n: int) -> list[in
 
 
 def rank_points(rows: Sequence[dict[str, Any]], judges: Sequence[tuple[str, Any]], *, min_rankings: int,
-                seed: int, ctx: Any = None, rationale: Mapping[str, bool] | None = None) -> list[dict[str, Any]]:
+                seed: int, ctx: Any = None, rationale: Mapping[str, bool] | None = None,
+                golds: bool = False) -> list[dict[str, Any]]:
     """Each judge's ranks of each slate (caller order, 1 = best), their Borda consensus, and whether the point is
     kept (at least min(min_rankings, judges) valid rankings). ``rationale`` (by judge name; default True, App. A):
     the judge reasons first and its ranking is read from its final answer; a reply without a parseable final
-    ranking (after the client's retries) is that judge's invalid ranking, stored as null."""
+    ranking (after the client's retries) is that judge's invalid ranking, stored as null. ``golds``
+    (``guidance.rank_golds``): show the judges the question's gold answers; False (§3.1): no answer key."""
     need = min(min_rankings, len(judges))
     reasoned = rationale or {}
-    by_judge = {name: run_judge(judge, [judge.rank_actions(r["question"], r["golds"], r["history"], r["candidates"],
+    by_judge = {name: run_judge(judge, [judge.rank_actions(r["question"], r["golds"] if golds else None,
+                                                           r["history"], r["candidates"],
                                                            order=shuffled_order(seed, r["point_id"], name,
                                                                                 len(r["candidates"])),
                                                            rationale=reasoned.get(name, True), ctx=ctx)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from arbor.config.guidance import GuidanceConfig
+from arbor.llm.text import compact_trajectory
 from arbor.seeding import derive_seed
 from arbor.storage.catalog import declare_tables
 from arbor.tasks.env.agent import AgentState, Generation, GenRequest
@@ -75,9 +76,16 @@ def strip_guidance(text: str, result_close: str) -> str:
     return re.sub(rf"\n*{re.escape(GUIDANCE_HEAD)}.*?(?={re.escape(result_close)})", "\n", text, flags=re.DOTALL)
 
 
-def branch_point(s: AgentState, max_chars: int, result_close: str = "</result>") -> BranchPoint:
-    """The state's branching point, its history (guidance removed) cut to the last ``max_chars`` characters."""
-    return BranchPoint(s.question, strip_guidance(s.text, result_close)[-max_chars:], s.search_calls)
+def prefix_history(text: str, max_chars: int | None) -> str:
+    """The history h_t a branching point carries (``guidance.max_history_chars``): the whole prefix (None, §3.1-3.3),
+    or the prefix compacted to about ``max_chars`` characters by ``compact_trajectory``, which keeps every tag,
+    query and answer and elides result bodies first (so earlier queries stay judgeable)."""
+    return text if max_chars is None else compact_trajectory(text, max_chars // 4)
+
+
+def branch_point(s: AgentState, max_chars: int | None, result_close: str = "</result>") -> BranchPoint:
+    """The state's branching point: its history (guidance removed) as ``prefix_history`` gives it."""
+    return BranchPoint(s.question, prefix_history(strip_guidance(s.text, result_close), max_chars), s.search_calls)
 
 
 def guidance_text(rubric: StepRubric, feedback: Sequence[str] = (), note: str = "") -> str:

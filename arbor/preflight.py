@@ -192,7 +192,7 @@ def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str
     accepted and the train stage then ran for minutes on a 250k-token prompt). A token is at least one byte, so a
     question short in bytes fits without tokenising; only the long ones are tokenised, with the policy's own
     tokenizer and chat template (for the tiny policy that builds it once, as the run would)."""
-    from arbor.tasks.format import get_protocol
+    from arbor.format import get_protocol
 
     turn = min(cfg.rollout.max_new_tokens_per_turn, cfg.rollout.max_response_tokens)
     room = cfg.rollout.max_context_tokens - turn
@@ -315,7 +315,7 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
     out: list[str] = []
     checks = []
     if cfg.reward.fn:
-        from arbor.tasks.reward import load_reward_fn
+        from arbor.reward import load_reward_fn
 
         checks.append(lambda: load_reward_fn(cfg.reward))
     if is_import_path(cfg.search.backend):

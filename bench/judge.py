@@ -29,7 +29,7 @@ from arbor.llm.cache import cache_key  # noqa: E402
 from arbor.llm.prompts import pairwise_messages  # noqa: E402
 from arbor.seeding import coin  # noqa: E402
 from arbor.tasks.methods.arbor.judge import sparse_edges  # noqa: E402
-from arbor.tasks.types import Rubric, Trajectory  # noqa: E402
+from arbor.types import Rubric, Trajectory  # noqa: E402
 
 KEY_ENV = "ARBOR_BENCH_JUDGE_KEY"
 RUBRIC = Rubric("bench", "Precise Entity Queries", "Names the question's entities in each query.",

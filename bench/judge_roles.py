@@ -45,7 +45,7 @@ def load_run(run_id: str, home: Path) -> tuple[Any, list[list[Any]], Callable[[l
     from arbor.storage.parquet import read_table
     from arbor.storage.runs import run_row
     from arbor.tasks.env.policy import load_tokenizer, policy_source
-    from arbor.tasks.types import Trajectory
+    from arbor.types import Trajectory
 
     row = run_row(run_id, home)
     if row is None:
@@ -63,10 +63,10 @@ def load_run(run_id: str, home: Path) -> tuple[Any, list[list[Any]], Callable[[l
 def build_calls(groups: list[list[Any]], staged: list[list[Any]], cfg: Any, decode: Callable[[list[int]], str],
                 rules: Any, n: int) -> dict[str, list[Call]]:
     """Up to ``n`` calls per role, each a function of the judge under test, with inputs drawn from the run."""
-    from arbor.tasks.format import check_format
+    from arbor.format import check_format
     from arbor.tasks.induction import select_anchors
     from arbor.tasks.methods.arco.method import trajectory_steps
-    from arbor.tasks.types import StageRubric
+    from arbor.types import StageRubric
 
     def ask(coro: Awaitable[Any]) -> Any:
         return asyncio.run(coro).value

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from arbor.llm import CallContext, JudgeOutcome
 from arbor.llm.rules import RulesJudge
-from arbor.tasks.reward import normalize_answer
+from arbor.reward import normalize_answer
 
 
 class LenientJudge(RulesJudge):

@@ -12,7 +12,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel
 
 from arbor.config.judge import JudgeConfig
-from arbor.tasks.types import (
+from arbor.types import (
     ReflectionGrade,
     Rubric,
     RubricDraft,

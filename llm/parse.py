@@ -19,7 +19,7 @@ from pydantic import (
     field_validator,
 )
 
-from arbor.tasks.types import (
+from arbor.types import (
     ReflectionGrade,
     RubricDraft,
     RubricGrade,

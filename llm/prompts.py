@@ -16,7 +16,7 @@ from pathlib import Path
 from arbor.llm.base import RANK_LABELS
 from arbor.llm.text import compact_trajectory, escape_block, estimate_tokens
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
-from arbor.tasks.types import Rubric, RubricDraft, RubricGrade, StageRubric, StepRubric, Trajectory
+from arbor.types import Rubric, RubricDraft, RubricGrade, StageRubric, StepRubric, Trajectory
 
 PROMPT_DIR = Path(__file__).resolve().parent / "prompts"
 VERSIONS = {

@@ -7,7 +7,7 @@ better); judging reads the trajectory's tags (think / search / result / answer, 
 It never reads meaning: a trajectory can game it, and its rubrics are only as good as these six features.
 
 The RubricEM roles (App. C, D.6.2) work the same way: ``STAGE_FEATURES`` are machine-checkable features of one
-stage of a staged response (``arbor.tasks.format.stage_spans``: Plan, Research, Review, Answer), each mapped to a
+stage of a staged response (``arbor.format.stage_spans``: Plan, Research, Review, Answer), each mapped to a
 0/1/2 grade by fixed thresholds; ``stage_rubrics`` proposes a rubric per feature whose grades differ within the
 group, ``stage_grades`` reads the features back, and ``reflection_grades`` is a keyword heuristic over reflection
 candidates (see those methods). Same caveat: features, not understanding.
@@ -28,12 +28,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from arbor.format import PROTOCOLS, reflection_blocks, stage_spans
 from arbor.llm.base import RANK_LABELS, CallContext, Judge, JudgeOutcome, Q, Refusal, Role, T, Winner
 from arbor.llm.text import normalize_answer, parse_trajectory, structure_valid
-from arbor.tasks.format import PROTOCOLS, reflection_blocks, stage_spans
+from arbor.reward import exact_match
 from arbor.tasks.induction import contrast_pairs, unlabeled_members
-from arbor.tasks.reward import exact_match
-from arbor.tasks.types import (
+from arbor.types import (
     ReflectionGrade,
     Rubric,
     RubricDraft,
@@ -225,7 +225,7 @@ def _key(role: str, *parts: Any) -> str:
 
 
 # ---- RubricEM stage features (App. C; issue 15) -------------------------------------------------------------
-# Each reads one stage of a staged response (tasks.format.stage_spans; best effort on a malformed one) and returns
+# Each reads one stage of a staged response (arbor.format.stage_spans; best effort on a malformed one) and returns
 # a number; StageFeature.grade maps it to 0/1/2 by fixed thresholds. They never read meaning.
 _TAG = re.compile(r"</?\w+>")
 _FORCED = {parse_trajectory(p.force_answer_message).results[0].strip() for p in PROTOCOLS.values()
@@ -689,7 +689,7 @@ def step_criteria(question: str, golds: Sequence[str], action: str, result: str,
     - an answer: it matches a gold answer (2 F1 - 1), it is short (at most four words: a name, not a
       sentence), and it is boxed;
     - anything else (no search, no answer): one criterion, -1."""
-    from arbor.tasks.reward import token_f1
+    from arbor.reward import token_f1
 
     p = parse_trajectory(action)
     result = re.sub(r"<[^>]*>", " ", result)  # the result's text without its tags

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbor.llm.base import CAPTURE, Judge
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 PREFETCHING: ContextVar[bool] = ContextVar("arbor_judge_prefetching", default=False)
 STREAMED_ROLES = ("ask", "induce", "consolidate", "pairwise", "accuracy", "rar_rubrics", "rar_rate", "stage_rubrics",

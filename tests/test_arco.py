@@ -12,12 +12,12 @@ import torch
 
 from arbor.config import load_config
 from arbor.config.judge import JudgeConfig
+from arbor.format import turn_spans
 from arbor.llm import Judge, make_judge
 from arbor.llm.parse import InvalidOutput, parse_step_labels
 from arbor.llm.rules import RulesJudge
-from arbor.tasks.format import turn_spans
 from arbor.tasks.methods.arco import equations as arco
-from arbor.tasks.types import StepLabel, Trajectory
+from arbor.types import StepLabel, Trajectory
 
 
 # ---- the equations --------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from arbor.tasks.methods.coreact.equations import (
     verification_score,
     verifier_feedback,
 )
-from arbor.tasks.types import RubricItem, StepRubric
+from arbor.types import RubricItem, StepRubric
 
 
 def test_spearman_reward_hand_values() -> None:

@@ -20,7 +20,7 @@ from arbor.llm.parse import (
     parse_step_verdict,
 )
 from arbor.llm.rules import STEP_CONDITIONS, RulesJudge, step_condition_met
-from arbor.tasks.types import RubricItem, StepRubric, StepVerdict
+from arbor.types import RubricItem, StepRubric, StepVerdict
 
 Q = "Where was the director of the film Film X born?"  # a bridge question: one "of the"
 H1 = ("<think>find the film first</think>\n<search>Film X director</search>\n"

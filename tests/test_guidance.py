@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from arbor.config import load_config
+from arbor.format import check_format
 from arbor.llm.rules import RulesJudge
 from arbor.tasks.env.agent import (
     AgentLoop,
@@ -24,7 +25,6 @@ from arbor.tasks.env.agent import (
 )
 from arbor.tasks.env.policy import train_tokenizer
 from arbor.tasks.env.search import BM25Search
-from arbor.tasks.format import check_format
 from arbor.tasks.methods.coreact.guidance import (
     CoReAct,
     JudgeRubrics,
@@ -32,7 +32,7 @@ from arbor.tasks.methods.coreact.guidance import (
     guidance_text,
     make_guide,
 )
-from arbor.tasks.types import RubricItem, StepRubric
+from arbor.types import RubricItem, StepRubric
 
 PASSAGES = [
     {"id": "p1", "title": "Tobara", "text": "Tobara is a film directed by Kerar Silix for Mulan Group."},

@@ -20,7 +20,7 @@ from arbor.llm import make_judge, prompts
 from arbor.llm.answers import answer_problem, template_from_text, template_of
 from arbor.llm.openai_backend import _role_schema
 from arbor.tasks.methods.arbor import Arbor
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 INDUCTION = template_of("induction.v1")

@@ -21,7 +21,7 @@ from arbor.llm.cache import ResponseCache, cache_key
 from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge, _role_schema
 from arbor.tasks.methods.arbor.judge import presentation_swapped, sparse_edges, verdict_to_outcome
 from arbor.tasks.reporting.evaluate import Prediction, judge_predictions, pass_at_1
-from arbor.tasks.types import Rubric, Trajectory
+from arbor.types import Rubric, Trajectory
 
 KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 SECRET = "sk-arbor-test-7f3c9d2e1b-DO-NOT-LEAK"
@@ -120,7 +120,7 @@ def test_a_requests_schema_carries_its_counts(server: OpenAIServer, tmp_path: Pa
     """The schema sent is narrowed to the request: three rubrics -> exactly three grades, indices 1-3; three
     shown candidates -> a ranking of exactly three of X, Y, Z (the bare-JSON ranking: a reasoned one, App. A, carries
     no schema); k criteria -> k scores per step."""
-    from arbor.tasks.types import StageRubric
+    from arbor.types import StageRubric
 
     judge = make_judge(config(server), home=tmp_path)
     rubrics = [StageRubric(f"r{i}", 1, f"Title {i}", "d", 1, 1) for i in range(3)]
@@ -200,7 +200,7 @@ def test_reply_budget_and_request_timeout_by_hand() -> None:
 def test_a_replys_budget_follows_the_number_of_items(server: OpenAIServer, tmp_path: Path) -> None:
     """Issue 31 item 3: 27 stage rubrics to grade need more than judge.max_tokens (1,024); 3 do not; a per-role
     setting wins."""
-    from arbor.tasks.types import StageRubric
+    from arbor.types import StageRubric
 
     rubrics = [StageRubric(f"r{i}", 1 + i % 4, f"rubric {i}", "d") for i in range(27)]
 

@@ -12,7 +12,7 @@ from arbor.llm import prompts
 from arbor.llm.cache import ResponseCache, cache_key
 from arbor.llm.parse import InvalidOutput, PairwiseOut, extract_json, parse_accuracy, parse_json
 from arbor.llm.text import compact_trajectory, escape_block, estimate_tokens, parse_trajectory
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.types import Rubric, RubricDraft, Trajectory
 
 GOLDEN = Path(__file__).parent / "data" / "prompts"
 Q = "Who directed the film in which Ed Wood was portrayed by Johnny Depp?"

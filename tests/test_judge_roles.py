@@ -24,7 +24,7 @@ from arbor.llm.base import Messages
 from arbor.llm.parse import parse_json
 from arbor.llm.roles import REGISTERED
 from arbor.llm.stream import StreamedJudge
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 SYSTEM = "You count searches. Reply with JSON only."
 

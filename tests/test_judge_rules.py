@@ -18,7 +18,7 @@ from arbor.seeding import coin
 from arbor.tasks.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import score_group, sparse_edges, verdict_to_outcome
 from arbor.tasks.methods.arbor.memory import admission_stats, admit
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.types import Rubric, RubricDraft, Trajectory
 
 Q = "Who directed the film Ed Wood starring Johnny Depp?"
 

@@ -1,7 +1,7 @@
 """Layered imports (issue 13 item 4): every import in arbor's packages points to its own layer or one below.
 
-    base         config, paths, seeds, record types, and the pure protocol every layer reads: the tag format,
-                 the base reward, anchor selection, group statistics
+    base         arbor/: config, paths, seeds, record types (arbor.types), and the pure protocol every layer
+                 reads: the tag format (arbor.format), the base reward (arbor.reward), group statistics
     storage      Parquet stage store, DuckDB catalog, SQL
     judges       llm/: the OpenAI-compatible and rules judges, prompts
     environment  tasks/env/: search, datasets and sources, agent loop, rollout engines, policy loading; and the
@@ -28,8 +28,8 @@ from arbor.paths import PROJECT_ROOT
 PACKAGES = {"arbor": "arbor", "storage": "arbor.storage", "llm": "arbor.llm", "tasks": "arbor.tasks",
             "flows": "arbor.flows"}
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("arbor", "arbor.config", "arbor.paths", "arbor.seeding", "arbor.tasks.types", "arbor.tasks.format",
-              "arbor.tasks.reward", "arbor.tasks.induction", "arbor.tasks.group_stats")),
+    ("base", ("arbor", "arbor.config", "arbor.paths", "arbor.seeding", "arbor.types", "arbor.format",
+              "arbor.reward", "arbor.tasks.induction", "arbor.group_stats")),
     ("storage", ("arbor.storage",)),
     ("judges", ("arbor.llm",)),
     ("environment", ("arbor.tasks",)),
@@ -84,7 +84,7 @@ def upward_imports() -> list[str]:
 
 
 def test_layer_of_by_hand() -> None:
-    assert LAYERS[layer_of("arbor.tasks.format")][0] == "base"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.format")][0] == "base"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.env.world")][0] == "environment"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.methods.arbor.memory")][0] == "methods"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.training.losses")][0] == "training"  # type: ignore[index]

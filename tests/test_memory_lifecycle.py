@@ -33,7 +33,7 @@ from arbor.tasks.methods.arbor.judge import (
 )
 from arbor.tasks.methods.arbor.memory import Activation, DraftResult, GroupInfo, Records, RubricMemory
 from arbor.tasks.shaping import shape_group
-from arbor.tasks.types import Rubric, RubricDraft
+from arbor.types import Rubric, RubricDraft
 
 SEED, STEPS, GROUPS, K = 11, 200, 8, 8
 OUTAGE = {100, 101}

@@ -17,9 +17,9 @@ from arbor.config import ConfigError, load_config
 from arbor.llm import make_judge
 from arbor.plugins import PluginError
 from arbor.preflight import check
+from arbor.reward import load_reward_fn, score_trajectory
 from arbor.tasks.env.search import make_search
-from arbor.tasks.reward import load_reward_fn, score_trajectory
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 REWARD = "examples.search_cost_reward:em_minus_search_cost"
 SEARCH = "examples.keyword_search:KeywordSearch"

@@ -15,11 +15,11 @@ import pytest
 from flow_support import JsonServer
 
 from arbor.config.judge import JudgeConfig
+from arbor.format import RUBRICEM, check_format, stage_spans
 from arbor.llm import CallContext, make_judge, prompts
 from arbor.llm.rules import STAGE_FEATURES, stage_feature_grade, stage_feature_value
 from arbor.llm.text import compact_trajectory, parse_trajectory
-from arbor.tasks.format import RUBRICEM, check_format, stage_spans
-from arbor.tasks.types import ReflectionGrade, RubricGrade, StageRubric, StageRubricDraft, Trajectory
+from arbor.types import ReflectionGrade, RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 Q = "Where was the director of Film X born?"  # question_entities: ["Film X"] -> entity tokens {film, x}
 GOLDS = ["Rema"]

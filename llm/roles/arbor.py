@@ -18,7 +18,7 @@ from arbor.llm.parse import (
     parse_accuracy,
     parse_json,
 )
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.types import Rubric, RubricDraft, Trajectory
 
 
 @dataclass(frozen=True)

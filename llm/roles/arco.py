@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from arbor.llm import prompts, rules
 from arbor.llm.base import Messages, Role, register
 from arbor.llm.parse import StepLabelsOut, each_exactly, exactly, parse_step_labels
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from arbor.llm.parse import (
     parse_step_rubric,
     parse_step_verdict,
 )
-from arbor.tasks.types import StepRubric, StepVerdict
+from arbor.types import StepRubric, StepVerdict
 
 
 @dataclass(frozen=True)

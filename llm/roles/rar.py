@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from arbor.llm import prompts, rules
 from arbor.llm.base import Role, register
 from arbor.llm.parse import RarRateOut, RarRubricsOut, parse_json
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from arbor.llm.parse import (
     parse_stage_grades,
     parse_stage_rubrics,
 )
-from arbor.tasks.types import RubricGrade, StageRubric, Trajectory
+from arbor.types import RubricGrade, StageRubric, Trajectory
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import asyncio
 
 from arbor.llm.base import CallContext
 from arbor.tasks.methods.base import Method, RubricScores, StepResources
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 
 def rating_to_score(rating: float) -> float:

@@ -35,7 +35,7 @@ from arbor.tasks.methods.arbor.memory import (
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
 from arbor.tasks.stages import StageStore, fault_point
-from arbor.tasks.types import LossSettings, Rubric, Trajectory
+from arbor.types import LossSettings, Rubric, Trajectory
 
 SCORE = Stage("score", ("rubric_events", "rubric_activations", "judge_calls"))
 RETIRE = Stage("retire", ("rubric_events",))

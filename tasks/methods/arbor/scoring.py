@@ -21,7 +21,7 @@ from arbor.tasks.methods.arbor.judge import (
     sparse_edges,
     verdict_to_outcome,
 )
-from arbor.tasks.types import Rubric, Trajectory
+from arbor.types import Rubric, Trajectory
 
 
 @dataclass(frozen=True)

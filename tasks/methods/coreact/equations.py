@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from arbor.tasks.types import RubricItem, StepRubric
+from arbor.types import RubricItem, StepRubric
 
 TAU = 0.5  # verification threshold (App. A)
 REWARD_WEIGHTS = (0.75, 0.15, 0.10)  # (w_rank, w_atom, w_fmt), eq. 3 and App. A

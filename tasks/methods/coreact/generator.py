@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from arbor.config import ArborConfig
+from arbor.format import turn_spans
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import GenRequest
-from arbor.tasks.format import turn_spans
 from arbor.tasks.methods.coreact.equations import (
     consensus_ranks,
     generator_reward,
@@ -44,7 +44,7 @@ from arbor.tasks.methods.coreact.guidance import (
     generator_user,
     run_judge,
 )
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 
 def generator_config(cfg: ArborConfig, run_id: str, total_updates: int) -> ArborConfig:

@@ -48,7 +48,7 @@ from arbor.tasks.methods.coreact.equations import (
     verifier_feedback,
 )
 from arbor.tasks.methods.coreact.tables import TABLES
-from arbor.tasks.types import RubricItem, StepRubric, StepVerdict
+from arbor.types import RubricItem, StepRubric, StepVerdict
 
 GENERATOR_SYSTEM = (
     "You write a step rubric for a search agent. Read the question and what the agent has done so far, then list "

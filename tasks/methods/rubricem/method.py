@@ -32,11 +32,11 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from arbor.config.train import TrainConfig
+from arbor.format import reflection_blocks
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import GenRequest, build_prompt_ids
 from arbor.tasks.env.datasets import Question, batch_for_step
-from arbor.tasks.format import reflection_blocks
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StepResources
 from arbor.tasks.methods.rubricem.tables import TABLES
 from arbor.tasks.methods.ss_grpo.method import SSGRPO
@@ -56,7 +56,7 @@ from arbor.tasks.reflection import (
 )
 from arbor.tasks.stages import fault_point
 from arbor.tasks.training.losses import group_advantages
-from arbor.tasks.types import ReflectionGrade, RubricGrade, StageRubric, Trajectory
+from arbor.types import ReflectionGrade, RubricGrade, StageRubric, Trajectory
 
 
 class RubricEM(SSGRPO):

@@ -1,6 +1,6 @@
 """SS-GRPO (RubricEM §3.3, eq. 1; App. C): stage-structured GRPO with a stagewise evolving rubric judge.
 
-Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Review / Answer, ``tasks.format``).
+Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Review / Answer, ``arbor.format``).
 
     score   per group: the judge proposes discriminative stage rubrics by contrasting the K trajectories (C.2),
             they join the question's stage buffer, every format-valid trajectory is graded 0/1/2 against the
@@ -32,8 +32,8 @@ from torch import Tensor
 
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
+from arbor.format import STAGE_NAMES
 from arbor.llm.base import CallContext, JudgeOutcome
-from arbor.tasks.format import STAGE_NAMES
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.methods.ss_grpo.stagewise import (
     StageBuffer,
@@ -47,7 +47,7 @@ from arbor.tasks.methods.ss_grpo.stagewise import (
 from arbor.tasks.methods.ss_grpo.tables import TABLES
 from arbor.tasks.stages import fault_point
 from arbor.tasks.training.losses import segment_advantages
-from arbor.tasks.types import LossSettings, RubricGrade, StageRubric, StageRubricDraft, Trajectory
+from arbor.types import LossSettings, RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 
 def neutral_grades(per_traj: Sequence[Sequence[RubricGrade] | None], n_rubrics: int) -> list[float] | None:

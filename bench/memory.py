@@ -22,7 +22,7 @@ import numpy as np
 from arbor.config.memory import MemoryConfig
 from arbor.reward import base_reward
 from arbor.seeding import derive_seed
-from arbor.tasks.induction import select_anchors
+from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import (
     presentation,
     presentation_swapped,

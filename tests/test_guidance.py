@@ -168,10 +168,12 @@ def test_coreact_verifies_retries_and_records_every_guided_step(tok: Any, search
 class FeedbackJudge(RulesJudge):
     """The rules judge whose verifier writes its own feedback sentence."""
 
-    async def step_verify(self, question, history, action, rubric, *, ctx=None):  # noqa: ANN001, ANN201
+    async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
         from dataclasses import replace
 
-        out = await super().step_verify(question, history, action, rubric, ctx=ctx)
+        out = await super().ask(role, ctx=ctx, **fields)
+        if getattr(role, "name", role) != "step_verify":
+            return out
         note = "The query must name the film Tobara." if out.value and not all(out.value.satisfied) else ""
         return replace(out, value=replace(out.value, feedback=note)) if out.value else out
 
@@ -484,31 +486,33 @@ def test_preflight_names_a_missing_source_and_a_judge_without_the_roles(tmp_path
 
 
 class NoStepJudge(RulesJudge):
-    """A plug-in judge without Co-ReAct's roles (the base class's, which raise)."""
+    """A plug-in judge without Co-ReAct's roles (``Judge.answers`` names the roles it plays; ``ask`` refuses
+    the others)."""
 
-    from arbor.llm.base import Judge as _J
-
-    step_rubric = _J.step_rubric  # type: ignore[assignment]
-    step_verify = _J.step_verify  # type: ignore[assignment]
+    answers = frozenset({"induction", "consolidation", "pairwise", "accuracy"})
 
 
 # ---- issue 31 item 4: a rubric or verification call that fails for good ------------------------------------------
 class VerifierDown(RulesJudge):
     """The rules rubric writer; every verification fails past the client's retries."""
 
-    async def step_verify(self, question, history, action, rubric, *, ctx=None):  # noqa: ANN001, ANN201
+    async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
         from arbor.llm.base import JudgeOutcome
 
-        return JudgeOutcome(None, "RateLimitError", 3, False)
+        if getattr(role, "name", role) == "step_verify":
+            return JudgeOutcome(None, "RateLimitError", 3, False)
+        return await super().ask(role, ctx=ctx, **fields)
 
 
 class WriterDown(RulesJudge):
     """The rules verifier; every step rubric fails past the client's retries."""
 
-    async def step_rubric(self, question, history, *, tool_calls, max_tool_calls, ctx=None):  # noqa: ANN001, ANN201
+    async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
         from arbor.llm.base import JudgeOutcome
 
-        return JudgeOutcome(None, "InvalidOutput: no rubric items", 3, False)
+        if getattr(role, "name", role) == "step_rubric":
+            return JudgeOutcome(None, "InvalidOutput: no rubric items", 3, False)
+        return await super().ask(role, ctx=ctx, **fields)
 
 
 def _guided(tok: Any, search: BM25Search, tmp_path: Path, judge_cls: type, **overrides: Any) -> tuple:

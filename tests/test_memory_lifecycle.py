@@ -23,7 +23,7 @@ import pytest
 
 from arbor.config.memory import MemoryConfig
 from arbor.seeding import derive_seed
-from arbor.tasks.induction import select_anchors
+from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import (
     presentation,
     presentation_swapped,

@@ -266,8 +266,9 @@ def _grading_judge(fail: bool):  # noqa: ANN202
     from arbor.llm.rules import RulesJudge
 
     class Grades(RulesJudge):
-        async def reflection_grades(self, question, golds, trajectory, graded, candidates,  # noqa: ANN001, ANN201
-                                    *, ctx=None):  # noqa: ANN001
+        async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
+            if getattr(role, "name", role) != "reflection_grades":
+                return await super().ask(role, ctx=ctx, **fields)
             if fail:
                 return JudgeOutcome(None, "InvalidOutput: 2 grades for 3 candidates", 3, False)
             return JudgeOutcome([ReflectionGrade(1.0, 1.0, 1.0), ReflectionGrade(0.5, 0.5, 0.5),

@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from arbor.format import check_format, get_protocol
 from arbor.reward import exact_match, token_f1
 from arbor.seeding import derive_seed
+from arbor.tasks.reporting.accuracy import ACCURACY
 
 # Paper benchmark names (Table 1 header) for the shipped split names.
 SPLIT_TITLES = {"bamboogle": "Bamboogle", "hotpotqa": "HotpotQA", "musique": "MuSiQue", "2wiki": "2Wiki"}
@@ -155,7 +156,7 @@ async def judge_predictions(
         if not s["format_valid"]:
             return False
         async with sem:
-            out = await judge.accuracy(p.question, list(p.golds), s["answer"], ctx=ctx)
+            out = await judge.ask(ACCURACY, question=p.question, golds=list(p.golds), prediction=s["answer"], ctx=ctx)
         return None if out.value is None else bool(out.value)
 
     verdicts = await asyncio.gather(*(one(p, s) for p, s in zip(predictions, scored, strict=True)))

@@ -4,6 +4,7 @@ and group scoring through a judge (``scoring.py``). Anchor selection (``tasks/in
 eq. 3/4 (``tasks/shaping.py``) are shared with the judges and every method, so they stay in ``tasks/``; ARBOR's
 rubric lifecycle tables are the pipeline's (``storage/schemas.py``), which the report and ``sql/`` read."""
 
+from arbor.tasks.methods.arbor import roles as roles  # registers its judge roles (roles.py, prompts/)
 from arbor.tasks.methods.arbor.method import MEMORY_STAGES, Arbor, induce_drafts, induce_group, rebuild_memory
 
-__all__ = ["MEMORY_STAGES", "Arbor", "induce_drafts", "induce_group", "rebuild_memory"]
+__all__ = ["MEMORY_STAGES", "Arbor", "induce_drafts", "induce_group", "rebuild_memory", "roles"]

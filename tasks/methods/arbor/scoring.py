@@ -21,6 +21,7 @@ from arbor.tasks.methods.arbor.judge import (
     sparse_edges,
     verdict_to_outcome,
 )
+from arbor.tasks.methods.arbor.roles import ask_pairwise
 from arbor.types import Rubric, Trajectory
 
 
@@ -68,7 +69,7 @@ async def score_jobs(
 
 async def _call(judge: Judge, question: str, a: Trajectory, b: Trajectory, rubric: Rubric, swap: bool,
                 ctx: CallContext, on_done: Callable[[], None] | None) -> str | None:
-    res = await judge.pairwise(question, a, b, rubric, swap=swap, ctx=ctx)
+    res = await ask_pairwise(judge, question, a, b, rubric, swap=swap, ctx=ctx)
     if on_done is not None:
         on_done()
     return res.value

@@ -31,6 +31,7 @@ from arbor.config.train import TrainConfig
 from arbor.format import turn_spans
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.tasks.methods.arco import equations as arco
+from arbor.tasks.methods.arco.roles import STEP_LABELS
 from arbor.tasks.methods.arco.tables import TABLES
 from arbor.tasks.methods.base import ROLLOUT, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.stages import fault_point
@@ -131,8 +132,9 @@ class ARCO(Method):
         if step <= self.warmup_steps and not run.judge_capped():
             async def teach() -> list[JudgeOutcome[list[StepLabel]]]:
                 return await asyncio.gather(*[
-                    run.judge.step_labels(t.question, t.golds, t, [(s.action, s.result) for s in ss], ac.k,
-                                          ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
+                    run.judge.ask(STEP_LABELS, question=t.question, golds=t.golds, trajectory=t,
+                                  steps=[(s.action, s.result) for s in ss], k=ac.k,
+                                  ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
                     for t, ss in zip(trajs, steps, strict=True)])
             labels = list(run.run_async(teach()))
         fault_point(step, "score", "mid")

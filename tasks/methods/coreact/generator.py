@@ -44,6 +44,7 @@ from arbor.tasks.methods.coreact.guidance import (
     generator_user,
     run_judge,
 )
+from arbor.tasks.methods.coreact.roles import STEP_RUBRIC, STEP_VERIFY, ask_ranking
 from arbor.types import Trajectory
 
 
@@ -112,7 +113,7 @@ def rank_points(rows: Sequence[dict[str, Any]], judges: Sequence[tuple[str, Any]
     ranking (after the client's retries) is that judge's invalid ranking, stored as null."""
     need = min(min_rankings, len(judges))
     reasoned = rationale or {}
-    by_judge = {name: run_judge(judge, [judge.rank_actions(r["question"], r["golds"], r["history"], r["candidates"],
+    by_judge = {name: run_judge(judge, [ask_ranking(judge, r["question"], r["golds"], r["history"], r["candidates"],
                                                            order=shuffled_order(seed, r["point_id"], name,
                                                                                 len(r["candidates"])),
                                                            rationale=reasoned.get(name, True), ctx=ctx)
@@ -135,8 +136,8 @@ def warm_rows(points: Sequence[dict[str, Any]], judge: Any, max_tool_calls: int,
     from arbor.tasks.methods.coreact.equations import render_rubric
 
     bps = [BranchPoint(p["question"], p["history"], int(p["tool_calls"])) for p in points]
-    outs = run_judge(judge, [judge.step_rubric(b.question, b.history, tool_calls=b.tool_calls,
-                                               max_tool_calls=max_tool_calls, ctx=ctx) for b in bps])
+    outs = run_judge(judge, [judge.ask(STEP_RUBRIC, question=b.question, history=b.history, tool_calls=b.tool_calls,
+                                       max_tool_calls=max_tool_calls, ctx=ctx) for b in bps])
     return [{"system": GENERATOR_SYSTEM, "question": generator_user(b), "response": render_rubric(o.value)}
             for b, o in zip(bps, outs, strict=True) if o.value is not None]
 
@@ -173,7 +174,8 @@ def sample_update(sampler: GeneratorRubrics, judge: Any, points: Sequence[dict[s
         if not rubric.items:
             continue
         for c, cand in enumerate(points[gi]["candidates"]):
-            jobs.append(judge.step_verify(bps[gi].question, bps[gi].history, cand, rubric, ctx=ctx))
+            jobs.append(judge.ask(STEP_VERIFY, question=bps[gi].question, history=bps[gi].history, action=cand,
+                                  rubric=rubric, ctx=ctx))
             where.append((j, c))
     verdicts = run_judge(judge, jobs)
     scores: dict[int, list[float | None]] = {}

@@ -38,6 +38,7 @@ from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import GenRequest, build_prompt_ids
 from arbor.tasks.env.datasets import Question, batch_for_step
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StepResources
+from arbor.tasks.methods.rubricem.roles import REFLECTION_GRADES
 from arbor.tasks.methods.rubricem.tables import TABLES
 from arbor.tasks.methods.ss_grpo.method import SSGRPO
 from arbor.tasks.reflection import (
@@ -138,8 +139,9 @@ class RubricEM(SSGRPO):
 
         async def judge_all() -> list[JudgeOutcome[list[ReflectionGrade]]]:
             return await asyncio.gather(*[
-                run.judge.reflection_grades(t.question, t.golds, t, grades.get(t.traj_id, []), cands,
-                                            ctx=CallContext(run.run_id, step, "reflect", t.group, None, t.sample))
+                run.judge.ask(REFLECTION_GRADES, question=t.question, golds=t.golds, trajectory=t,
+                              graded=grades.get(t.traj_id, []), candidates=cands,
+                              ctx=CallContext(run.run_id, step, "reflect", t.group, None, t.sample))
                 for t, cands in zip(chosen, texts, strict=True)])
 
         judged = [JudgeOutcome(None, "judge cost cap reached", 0, False) for _ in chosen] if capped \

@@ -35,6 +35,7 @@ from arbor.config.train import TrainConfig
 from arbor.format import STAGE_NAMES
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StepResources
+from arbor.tasks.methods.ss_grpo.roles import STAGE_GRADES, STAGE_RUBRICS
 from arbor.tasks.methods.ss_grpo.stagewise import (
     StageBuffer,
     grade_variance,
@@ -106,8 +107,9 @@ class SSGRPO(Method):
 
         async def generate() -> list[JudgeOutcome[list[StageRubricDraft]]]:
             return await asyncio.gather(*[
-                run.judge.stage_rubrics(g[0].question, g[0].golds, g, self.buffer.rubrics(g[0].question_id),
-                                        ctx=CallContext(run.run_id, step, "score", g[0].group))
+                run.judge.ask(STAGE_RUBRICS, question=g[0].question, golds=g[0].golds, trajectories=g,
+                              existing=self.buffer.rubrics(g[0].question_id),
+                              ctx=CallContext(run.run_id, step, "score", g[0].group))
                 for g in groups])
 
         drafts = [JudgeOutcome([]) for _ in groups] if capped else run.run_async(generate())
@@ -120,8 +122,9 @@ class SSGRPO(Method):
 
         async def grade() -> list[JudgeOutcome[list[RubricGrade]]]:
             async def one(gi: int, t: Trajectory) -> JudgeOutcome[list[RubricGrade]]:
-                out = await run.judge.stage_grades(t.question, t.golds, t, buffers[gi],
-                                                   ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
+                out = await run.judge.ask(STAGE_GRADES, question=t.question, golds=t.golds, trajectory=t,
+                                          rubrics=buffers[gi],
+                                          ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
                 tick()
                 return out
             return await asyncio.gather(*[one(gi, t) for gi, t in graded])

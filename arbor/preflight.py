@@ -340,18 +340,18 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
 
 
 def _teacher_problems(cfg: ArborConfig) -> list[str]:
-    """ARCO's teacher warm-up calls the judge's ``step_labels`` role: a plug-in judge must implement it."""
+    """ARCO's teacher warm-up calls the judge's ``step_labels`` role: a plug-in judge must take it (``answers``)."""
     from arbor.plugins import PluginError, is_import_path
 
     if cfg.run.method != "arco" or cfg.arco.warmup(cfg.run.steps) == 0 or not is_import_path(cfg.judge.backend):
         return []
-    from arbor.llm import Judge, load_judge_plugin
+    from arbor.llm import load_judge_plugin
 
     try:
         cls = load_judge_plugin(cfg.judge.backend)
     except PluginError:
         return []  # reported by _plugin_problems
-    if cls.step_labels is Judge.step_labels:
+    if not cls.takes("step_labels"):
         return [f"judge.backend: {cfg.judge.backend} has no step_labels role, which run.method=arco's teacher "
                 "warm-up calls (implement it, or set arco.warmup_steps=0)"]
     return []
@@ -374,7 +374,7 @@ def guidance_problems(cfg: ArborConfig) -> list[str]:
         out.append(f"guidance.generator: source=generator needs a generator checkpoint (arbor guidance-train), "
                    f"got {g.generator!r}")
     if is_import_path(cfg.judge.backend):
-        from arbor.llm import Judge, load_judge_plugin
+        from arbor.llm import load_judge_plugin
 
         try:
             cls = load_judge_plugin(cfg.judge.backend)
@@ -382,7 +382,7 @@ def guidance_problems(cfg: ArborConfig) -> list[str]:
             return out  # reported by _plugin_problems
         needed = (["step_rubric"] if g.source == "judge" else []) + (["step_verify"] if g.verify else [])
         out += [f"judge.backend: {cfg.judge.backend} has no {role} role, which guidance.mode=co-react calls"
-                for role in needed if getattr(cls, role) is getattr(Judge, role)]
+                for role in needed if not cls.takes(role)]
     return out
 
 

@@ -152,6 +152,11 @@ class Judge(ABC):
         sink = CAPTURE.get()
         (self._calls if sink is None else sink).append({c: full.get(c) for c in JUDGE_CALL_COLUMNS})
 
+    @classmethod
+    def takes(cls, role: str) -> bool:
+        """Whether this backend answers role ``role`` (``answers``; preflight asks it of a plug-in judge)."""
+        return cls.answers is None or role in cls.answers
+
     # ---- every role -----------------------------------------------------------------------------------------
     async def ask(self, role: Role[Any, T] | str, /, *, ctx: CallContext | None = None,
                   **fields: Any) -> JudgeOutcome[T]:

@@ -13,7 +13,7 @@ import torch
 from arbor.config import load_config
 from arbor.config.judge import JudgeConfig
 from arbor.format import turn_spans
-from arbor.llm import Judge, make_judge
+from arbor.llm import make_judge
 from arbor.llm.parse import InvalidOutput
 from arbor.llm.rules import RulesJudge
 from arbor.tasks.methods.arco import equations as arco
@@ -276,9 +276,9 @@ def test_rubric_model_checkpoint_round_trip(tmp_path: Path) -> None:
 
 
 class NoTeacherJudge(RulesJudge):
-    """A plug-in judge without ARCO's teacher role."""
+    """A plug-in judge without ARCO's teacher role (``answers`` names the roles it takes)."""
 
-    step_labels = Judge.step_labels  # type: ignore[assignment]
+    answers = frozenset({"induction", "consolidation", "pairwise", "accuracy"})
 
 
 def test_preflight_refuses_a_plugin_judge_without_the_teacher_role() -> None:

@@ -59,7 +59,8 @@ def workload(n_calls: int) -> list[tuple[str, Trajectory, Trajectory, bool, Call
 async def run_judge(cfg: JudgeConfig, home: Path, calls: list) -> tuple[float, list]:
     judge = make_judge(cfg, home=home)
     t0 = time.perf_counter()
-    outs = await asyncio.gather(*[ask_pairwise(judge, q, a, b, RUBRIC, swap=s, ctx=c) for q, a, b, s, c in calls])
+    outs = await asyncio.gather(*[ask_pairwise(judge, q, a, b, RUBRIC, swap=s, ctx=c)
+                                  for q, a, b, s, c in calls])
     wall = time.perf_counter() - t0
     await judge.aclose()
     rows = judge.drain_calls()

@@ -140,7 +140,8 @@ def test_rules_teacher_labels_each_step(tmp_path: Path) -> None:
     assert first.scores == (1.0, 1.0, 1.0)
     assert second.scores == (1.0, -1.0, 0.0)  # a repeat; its result names the entity but not the answer
     assert third.scores == (1.0, 1.0, 1.0) and third.criteria[0] == "The answer matches Rema"
-    two = asyncio.run(judge.ask(STEP_LABELS, question=Q, golds=["Rema"], trajectory=t, steps=[("<think>hm</think>", "")], k=2)).value
+    two = asyncio.run(judge.ask(STEP_LABELS, question=Q, golds=["Rema"], trajectory=t,
+                                steps=[("<think>hm</think>", "")], k=2)).value
     assert two == [StepLabel(("The step searches or answers",) * 2, (-1.0, -1.0))]  # one criterion, cycled
     assert [r["role"] for r in judge.drain_calls()] == ["step_labels", "step_labels"]
 
@@ -169,7 +170,8 @@ def test_openai_teacher_through_a_local_server_with_a_retried_fault(tmp_path: Pa
 
         async def go():  # noqa: ANN202
             try:
-                return await judge.ask(STEP_LABELS, question=Q, golds=["Rema"], trajectory=t, steps=[(SEARCH, "<result>x</result>"), (ANSWER, "")], k=2)
+                return await judge.ask(STEP_LABELS, question=Q, golds=["Rema"], trajectory=t,
+                                       steps=[(SEARCH, "<result>x</result>"), (ANSWER, "")], k=2)
             finally:
                 await judge.aclose()
 

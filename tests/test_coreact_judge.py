@@ -77,7 +77,8 @@ def test_a_judge_without_the_roles_names_them(tmp_path: Path) -> None:
     with pytest.raises(NotImplementedError, match="no step_rubric role"):
         run(judge.ask(STEP_RUBRIC, question=Q, history="", tool_calls=0, max_tool_calls=4))
     with pytest.raises(NotImplementedError, match="no step_verify role"):
-        run(judge.ask(STEP_VERIFY, question=Q, history="", action=RIGHT, rubric=StepRubric((RubricItem(1.0, "answers"),))))
+        run(judge.ask(STEP_VERIFY, question=Q, history="", action=RIGHT,
+                      rubric=StepRubric((RubricItem(1.0, "answers"),))))
 
 
 # ---- parsers -------------------------------------------------------------------------------------------------------
@@ -152,7 +153,8 @@ def test_rules_step_rubric_searches_the_entity_then_the_bridge_then_answers(tmp_
     assert early == StepRubric((RubricItem(0.6, "query names: Film X"), RubricItem(0.2, "searches"),
                                 RubricItem(0.2, "query is new")), "search for Film X")
     assert sum(i.weight for i in early.items) == pytest.approx(1.0)
-    bridge = run(judge.ask(STEP_RUBRIC, question=Q, history=H1, tool_calls=1, max_tool_calls=4)).value  # the result names Ann Lee
+    bridge = run(judge.ask(STEP_RUBRIC, question=Q, history=H1, tool_calls=1,
+                           max_tool_calls=4)).value  # the result names Ann Lee
     assert [i.condition for i in bridge.items] == ["query names: Ann Lee", "searches", "query is new"]
     assert bridge.action == "search for Ann Lee"
     # Ann Lee searched (the one bridge hop): answer with the first new name of the latest result
@@ -172,14 +174,18 @@ def test_rules_step_rubric_searches_the_entity_then_the_bridge_then_answers(tmp_
 def test_rules_step_verify_reads_the_items_back(tmp_path: Path) -> None:
     judge = make_judge(JudgeConfig(backend="rules"), home=tmp_path)
     bridge = run(judge.ask(STEP_RUBRIC, question=Q, history=H1, tool_calls=1, max_tool_calls=4)).value
-    assert run(judge.ask(STEP_VERIFY, question=Q, history=H1, action=SEARCH_ANN, rubric=bridge)).value == StepVerdict((True, True, True), "")
-    assert run(judge.ask(STEP_VERIFY, question=Q, history=H1, action=REPEAT, rubric=bridge)).value == StepVerdict(
+    assert run(judge.ask(STEP_VERIFY, question=Q, history=H1, action=SEARCH_ANN,
+                         rubric=bridge)).value == StepVerdict((True, True, True), "")
+    assert run(judge.ask(STEP_VERIFY, question=Q, history=H1, action=REPEAT,
+                         rubric=bridge)).value == StepVerdict(
         (False, True, False), "Unmet: query names: Ann Lee; query is new")
     late = run(judge.ask(STEP_RUBRIC, question=Q, history=H2, tool_calls=2, max_tool_calls=4)).value
     # a negative item's verdict is whether its flaw is there: a repeated search shows it
-    assert run(judge.ask(STEP_VERIFY, question=Q, history=H2, action="<search>ann lee</search>", rubric=late)).value == StepVerdict(
+    assert run(judge.ask(STEP_VERIFY, question=Q, history=H2, action="<search>ann lee</search>",
+                         rubric=late)).value == StepVerdict(
         (False, False, True), "Unmet: answers; answer names: Rema; query repeats")
-    assert run(judge.ask(STEP_VERIFY, question=Q, history=H2, action=RIGHT, rubric=late)).value == StepVerdict((True, True, False), "")
+    assert run(judge.ask(STEP_VERIFY, question=Q, history=H2, action=RIGHT,
+                         rubric=late)).value == StepVerdict((True, True, False), "")
     assert [r["role"] for r in judge.drain_calls()].count("step_verify") == 4
     # a condition in no known form: its content tokens of 3+ characters must all occur in the action
     assert step_condition_met("mentions the birthplace", "<think>mentions birthplace</think>", [])
@@ -235,9 +241,11 @@ def test_openai_roles_through_a_local_server_with_a_retried_fault(tmp_path: Path
         async def go():  # noqa: ANN202
             try:
                 return (await judge.ask(STEP_RUBRIC, question=Q, history="", tool_calls=0, max_tool_calls=4),
-                        await judge.ask(STEP_VERIFY, question=Q, history=H1, action=SEARCH_ANN, rubric=rubric),
+                        await judge.ask(STEP_VERIFY, question=Q, history=H1, action=SEARCH_ANN,
+                                        rubric=rubric),
                         await ask_ranking(judge, Q, ["Rema"], H2, ["a", "b", "c", "d"], order=[2, 0, 3, 1]),
-                        await ask_ranking(judge, Q, ["Rema"], H2, ["a", "b", "c", "d"], order=[2, 0, 3, 1], rationale=False))
+                        await ask_ranking(judge, Q, ["Rema"], H2, ["a", "b", "c", "d"], order=[2, 0, 3, 1],
+                                          rationale=False))
             finally:
                 await judge.aclose()
 

@@ -134,7 +134,8 @@ def test_a_placeholder_answer_is_retried_with_the_reason(server: OpenAIServer, t
 
     async def ask() -> Any:
         try:
-            return await judge.ask(arbor_roles.INDUCTION, question=Q, golds=["Paris"], trajectories=trajs()[:2], anchors=ANCHORS, existing=[])
+            return await judge.ask(arbor_roles.INDUCTION, question=Q, golds=["Paris"],
+                                   trajectories=trajs()[:2], anchors=ANCHORS, existing=[])
         finally:
             await judge.aclose()
 

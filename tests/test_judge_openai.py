@@ -132,9 +132,11 @@ def test_a_requests_schema_carries_its_counts(server: OpenAIServer, tmp_path: Pa
     rubrics = [StageRubric(f"r{i}", 1, f"Title {i}", "d", 1, 1) for i in range(3)]
 
     async def three():  # noqa: ANN202
-        return (await judge.ask(STAGE_GRADES, question=Q, golds=["Paris"], trajectory=traj(0, 1), rubrics=rubrics),
+        return (await judge.ask(STAGE_GRADES, question=Q, golds=["Paris"], trajectory=traj(0, 1),
+                                rubrics=rubrics),
                 await ask_ranking(judge, Q, ["Paris"], "", ["a", "b", "c"], order=[2, 0, 1], rationale=False),
-                await judge.ask(STEP_LABELS, question=Q, golds=["Paris"], trajectory=traj(0, 2), steps=[("s1", "r1"), ("s2", "r2")], k=4))
+                await judge.ask(STEP_LABELS, question=Q, golds=["Paris"], trajectory=traj(0, 2),
+                                steps=[("s1", "r1"), ("s2", "r2")], k=4))
 
     grades, ranks, labels = run(_with(judge, three()))
     assert len(grades.value) == 3 and sorted(ranks.value) == [1, 2, 3] and len(labels.value) == 2
@@ -213,7 +215,8 @@ def test_a_replys_budget_follows_the_number_of_items(server: OpenAIServer, tmp_p
     def sent(cfg: JudgeConfig, n: int, home: Path) -> int:
         judge = make_judge(cfg, home=home)
         server.bodies.clear()
-        out = run(_with(judge, judge.ask(STAGE_GRADES, question=Q, golds=["Paris"], trajectory=traj(0, 1), rubrics=rubrics[:n])))
+        out = run(_with(judge, judge.ask(STAGE_GRADES, question=Q, golds=["Paris"], trajectory=traj(0, 1),
+                                         rubrics=rubrics[:n])))
         assert out.ok and len(out.value) == n
         return server.bodies[0]["max_tokens"]
 
@@ -237,7 +240,8 @@ def test_a_prompt_is_compacted_to_fit_the_judges_context(server: OpenAIServer, t
     def prompt_tokens(cfg: JudgeConfig, home: Path) -> int:
         judge = make_judge(cfg, home=home)
         server.bodies.clear()
-        run(_with(judge, judge.ask(STAGE_RUBRICS, question=Q, golds=["Paris"], trajectories=long, existing=[])))
+        run(_with(judge, judge.ask(STAGE_RUBRICS, question=Q, golds=["Paris"], trajectories=long,
+                                   existing=[])))
         return sum(estimate_tokens(m["content"]) for m in server.bodies[0]["messages"])
 
     fitted = prompt_tokens(config(server, context_tokens=8192), tmp_path / "a")
@@ -254,7 +258,8 @@ def test_each_fault_is_retried_and_ends_in_success(server: OpenAIServer, tmp_pat
     server.plan = FaultPlan(queue=[fault], hang_s=1.5)
     judge = make_judge(config(server), home=tmp_path)
     caplog.set_level(logging.INFO, logger="arbor.judge")
-    out = run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC, ctx=CallContext(step=3, edge=4))))
+    out = run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC,
+                                        ctx=CallContext(step=3, edge=4))))
     assert out.ok and out.value == "A" and out.attempts == attempts  # 2 searches beat 1 on the server's rule
     [row] = judge.drain_calls()
     assert row["attempts"] == attempts and row["error"] is None and row["step"] == 3 and row["edge"] == "4"
@@ -270,8 +275,12 @@ def test_invalid_output_of_every_role_is_retried(server: OpenAIServer, tmp_path:
     judge = make_judge(config(server), home=tmp_path)
     calls = {
         "accuracy": lambda: judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris"),
-        "induction": lambda: judge.ask(INDUCTION, question=Q, golds=["Paris"], trajectories=[traj(0, 2), traj(1, 1)], anchors={"mode": "single_pair", "positive": 0, "worst": 1, "hard": 1}, existing=[]),
-        "consolidation": lambda: judge.ask(CONSOLIDATION, candidates_by_query={Q: [RUBRIC], "other": [RUBRIC]}, existing=[]),
+        "induction": lambda: judge.ask(INDUCTION, question=Q, golds=["Paris"],
+                                       trajectories=[traj(0, 2), traj(1, 1)],
+                                       anchors={"mode": "single_pair", "positive": 0, "worst": 1, "hard": 1},
+                                       existing=[]),
+        "consolidation": lambda: judge.ask(CONSOLIDATION,
+                                           candidates_by_query={Q: [RUBRIC], "other": [RUBRIC]}, existing=[]),
         "rar_rubrics": lambda: judge.ask(RAR_RUBRICS, question=Q, golds=["Paris"]),
         "rar_rate": lambda: judge.ask(RAR_RATE, question=Q, trajectory=traj(0, 1), items=["a", "b"]),
     }
@@ -326,7 +335,8 @@ def test_retry_after_as_an_http_date_is_honoured_up_to_the_cap(server: OpenAISer
 def test_backoff_is_exponential_with_bounded_jitter(server: OpenAIServer, tmp_path: Path) -> None:
     server.plan = FaultPlan(queue=["500", "500", "500"])
     judge = make_judge(config(server, backoff_base_s=0.002, backoff_max_s=0.006, max_retries=3), home=tmp_path)
-    assert run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris"))).value is True
+    assert run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"],
+                                      prediction="Paris"))).value is True
     # attempt k sleeps in [b_k/2, b_k] with b_k = min(0.006, 0.002 * 2^k): [.001,.002], [.002,.004], [.003,.006]
     for sleep, b in zip(judge.retry_sleeps, [0.002, 0.004, 0.006], strict=True):
         assert b / 2 <= sleep <= b
@@ -350,7 +360,8 @@ def _many_calls(judge: OpenAIJudge) -> list:
         trajs = [traj(i, i % 3, group=g) for i in range(6)]
         for e, (i, j) in enumerate(sparse_edges([t.base_reward for t in trajs])):
             ctx = CallContext(run_id="run1", step=0, stage="score", group=g, rubric_id=RUBRIC.rubric_id, edge=e)
-            calls.append(ask_pairwise(judge, Q, trajs[i], trajs[j], RUBRIC, swap=presentation_swapped(0, 1, g, "r", e), ctx=ctx))
+            calls.append(ask_pairwise(judge, Q, trajs[i], trajs[j], RUBRIC,
+                                      swap=presentation_swapped(0, 1, g, "r", e), ctx=ctx))
         calls.append(judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction=f"answer {g}"))
     return calls
 
@@ -424,7 +435,8 @@ def test_a_role_can_send_its_reply_limit_as_max_completion_tokens(server: OpenAI
 def test_accuracy_incorrect_reply_is_false(server: OpenAIServer, tmp_path: Path) -> None:
     judge = make_judge(config(server), home=tmp_path)
     async def both() -> list:
-        return await asyncio.gather(judge.ask(ACCURACY, question=Q, golds=["Paris", "City of Paris"], prediction="city of paris"),
+        return await asyncio.gather(judge.ask(ACCURACY, question=Q, golds=["Paris", "City of Paris"],
+                                              prediction="city of paris"),
                                     judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Lyon"))
 
     outs = run(_with(judge, both()))
@@ -518,7 +530,8 @@ def test_api_key_never_appears_in_logs_ledger_cache_or_parquet(server: OpenAISer
 
     async def go() -> list:
         try:
-            out = [await ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC, ctx=CallContext(run_id="run1", step=0))]
+            out = [await ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC,
+                                      ctx=CallContext(run_id="run1", step=0))]
             out += await asyncio.gather(*_many_calls(judge))
             return out
         finally:

@@ -207,7 +207,8 @@ def _judge_batch(server: OpenAIServer, home: Path) -> list:
 
     async def go() -> list:
         try:
-            return list(await asyncio.gather(*[judge.ask(ACCURACY, question=f"Capital of country {i}?", golds=["Paris"], prediction="Paris")
+            return list(await asyncio.gather(*[judge.ask(ACCURACY, question=f"Capital of country {i}?",
+                                                         golds=["Paris"], prediction="Paris")
                                                 for i in range(6)]))
         finally:
             await judge.aclose()

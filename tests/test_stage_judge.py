@@ -180,11 +180,15 @@ def test_stage_rubrics_only_for_features_that_vary(tmp_path: Path) -> None:
     j = rules(tmp_path)
 
     async def go() -> tuple:
-        same = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD, 0), T(GOOD, 1), T(GOOD, 2)], existing=[])
-        mixed = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD, 0), T(SLOPPY, 1)], existing=[], ctx=CallContext(step=1, group=0))
-        covered = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD, 0), T(SLOPPY, 1)], existing=[rubric("st0.0.0", "plan_entity_coverage", stage=1)])
+        same = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS,
+                           trajectories=[T(GOOD, 0), T(GOOD, 1), T(GOOD, 2)], existing=[])
+        mixed = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD, 0), T(SLOPPY, 1)],
+                            existing=[], ctx=CallContext(step=1, group=0))
+        covered = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD, 0), T(SLOPPY, 1)],
+                              existing=[rubric("st0.0.0", "plan_entity_coverage", stage=1)])
         # only the format-valid trajectories are graded later, so only they decide what varies
-        invalid = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD, 0), T(GOOD, 1), T(SLOPPY, 2, valid=False)], existing=[])
+        invalid = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS,
+                              trajectories=[T(GOOD, 0), T(GOOD, 1), T(SLOPPY, 2, valid=False)], existing=[])
         alone = await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD, 0)], existing=[])
         return same, mixed, covered, invalid, alone
 
@@ -219,7 +223,9 @@ def test_stage_grades_in_order_with_negative_semantics(tmp_path: Path) -> None:
     ]
 
     async def go() -> tuple:
-        return (await j.ask(STAGE_GRADES, question=Q, golds=GOLDS, trajectory=T(SLOPPY), rubrics=rubrics), await j.ask(STAGE_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), rubrics=rubrics),
+        return (await j.ask(STAGE_GRADES, question=Q, golds=GOLDS, trajectory=T(SLOPPY),
+                            rubrics=rubrics), await j.ask(STAGE_GRADES, question=Q, golds=GOLDS,
+                            trajectory=T(GOOD), rubrics=rubrics),
                 await j.ask(STAGE_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), rubrics=[]))
 
     sloppy, good, empty = asyncio.run(go())
@@ -257,7 +263,9 @@ def test_reflection_grades_well_formed_generic_and_malformed(tmp_path: Path) -> 
     async def go() -> tuple:
         grades = await j.ask(STAGE_GRADES, question=Q, golds=GOLDS, trajectory=T(SLOPPY), rubrics=rubrics)
         graded = list(zip(rubrics, grades.value, strict=True))
-        return graded, await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(SLOPPY), graded=graded, candidates=[GOOD_REFLECTION, GENERIC_REFLECTION, *malformed])
+        return graded, await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(SLOPPY),
+                                   graded=graded,
+                                   candidates=[GOOD_REFLECTION, GENERIC_REFLECTION, *malformed])
 
     graded, out = asyncio.run(go())
     assert [g.score for _, g in graded] == [0, 1, 2, 0, 2]  # weak: plan, repeats, late searches, evaluations
@@ -281,9 +289,12 @@ def test_reflection_diagnosis_of_a_wrong_answer_and_of_a_clean_run(tmp_path: Pat
     claims = silent.replace("none.", "the answer was wrong.")
 
     async def go() -> tuple:
-        wrong = await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(UNGROUNDED), graded=[], candidates=[names_it, silent])  # Lodz, gold Rema
-        clean = await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), graded=[], candidates=[silent, claims])  # right, nothing graded low
-        none = await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), graded=[], candidates=[])
+        wrong = await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(UNGROUNDED), graded=[],
+                            candidates=[names_it, silent])  # Lodz, gold Rema
+        clean = await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), graded=[],
+                            candidates=[silent, claims])  # right, nothing graded low
+        none = await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), graded=[],
+                           candidates=[])
         return wrong, clean, none
 
     wrong, clean, none = asyncio.run(go())
@@ -404,9 +415,14 @@ def openai_judge(srv: JsonServer, home: Path, **kw: object):  # noqa: ANN201
 
 def calls(j) -> dict[str, Any]:  # noqa: ANN001
     return {
-        "stage_rubrics": lambda: j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD, 0), T(SLOPPY, 1)], existing=RUBRICS[:1], ctx=CallContext(run_id="r", step=1, stage="score", group=0)),
-        "stage_grades": lambda: j.ask(STAGE_GRADES, question=Q, golds=GOLDS, trajectory=T(SLOPPY, 1), rubrics=RUBRICS, ctx=CallContext(run_id="r", step=1, stage="score", group=0, edge=1)),
-        "reflection_grades": lambda: j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(SLOPPY, 1), graded=GRADED, candidates=CANDIDATES),
+        "stage_rubrics": lambda: j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS,
+                                       trajectories=[T(GOOD, 0), T(SLOPPY, 1)], existing=RUBRICS[:1],
+                                       ctx=CallContext(run_id="r", step=1, stage="score", group=0)),
+        "stage_grades": lambda: j.ask(STAGE_GRADES, question=Q, golds=GOLDS, trajectory=T(SLOPPY, 1),
+                                      rubrics=RUBRICS,
+                                      ctx=CallContext(run_id="r", step=1, stage="score", group=0, edge=1)),
+        "reflection_grades": lambda: j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS,
+                                           trajectory=T(SLOPPY, 1), graded=GRADED, candidates=CANDIDATES),
     }
 
 
@@ -471,8 +487,11 @@ def test_calls_without_anything_to_judge_are_not_sent(server: JsonServer, tmp_pa
 
     async def go() -> list[Any]:
         try:
-            return [await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD)], existing=[]), await j.ask(STAGE_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), rubrics=[]),
-                    await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), graded=GRADED, candidates=[])]
+            return [await j.ask(STAGE_RUBRICS, question=Q, golds=GOLDS, trajectories=[T(GOOD)],
+                                existing=[]), await j.ask(STAGE_GRADES, question=Q, golds=GOLDS,
+                                trajectory=T(GOOD), rubrics=[]),
+                    await j.ask(REFLECTION_GRADES, question=Q, golds=GOLDS, trajectory=T(GOOD), graded=GRADED,
+                                candidates=[])]
         finally:
             await j.aclose()
 

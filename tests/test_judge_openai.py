@@ -503,7 +503,7 @@ def _scores_vs_rank(server: OpenAIServer, tmp_path: Path, use_swap: bool) -> flo
 def test_always_a_judge_gives_scores_uncorrelated_with_rank(server: OpenAIServer, tmp_path: Path) -> None:
     """Sparse edges are (lower rank, higher rank); without the swap "A" always means the lower-ranked trajectory,
     so an always-"A" judge produces scores strongly anti-correlated with rank. The coin-drawn swap, undone by
-    ``Judge.pairwise``, leaves position bias as noise uncorrelated with rank."""
+    ``ask_pairwise``, leaves position bias as noise uncorrelated with rank."""
     assert _scores_vs_rank(server, tmp_path, use_swap=False) < -0.6
     assert abs(_scores_vs_rank(server, tmp_path / "b", use_swap=True)) < 0.25
 

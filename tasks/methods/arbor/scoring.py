@@ -60,7 +60,7 @@ async def score_jobs(
     out: list[GroupScoring] = []
     pos = 0
     for job, edges in zip(jobs, plans, strict=True):
-        # Judge.pairwise already undid the swap: the verdict refers to (i, j) as given.
+        # ask_pairwise already undid the swap: the verdict refers to (i, j) as given.
         outcomes = [verdict_to_outcome(v, swapped=False) for v in verdicts[pos: pos + len(edges)]]
         pos += len(edges)
         out.append(score_group(len(job.trajectories), edges, outcomes))

@@ -697,9 +697,9 @@ def sft_convert_cmd(
 ) -> None:
     """Convert the paper's SFT sources to arbor's SFT rows: search-only trajectories, tags mapped, each row
     format-checked; prints what was kept and why the rest was dropped (docs/sft.md)."""
+    from arbor.format import PROTOCOLS
     from arbor.tasks.env.sft_convert import ConvertError, convert_file
     from arbor.tasks.env.sft_data import write_jsonl
-    from arbor.tasks.format import PROTOCOLS
 
     if protocol not in PROTOCOLS:
         _fail(f"--protocol {protocol!r}: expected one of {', '.join(PROTOCOLS)}")

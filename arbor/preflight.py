@@ -15,11 +15,15 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from arbor.config import ArborConfig
 from arbor.config.inputs import is_named_set
 from arbor.config.rollout import SHIPPED_GGUF
 from arbor.paths import PROJECT_ROOT, resolve_home_path
+
+if TYPE_CHECKING:
+    from arbor.llm import Role
 
 
 class PreflightError(RuntimeError):
@@ -192,7 +196,7 @@ def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str
     accepted and the train stage then ran for minutes on a 250k-token prompt). A token is at least one byte, so a
     question short in bytes fits without tokenising; only the long ones are tokenised, with the policy's own
     tokenizer and chat template (for the tiny policy that builds it once, as the run would)."""
-    from arbor.tasks.format import get_protocol
+    from arbor.format import get_protocol
 
     turn = min(cfg.rollout.max_new_tokens_per_turn, cfg.rollout.max_response_tokens)
     room = cfg.rollout.max_context_tokens - turn
@@ -319,9 +323,11 @@ def judge_shares(cfg: ArborConfig) -> dict[str, tuple[int, int, int]]:
     share of ``judge.context_tokens`` each keeps when all are as long as they can be, the reply's tokens). Empty
     without a window. The prompt's own words are measured by rendering it with empty trajectories, plus
     ``PROMPT_TEXT_ALLOWANCE``."""
-    from arbor.llm import role_of  # the judges' layer, imported only when a run is checked
+    # the roles whose prompts are sized (their packages load the method itself lazily: no torch here)
     from arbor.llm.text import WHOLE, shared_budget
-    from arbor.tasks.types import Rubric, Trajectory
+    from arbor.tasks.methods.arbor.roles import INDUCTION, PAIRWISE
+    from arbor.tasks.methods.rar.roles import RAR_RATE
+    from arbor.types import Rubric, Trajectory
 
     window = cfg.judge.context_tokens
     if window is None:
@@ -329,21 +335,20 @@ def judge_shares(cfg: ArborConfig) -> dict[str, tuple[int, int, int]]:
     k = cfg.rollout.k
     blank = [Trajectory("", 0, 0, i, "", "", [], format_valid=True) for i in range(k)]
     rubric = Rubric("", "", "", "")
-    asks: dict[str, tuple[str, int, dict[str, object]]] = {}
+    asks: dict[str, tuple[Role[Any, Any], int, dict[str, object]]] = {}
     if cfg.run.method == "arbor":
         contrast = {"mode": "contrast", "positive": 0, "worst": 1, "hard": 2}
-        asks["pairwise"] = ("pairwise", 2, dict(question="", shown_a=blank[0], shown_b=blank[1], rubric=rubric))
-        asks["induction"] = ("induction", 4, dict(question="", golds=[""], trajectories=blank[:3],
+        asks["pairwise"] = (PAIRWISE, 2, dict(question="", shown_a=blank[0], shown_b=blank[1], rubric=rubric))
+        asks["induction"] = (INDUCTION, 4, dict(question="", golds=[""], trajectories=blank[:3],
                                                   anchors=contrast, existing=[]))
-        asks["induction (unlabeled)"] = ("induction", k, dict(question="", golds=[""], trajectories=blank,
+        asks["induction (unlabeled)"] = (INDUCTION, k, dict(question="", golds=[""], trajectories=blank,
                                                               anchors={"mode": "unlabeled"}, existing=[]))
     elif cfg.run.method == "rar":
-        asks["rar_rate"] = ("rar_rate", 1, dict(question="", trajectory=blank[0], items=[""]))
+        asks["rar_rate"] = (RAR_RATE, 1, dict(question="", trajectory=blank[0], items=[""]))
     out: dict[str, tuple[int, int, int]] = {}
-    for label, (name, texts, fields) in asks.items():
-        role = role_of(name)
+    for label, (role, texts, fields) in asks.items():
         own = sum(len(m["content"]) for m in role.render(role.request(**fields), WHOLE)[1]) // 4
-        reply = int(cfg.judge.for_role(name)["max_tokens"])  # type: ignore[call-overload]
+        reply = int(cfg.judge.for_role(role.name)["max_tokens"])  # type: ignore[call-overload]
         out[label] = (texts, shared_budget(window, reply, own + PROMPT_TEXT_ALLOWANCE, texts), reply)
     return out
 
@@ -373,7 +378,7 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
     out: list[str] = []
     checks = []
     if cfg.reward.fn:
-        from arbor.tasks.reward import load_reward_fn
+        from arbor.reward import load_reward_fn
 
         checks.append(lambda: load_reward_fn(cfg.reward))
     if is_import_path(cfg.search.backend):
@@ -398,18 +403,18 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
 
 
 def _teacher_problems(cfg: ArborConfig) -> list[str]:
-    """ARCO's teacher warm-up calls the judge's ``step_labels`` role: a plug-in judge must implement it."""
+    """ARCO's teacher warm-up calls the judge's ``step_labels`` role: a plug-in judge must take it (``answers``)."""
     from arbor.plugins import PluginError, is_import_path
 
     if cfg.run.method != "arco" or cfg.arco.warmup(cfg.run.steps) == 0 or not is_import_path(cfg.judge.backend):
         return []
-    from arbor.llm import Judge, load_judge_plugin
+    from arbor.llm import load_judge_plugin
 
     try:
         cls = load_judge_plugin(cfg.judge.backend)
     except PluginError:
         return []  # reported by _plugin_problems
-    if cls.step_labels is Judge.step_labels:
+    if not cls.takes("step_labels"):
         return [f"judge.backend: {cfg.judge.backend} has no step_labels role, which run.method=arco's teacher "
                 "warm-up calls (implement it, or set arco.warmup_steps=0)"]
     return []
@@ -432,7 +437,7 @@ def guidance_problems(cfg: ArborConfig) -> list[str]:
         out.append(f"guidance.generator: source=generator needs a generator checkpoint (arbor guidance-train), "
                    f"got {g.generator!r}")
     if is_import_path(cfg.judge.backend):
-        from arbor.llm import Judge, load_judge_plugin
+        from arbor.llm import load_judge_plugin
 
         try:
             cls = load_judge_plugin(cfg.judge.backend)
@@ -440,7 +445,7 @@ def guidance_problems(cfg: ArborConfig) -> list[str]:
             return out  # reported by _plugin_problems
         needed = (["step_rubric"] if g.source == "judge" else []) + (["step_verify"] if g.verify else [])
         out += [f"judge.backend: {cfg.judge.backend} has no {role} role, which guidance.mode=co-react calls"
-                for role in needed if getattr(cls, role) is getattr(Judge, role)]
+                for role in needed if not cls.takes(role)]
     return out
 
 

@@ -32,7 +32,7 @@ from arbor.config import load_config  # noqa: E402
 from arbor.tasks.training import checkpoint as ckpt  # noqa: E402
 from arbor.tasks.training.train import Trainer  # noqa: E402
 from arbor.tasks.training.update import policy_update  # noqa: E402
-from arbor.tasks.types import Trajectory  # noqa: E402
+from arbor.types import Trajectory  # noqa: E402
 
 
 def make_batch(vocab: int, version: int, seed: int, n: int = 8, prompt: int = 32, response: int = 32) -> list:

@@ -245,7 +245,7 @@ def make_batch(vocab: int, wl: Workload, version: int) -> list:
     """``wl.seqs`` trajectories, four per group (random ids; half the rewards 1), tagged with ``version``."""
     import torch
 
-    from arbor.tasks.types import Trajectory
+    from arbor.types import Trajectory
 
     g = torch.Generator().manual_seed(version)
     out = []

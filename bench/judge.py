@@ -30,7 +30,8 @@ from arbor.llm.prompts import pairwise_messages  # noqa: E402
 from arbor.llm.text import WHOLE  # noqa: E402
 from arbor.seeding import coin  # noqa: E402
 from arbor.tasks.methods.arbor.judge import sparse_edges  # noqa: E402
-from arbor.tasks.types import Rubric, Trajectory  # noqa: E402
+from arbor.tasks.methods.arbor.roles import ask_pairwise  # noqa: E402
+from arbor.types import Rubric, Trajectory  # noqa: E402
 
 KEY_ENV = "ARBOR_BENCH_JUDGE_KEY"
 RUBRIC = Rubric("bench", "Precise Entity Queries", "Names the question's entities in each query.",
@@ -59,7 +60,8 @@ def workload(n_calls: int) -> list[tuple[str, Trajectory, Trajectory, bool, Call
 async def run_judge(cfg: JudgeConfig, home: Path, calls: list) -> tuple[float, list]:
     judge = make_judge(cfg, home=home)
     t0 = time.perf_counter()
-    outs = await asyncio.gather(*[judge.pairwise(q, a, b, RUBRIC, swap=s, ctx=c) for q, a, b, s, c in calls])
+    outs = await asyncio.gather(*[ask_pairwise(judge, q, a, b, RUBRIC, swap=s, ctx=c)
+                                  for q, a, b, s, c in calls])
     wall = time.perf_counter() - t0
     await judge.aclose()
     rows = judge.drain_calls()

@@ -31,6 +31,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION, ask_pairwise
+from arbor.tasks.methods.arco.roles import STEP_LABELS
+from arbor.tasks.methods.coreact.roles import STEP_RUBRIC, STEP_VERIFY, ask_ranking
+from arbor.tasks.methods.rar.roles import RAR_RATE, RAR_RUBRICS
+from arbor.tasks.methods.rubricem.roles import REFLECTION_GRADES
+from arbor.tasks.methods.ss_grpo.roles import STAGE_GRADES, STAGE_RUBRICS
+from arbor.tasks.reporting.accuracy import ACCURACY
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -45,7 +53,7 @@ def load_run(run_id: str, home: Path) -> tuple[Any, list[list[Any]], Callable[[l
     from arbor.storage.parquet import read_table
     from arbor.storage.runs import run_row
     from arbor.tasks.env.policy import load_tokenizer, policy_source
-    from arbor.tasks.types import Trajectory
+    from arbor.types import Trajectory
 
     row = run_row(run_id, home)
     if row is None:
@@ -63,10 +71,10 @@ def load_run(run_id: str, home: Path) -> tuple[Any, list[list[Any]], Callable[[l
 def build_calls(groups: list[list[Any]], staged: list[list[Any]], cfg: Any, decode: Callable[[list[int]], str],
                 rules: Any, n: int) -> dict[str, list[Call]]:
     """Up to ``n`` calls per role, each a function of the judge under test, with inputs drawn from the run."""
-    from arbor.tasks.format import check_format
-    from arbor.tasks.induction import select_anchors
+    from arbor.format import check_format
+    from arbor.tasks.methods.arbor.induction import select_anchors
     from arbor.tasks.methods.arco.method import trajectory_steps
-    from arbor.tasks.types import StageRubric
+    from arbor.types import StageRubric
 
     def ask(coro: Awaitable[Any]) -> Any:
         return asyncio.run(coro).value
@@ -77,55 +85,76 @@ def build_calls(groups: list[list[Any]], staged: list[list[Any]], cfg: Any, deco
         q, golds = g[0].question, g[0].golds
         anchors = select_anchors([t.f1 for t in g], [len(t.response_ids) for t in g], [t.format_valid for t in g])
         if anchors["mode"] not in (None, "skip"):
-            calls["induction"].append(lambda j, g=g, a=anchors: j.induce(g[0].question, g[0].golds, g, a, []))
-            drafts[g[0].question_id] = ask(rules.induce(q, golds, g, anchors, [])) or []
+            calls["induction"].append(lambda j, g=g, a=anchors: j.ask(INDUCTION, question=g[0].question,
+                                                                      golds=g[0].golds, trajectories=g,
+                                                                      anchors=a, existing=[]))
+            drafts[g[0].question_id] = ask(rules.ask(INDUCTION, question=q, golds=golds, trajectories=g,
+                                                     anchors=anchors, existing=[])) or []
         rubric = next((d for ds in drafts.values() for d in ds), None)
         if rubric is not None:
-            calls["pairwise"].append(lambda j, g=g, r=rubric: j.pairwise(g[0].question, g[0], g[1], r))
+            calls["pairwise"].append(lambda j, g=g, r=rubric: ask_pairwise(j, g[0].question, g[0], g[1], r))
         answer = check_format(g[0].text).answer
-        calls["accuracy"].append(lambda j, q=q, golds=golds, a=answer: j.accuracy(q, golds, a))
-        calls["rar_rubrics"].append(lambda j, q=q, golds=golds: j.rar_rubrics(q, golds))
-        items = ask(rules.rar_rubrics(q, golds)) or ["The answer names the gold entity."]
-        calls["rar_rate"].append(lambda j, t=g[0], items=items: j.rar_rate(t.question, t, items))
+        calls["accuracy"].append(lambda j, q=q, golds=golds, a=answer: j.ask(ACCURACY, question=q,
+                                                                             golds=golds, prediction=a))
+        calls["rar_rubrics"].append(lambda j, q=q, golds=golds: j.ask(RAR_RUBRICS, question=q, golds=golds))
+        items = ask(rules.ask(RAR_RUBRICS, question=q, golds=golds)) or ["The answer names the gold entity."]
+        calls["rar_rate"].append(lambda j, t=g[0], items=items: j.ask(RAR_RATE, question=t.question,
+                                                                      trajectory=t, items=items))
         steps = trajectory_steps(g[0], decode, cfg.rollout.max_searches)
         if steps:
             pairs = [(s.action, s.result) for s in steps]
-            calls["step_labels"].append(lambda j, t=g[0], p=pairs: j.step_labels(t.question, t.golds, t, p, 3))
+            calls["step_labels"].append(lambda j, t=g[0], p=pairs: j.ask(STEP_LABELS, question=t.question,
+                                                                         golds=t.golds, trajectory=t, steps=p,
+                                                                         k=3))
             s = steps[-1]
             used = cfg.rollout.max_searches - s.searches_left
-            calls["step_rubric"].append(lambda j, q=q, h=s.history, u=used: j.step_rubric(
-                q, h, tool_calls=u, max_tool_calls=cfg.rollout.max_searches))
-            rub = ask(rules.step_rubric(q, s.history, tool_calls=used, max_tool_calls=cfg.rollout.max_searches))
+            calls["step_rubric"].append(lambda j, q=q, h=s.history, u=used: j.ask(STEP_RUBRIC, question=q,
+                                                                                  history=h, tool_calls=u,
+                                                                                  max_tool_calls=cfg.rollout.max_searches))
+            rub = ask(rules.ask(STEP_RUBRIC, question=q, history=s.history, tool_calls=used,
+                                      max_tool_calls=cfg.rollout.max_searches))
             if rub is not None and rub.items:
-                calls["step_verify"].append(lambda j, q=q, h=s.history, a=s.action, r=rub: j.step_verify(q, h, a, r))
+                calls["step_verify"].append(lambda j, q=q, h=s.history, a=s.action, r=rub: j.ask(STEP_VERIFY,
+                                                                                                 question=q,
+                                                                                                 history=h,
+                                                                                                 action=a,
+                                                                                                 rubric=r))
             turn = len(steps) - 1  # the other trajectories' actions at the same turn are the candidates
             others = [ts[turn].action for t in g[1:4]
                       if len(ts := trajectory_steps(t, decode, cfg.rollout.max_searches)) > turn]
             cands = [s.action, *others]
             if len(cands) > 1:
                 # no golds: what the council is sent by default (guidance.rank_golds false, issue 50 item 5)
-                calls["rank_actions"].append(lambda j, q=q, h=s.history, c=cands: j.rank_actions(
-                    q, None, h, c, order=list(range(len(c)))[::-1]))
+                calls["rank_actions"].append(lambda j, q=q, h=s.history, c=cands: ask_ranking(
+                    j, q, None, h, c, order=list(range(len(c)))[::-1]))
     by_query = dict(list(drafts.items())[:4])
     if sum(len(v) for v in by_query.values()) >= 2:
-        calls["consolidation"] = [lambda j, b=by_query: j.consolidate(b, [])]
+        calls["consolidation"] = [lambda j, b=by_query: j.ask(CONSOLIDATION, candidates_by_query=b,
+                                                              existing=[])]
     for g in staged:
         q, golds = g[0].question, g[0].golds
-        calls["stage_rubrics"].append(lambda j, g=g: j.stage_rubrics(g[0].question, g[0].golds, g, []))
-        made = ask(rules.stage_rubrics(q, golds, g, [])) or []
+        calls["stage_rubrics"].append(lambda j, g=g: j.ask(STAGE_RUBRICS, question=g[0].question,
+                                                           golds=g[0].golds, trajectories=g, existing=[]))
+        made = ask(rules.ask(STAGE_RUBRICS, question=q, golds=golds, trajectories=g, existing=[])) or []
         rubrics = [StageRubric(f"r{i}", d.stage, d.title, d.description, d.weight, d.polarity)
                    for i, d in enumerate(made)]
         if not rubrics:
             continue
-        calls["stage_grades"].append(lambda j, t=g[0], r=rubrics: j.stage_grades(t.question, t.golds, t, r))
-        grades = ask(rules.stage_grades(q, golds, g[0], rubrics)) or []
+        calls["stage_grades"].append(lambda j, t=g[0], r=rubrics: j.ask(STAGE_GRADES, question=t.question,
+                                                                        golds=t.golds, trajectory=t,
+                                                                        rubrics=r))
+        grades = ask(rules.ask(STAGE_GRADES, question=q, golds=golds, trajectory=g[0], rubrics=rubrics)) or []
         graded = list(zip(rubrics, grades, strict=False))
         cands = [f"<reflection_rubrics>{r.title}: {r.description}</reflection_rubrics>\n<reflection_takeaways>"
                  f"{'Keep' if gr.score == 2 else 'Fix'} this in the {('plan', 'research', 'review', 'answer')[r.stage - 1]}"
                  "</reflection_takeaways>" for r, gr in graded[:3]]
         if cands:
-            calls["reflection_grades"].append(lambda j, t=g[0], gr=graded, c=cands: j.reflection_grades(
-                t.question, t.golds, t, gr, c))
+            calls["reflection_grades"].append(lambda j, t=g[0], gr=graded, c=cands: j.ask(REFLECTION_GRADES,
+                                                                                          question=t.question,
+                                                                                          golds=t.golds,
+                                                                                          trajectory=t,
+                                                                                          graded=gr,
+                                                                                          candidates=c))
     return {r: c[:n] for r, c in calls.items()}
 
 

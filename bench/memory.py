@@ -6,7 +6,7 @@ Timed per step (everything ARBOR adds around the LLM calls, which are replaced b
 embeddings): active selection, the sparse graph + presentation coin + verdict mapping + per-trajectory scores
 for every (active rubric, group), the n_r / rho_r updates, retirement, anchor selection, admission of 1-2 drafts
 per mixed group, shaping, and consolidation when due. Reference measured in the same run: computing the base
-rewards of the same step (tasks.reward.base_reward: format gate + answer extraction + token F1 on realistic
+rewards of the same step (arbor.reward.base_reward: format gate + answer extraction + token F1 on realistic
 trajectory texts). Prints per-step and per-group costs and their ratio.
 """
 
@@ -20,8 +20,9 @@ import time
 import numpy as np
 
 from arbor.config.memory import MemoryConfig
+from arbor.reward import base_reward
 from arbor.seeding import derive_seed
-from arbor.tasks.induction import select_anchors
+from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import (
     presentation,
     presentation_swapped,
@@ -30,9 +31,8 @@ from arbor.tasks.methods.arbor.judge import (
     verdict_to_outcome,
 )
 from arbor.tasks.methods.arbor.memory import Activation, DraftResult, RubricMemory
-from arbor.tasks.reward import base_reward
 from arbor.tasks.shaping import shape_group
-from arbor.tasks.types import RubricDraft
+from arbor.types import RubricDraft
 
 ANSWERS = ["Paris", "Lyon", "Marseille", "the Eiffel Tower", "Gustave Eiffel", "1889"]
 FILLER = ("The city is known for its museums, cafes and long history as a centre of art and politics. " * 6).strip()

@@ -56,7 +56,7 @@ from arbor.tasks.training.train import (  # noqa: E402
     synchronize,
 )
 from arbor.tasks.training.update import policy_update  # noqa: E402
-from arbor.tasks.types import Trajectory  # noqa: E402
+from arbor.types import Trajectory  # noqa: E402
 
 TINY = dict(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)

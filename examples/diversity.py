@@ -25,7 +25,7 @@ from arbor.storage.schemas import F64, I64, STR, TableSet, col, key
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, RubricScores, Stage, StepResources
 from arbor.tasks.methods.grpo import GRPO
 from arbor.tasks.stages import fault_point
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 GROUP_DIVERSITY = pa.schema([
     key("run_id"), key("step", I64), key("traj_id"), col("group", I64), col("sample", I64), col("question_id", STR),

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from arbor.config.train import TrainConfig
 from arbor.tasks.methods.grpo import GRPO
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 BETA = 1e-3  # reward per response token
 

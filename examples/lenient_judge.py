@@ -3,26 +3,29 @@ alias (or is contained in one) counts as correct, e.g. "Ada Lovelace" for the go
 
     arbor eval CHECKPOINT judge.backend=examples.lenient_judge:LenientJudge
 
-Every role the judge plays (induction, consolidation, pairwise, accuracy, RaR) is a coroutine of
-``arbor.llm.Judge``; a plug-in subclasses it, or one of the shipped judges and overrides what it changes.
+Every role the judge plays (induction, consolidation, pairwise, accuracy, RaR, ...) goes through one coroutine,
+``arbor.llm.Judge.ask(role, **request)``; a plug-in subclasses a shipped judge and changes the roles it wants.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
-from arbor.llm import CallContext, JudgeOutcome
+from arbor.llm import CallContext, JudgeOutcome, Role
 from arbor.llm.rules import RulesJudge
-from arbor.tasks.reward import normalize_answer
+from arbor.reward import normalize_answer
 
 
 class LenientJudge(RulesJudge):
     backend = "lenient-rules"
 
-    async def accuracy(self, question: str, golds: Sequence[str], prediction: str | None, *,
-                       ctx: CallContext | None = None) -> JudgeOutcome[bool]:
-        strict = await super().accuracy(question, golds, prediction, ctx=ctx)
+    async def ask(self, role: Role[Any, Any] | str, /, *, ctx: CallContext | None = None,
+                  **fields: Any) -> JudgeOutcome[Any]:
+        strict = await super().ask(role, ctx=ctx, **fields)
+        if (role if isinstance(role, str) else role.name) != "accuracy":
+            return strict
+        prediction, golds = fields["prediction"], fields["golds"]
         pred = normalize_answer(prediction or "")
         near = bool(pred) and any(g and (g in pred or pred in g) for g in map(normalize_answer, golds))
         return replace(strict, value=bool(strict.value) or near)

@@ -8,7 +8,7 @@ not asked; ``trajectory.em`` / ``f1`` / ``answer`` are already filled, ``golds``
 
 from __future__ import annotations
 
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 PRICE = 0.05  # reward given up per search call
 

@@ -66,8 +66,8 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
         path = Path(spec).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"sft.data: {path} does not exist")
+        from arbor.format import get_protocol
         from arbor.tasks.env.sft_data import build_user_sft_data, reflection_share
-        from arbor.tasks.format import get_protocol
 
         if not get_protocol(cfg.rollout.protocol).staged and not reflection_share(cfg):
             return path  # trained as it is

@@ -48,7 +48,7 @@ from arbor.tasks.methods import make_method
 from arbor.tasks.methods.base import Stage
 from arbor.tasks.stages import StageStore
 from arbor.tasks.step import RunState, timed_stage
-from arbor.tasks.types import LossSettings
+from arbor.types import LossSettings
 
 
 def new_run_id(profile: str) -> str:

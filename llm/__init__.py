@@ -1,6 +1,7 @@
-"""Judge backends (paper App. E): ``make_judge(cfg, home=...)`` returns an ``openai`` or ``rules`` judge.
+"""The judge machinery (paper App. E): ``make_judge(cfg, home=...)`` returns an ``openai`` or ``rules`` judge, and
+``judge.ask(role, **request)`` asks it one of the roles the methods declare (``tasks/methods/<m>/roles.py``).
 
-See ``llm/README.md`` for the roles, the prompt files, the cache and the call ledger.
+See ``llm/README.md`` for roles, prompt files, the cache and the call ledger. Nothing here imports ``tasks``.
 """
 
 from __future__ import annotations
@@ -9,27 +10,22 @@ import inspect
 from pathlib import Path
 
 from arbor.config.judge import JudgeConfig
-from arbor.llm import roles as _roles  # registers the built-in roles (llm/roles/)
 from arbor.llm.base import (
     JUDGE_CALL_COLUMNS,
     REGISTRY,
-    ROLES,
     CallContext,
     Judge,
     JudgeOutcome,
     Refusal,
     Role,
-    Winner,
     register,
     role_of,
-    unswap,
 )
 from arbor.paths import arbor_home
 from arbor.plugins import PluginError, load_plugin
 
-__all__ = ["make_judge", "Judge", "JudgeOutcome", "CallContext", "Winner", "unswap", "ROLES", "JUDGE_CALL_COLUMNS",
-           "REGISTRY", "Refusal", "Role", "register", "role_of"]
-assert set(ROLES) <= set(_roles.REGISTERED), "a built-in role has no declaration in llm/roles/"
+__all__ = ["make_judge", "Judge", "JudgeOutcome", "CallContext", "JUDGE_CALL_COLUMNS", "REGISTRY", "Refusal", "Role",
+           "register", "role_of"]
 
 
 def make_judge(cfg: JudgeConfig, *, home: Path | str | None = None) -> Judge:

@@ -5,7 +5,7 @@ own placeholders (a rubric titled ``<short label>``), its instructions copied ba
 field. Such a reply is an *invalid answer*: the OpenAI-compatible backend treats it like a reply that does not
 parse (retried with the reason, then the role's neutral fallback) and records it in the ledger as
 ``InvalidAnswer``. What counts as the template is read from the prompt file the call was rendered from
-(``llm/prompts/<version>.md``), never typed per role: its placeholders are the strings of its reply example that
+(``tasks/methods/<m>/prompts/<version>.md``, ``llm.prompts.register_prompts``), never typed per role: its placeholders are the strings of its reply example that
 are written ``"<...>"`` or ``"..."``, its instructions are the rest of its words.
 """
 
@@ -60,7 +60,7 @@ def template_from_text(text: str) -> Template:
 
 @cache
 def template_of(version: str) -> Template:
-    """The ``Template`` of one prompt version (``llm/prompts/<version>.md``), read once per process."""
+    """The ``Template`` of one prompt version (its registered file), read once per process."""
     system, user = prompts.load_prompt(version)
     return template_from_text(f"{system}\n{user}")
 
@@ -166,16 +166,15 @@ def answer_problem(reply: Any, template: Template, schema: Mapping[str, Any] | N
     return None
 
 
-@cache
 def _has_file(version: str) -> bool:
-    return (prompts.PROMPT_DIR / f"{version}.md").is_file()
+    return version in prompts.PROMPT_FILES
 
 
 def check_reply(text: str, version: str, schema: Mapping[str, Any] | None,
                 messages: Sequence[Mapping[str, str]] = ()) -> None:
     """``InvalidAnswer`` with the reason when ``text``, a reply to prompt ``version`` that its role's parser has
     accepted, is not an answer (``answer_problem``). The template is the prompt file ``version``; a role that
-    renders its own prompt (one a method registers, without a file under ``llm/prompts/``) is held to the system
+    renders its own prompt (one without a registered prompt file) is held to the system
     messages it sent. A reply without a JSON object (a free-text verdict) has no fields to read and passes."""
     try:
         reply = extract_json(text)

@@ -21,10 +21,10 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
-from arbor.config.judge import JudgeConfig
+from arbor.config.judge import JudgeConfig, JudgeRoles
 from arbor.llm import prompts
 from arbor.llm.answers import check_reply
-from arbor.llm.base import ROLES, CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
+from arbor.llm.base import CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.llm.text import WHOLE, shared_budget
@@ -99,7 +99,7 @@ class OpenAIJudge(Judge):
 
     def __init__(self, cfg: JudgeConfig, *, home: Path):
         super().__init__(cfg, home=home)
-        for role in ROLES:
+        for role in JudgeRoles.model_fields:  # every role with a section under judge.roles
             env = str(cfg.for_role(role)["api_key_env"])
             if not os.environ.get(env):
                 where = f"judge.roles.{role}.api_key_env" if getattr(cfg.roles, role).api_key_env \

@@ -27,12 +27,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from arbor.llm.base import CAPTURE, Judge
-from arbor.tasks.types import Trajectory
+from arbor.llm.base import CAPTURE, Judge, Role
+from arbor.types import Trajectory
 
 PREFETCHING: ContextVar[bool] = ContextVar("arbor_judge_prefetching", default=False)
-STREAMED_ROLES = ("ask", "induce", "consolidate", "pairwise", "accuracy", "rar_rubrics", "rar_rate", "stage_rubrics",
-                  "stage_grades", "reflection_grades", "step_labels", "step_rubric", "step_verify", "rank_actions")
 
 Answer = tuple[Any, list[dict[str, Any]]]  # (the role's JudgeOutcome, its captured judge_calls rows)
 
@@ -40,6 +38,8 @@ Answer = tuple[Any, list[dict[str, Any]]]  # (the role's JudgeOutcome, its captu
 def _canon(x: Any) -> Any:
     """A hashable, content-only form of a call argument. A trajectory is named by its id and the text the judge
     reads (a trajectory rebuilt from Parquet and the engine's own object give the same form)."""
+    if isinstance(x, Role):
+        return ("role", x.name)
     if isinstance(x, Trajectory):
         return ("traj", x.traj_id, x.question, x.text, x.answer, x.f1, x.base_reward, x.format_valid)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -119,7 +119,7 @@ class StreamedJudge:
         return out
 
     def __getattribute__(self, name: str) -> Any:
-        if name in STREAMED_ROLES:
+        if name == "ask":  # every role's call (Judge.ask)
             async def role(*args: Any, **kwargs: Any) -> Any:
                 return await self._call(name, args, kwargs)
 

@@ -7,13 +7,13 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from arbor.tasks.format import _TRAILING_EOS, BOXED, PROTOCOLS, check_format
-from arbor.tasks.reward import normalize_answer
+from arbor.format import _TRAILING_EOS, BOXED, PROTOCOLS, check_format
+from arbor.reward import normalize_answer
 
 __all__ = ["normalize_answer", "escape_block", "estimate_tokens", "parse_trajectory", "structure_valid",
            "compact_trajectory", "elision_marker", "min_judge_budget", "shared_budget", "WHOLE", "PROMPT_TAGS"]
 
-# the block tags of every shipped protocol (tasks.format): arbor's, Search-R1's <information>, RubricEM's staged
+# the block tags of every shipped protocol (arbor.format): arbor's, Search-R1's <information>, RubricEM's staged
 # scaffold (<structured_plan>, <tool_output>, <state_evaluation>, <review>), read from the protocols themselves
 _RESULT_TAGS = {p.result_tag for p in PROTOCOLS.values()}  # any protocol's tool output: a ``result`` segment
 _BLOCK_TAGS = ("think", "search", *sorted(_RESULT_TAGS), "answer",
@@ -77,7 +77,7 @@ class Parsed:
 
 def parse_trajectory(text: str) -> Parsed:
     """Split a trajectory into tagged blocks; text between (or after an unclosed tag) is an ``other`` segment.
-    Every shipped protocol is read (tasks.format): Search-R1's ``<information>`` and RubricEM's ``<tool_output>``
+    Every shipped protocol is read (arbor.format): Search-R1's ``<information>`` and RubricEM's ``<tool_output>``
     blocks are ``result`` segments, RubricEM's ``<structured_plan>``, ``<state_evaluation>`` and ``<review>`` keep
     their tag as their kind, and an answer without ``\\boxed{}`` is the answer block's text."""
     out = Parsed()
@@ -94,14 +94,14 @@ def parse_trajectory(text: str) -> Parsed:
 
 
 def structure_valid(text: str) -> bool:
-    """The strict format gate of the base reward (``tasks.format.check_format``) under any shipped protocol: the
+    """The strict format gate of the base reward (``arbor.format.check_format``) under any shipped protocol: the
     judges read arbor's tags and Search-R1's alike (a run writes one protocol, so the two never compete)."""
     return any(check_format(text, protocol=p).valid for p in PROTOCOLS.values())
 
 
 # ---- compaction (issue 11) -------------------------------------------------------------------------------------
 
-# the checker's tag pattern (tasks.format), with RubricEM's stage tags: the judge must see where each stage lies
+# the checker's tag pattern (arbor.format), with RubricEM's stage tags: the judge must see where each stage lies
 _PROTOCOL_TAG = re.compile(r"<(/?)(think|search|result|answer|tool_output|structured_plan|state_evaluation|review)>")
 _EOS = re.compile("|".join(re.escape(e) for e in _TRAILING_EOS))
 _ANSWER_BRACE = re.compile(re.escape(BOXED) + r"|[{}]")
@@ -160,7 +160,7 @@ def _skeleton(text: str) -> tuple[list[tuple[int, int]], list[int], list[str]]:
     ends, states = [0], [state]
     for m in tags:
         closing, name = m.group(1) == "/", m.group(2)
-        if state == "result":  # result bodies are opaque: only </result> ends them (tasks.format)
+        if state == "result":  # result bodies are opaque: only </result> ends them (arbor.format)
             if closing and name == "result":
                 state = "other"
         else:
@@ -171,14 +171,14 @@ def _skeleton(text: str) -> tuple[list[tuple[int, int]], list[int], list[str]]:
     for m in [*_EOS.finditer(text), *re.finditer(re.escape(BOXED), text)]:
         if states[bisect.bisect_right(ends, m.start()) - 1] != "result":
             spans.append(m.span())
-    for m in re.finditer(re.escape("<answer>"), text):  # the regions tasks.format.extract_answer reads
+    for m in re.finditer(re.escape("<answer>"), text):  # the regions arbor.format.extract_answer reads
         start, end = m.end(), text.find("</answer>", m.end())
         if end == -1:
             continue
         region = text[start:end]
         spans += [(start + b.start(), start + b.end()) for b in _ANSWER_BRACE.finditer(region)]
         i = region.find(BOXED)
-        while i != -1:  # the final answer itself stays whole (same scan as tasks.format.find_boxed)
+        while i != -1:  # the final answer itself stays whole (same scan as arbor.format.find_boxed)
             depth, j = 1, i + len(BOXED)
             while j < len(region) and depth:
                 depth += {"{": 1, "}": -1}.get(region[j], 0)
@@ -217,7 +217,7 @@ def compact_trajectory(text: str, max_tokens: int) -> str:
        nested or misplaced tag still shows), the answer's ``\\boxed{...}`` and braces, end-of-turn markers
        after the answer. Only the text runs between skeleton pieces are cut; whitespace-only runs stay as they
        are (free text between blocks is legal, text between ``</search>`` and ``<result>`` is not), so
-       ``tasks.format.check_format`` gives the compacted text the same verdict, reason and answer.
+       ``arbor.format.check_format`` gives the compacted text the same verdict, reason and answer.
     3. A cut run keeps its head and tail around ``[... N tokens elided ...]``. Runs are cut tier by tier:
        result bodies first, then reasoning and stray text, then queries and answer text; a tier is touched only
        once every run of the tiers before it is down to its marker. Inside a tier the room is water-filled (short

@@ -7,8 +7,8 @@
                  judging, SS-GRPO's stagewise credit, RubricEM's bank, ARCO's rubric model, Co-ReAct's guidance)
     reporting/   evaluation, the run report, learning curves, trackers
 
-and, here, what several of them share: the record types (``types``), the tag protocol and format gate
-(``format``), the base reward (``reward``), anchor selection (``induction``), group statistics (``group_stats``),
-the shaping of eq. 3/4 (``shaping``), RubricEM's reflection parts the SFT data also uses (``reflection``), the stage
-store (``stages``) and one RL step's stage machinery (``step``).
+and, here, what several of them share: the shaping of eq. 3/4 (``shaping``), RubricEM's reflection parts the SFT
+data also uses (``reflection``), the stage store (``stages``) and one RL step's stage machinery (``step``). The
+record types, the tag protocol and format gate, the base reward and group statistics every layer reads are the base
+layer's (``arbor/types.py``, ``arbor/format.py``, ``arbor/reward.py``, ``arbor/group_stats.py``).
 """

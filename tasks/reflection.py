@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from arbor.tasks.format import (
+from arbor.format import (
     REFLECTION_TAGS,
     extract_answer,
     extract_searches,
     get_protocol,
     reflection_blocks,
 )
-from arbor.tasks.types import ReflectionGrade
+from arbor.types import ReflectionGrade
 
 Mode = Literal["cross", "within"]
 REFLECTION_STOP = f"</{REFLECTION_TAGS[1]}>"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from arbor.tasks.group_stats import mean, population_variance
+from arbor.group_stats import mean, population_variance
 
 VAR_TOL = 1e-12  # variance >= delta_v is tested as variance + VAR_TOL >= delta_v (float noise at the threshold)
 

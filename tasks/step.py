@@ -30,18 +30,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from arbor.config import ArborConfig
+from arbor.group_stats import classify_group
 from arbor.llm.base import Judge
 from arbor.llm.stream import StreamedJudge, StreamStats
 from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import read_stage
 from arbor.tasks.env.datasets import Question
-from arbor.tasks.group_stats import classify_group
 from arbor.tasks.methods import make_method
 from arbor.tasks.methods.base import Method, check_stages
 from arbor.tasks.stages import Rows, StageStore
 from arbor.tasks.training.update import policy_update
 from arbor.tasks.training.weight_sync import sync_policy
-from arbor.tasks.types import Trajectory, UpdateBatch
+from arbor.types import Trajectory, UpdateBatch
 
 T = TypeVar("T")
 

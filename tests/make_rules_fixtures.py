@@ -26,10 +26,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from arbor.format import check_format  # noqa: E402
+from arbor.reward import exact_match, normalize_answer, token_f1  # noqa: E402
 from arbor.seeding import derive_seed  # noqa: E402
-from arbor.tasks.format import check_format  # noqa: E402
-from arbor.tasks.reward import exact_match, normalize_answer, token_f1  # noqa: E402
-from arbor.tasks.types import Trajectory  # noqa: E402
+from arbor.types import Trajectory  # noqa: E402
 
 SOURCE = ROOT / "data" / "offline" / "hotpotqa_dev100_distractor.json"
 OUT = ROOT / "tests" / "data" / "rules"

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from arbor.format import check_format, result_block
 from arbor.tasks.env.agent import (
     SYSTEM_PROMPT,
     AgentLoop,
@@ -21,7 +22,6 @@ from arbor.tasks.env.agent import (
 )
 from arbor.tasks.env.policy import train_tokenizer
 from arbor.tasks.env.search import BM25Search, format_results
-from arbor.tasks.format import check_format, result_block
 
 PASSAGES = [
     {"id": "p1", "title": "Ed Wood", "text": "Edward Davis Wood Jr. was an American filmmaker and actor."},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arbor.tasks.induction import contrast_pairs, select_anchors, unlabeled_members
+from arbor.tasks.methods.arbor.induction import contrast_pairs, select_anchors, unlabeled_members
 
 T, F = True, False
 

@@ -12,12 +12,13 @@ import torch
 
 from arbor.config import load_config
 from arbor.config.judge import JudgeConfig
-from arbor.llm import Judge, make_judge
-from arbor.llm.parse import InvalidOutput, parse_step_labels
+from arbor.format import turn_spans
+from arbor.llm import make_judge
+from arbor.llm.parse import InvalidOutput
 from arbor.llm.rules import RulesJudge
-from arbor.tasks.format import turn_spans
 from arbor.tasks.methods.arco import equations as arco
-from arbor.tasks.types import StepLabel, Trajectory
+from arbor.tasks.methods.arco.roles import STEP_LABELS, parse_step_labels
+from arbor.types import StepLabel, Trajectory
 
 
 # ---- the equations --------------------------------------------------------------------------------------------
@@ -133,13 +134,14 @@ def test_rules_teacher_labels_each_step(tmp_path: Path) -> None:
     t = Trajectory("r", 1, 0, 0, "q", Q, ["Rema"], text=SEARCH + ANSWER)
     steps = [(SEARCH, "<result>Film X was directed by Ann Lee, born in Rema.</result>"),
              (REPEAT, "<result>Film X is a 1990 film.</result>"), (ANSWER, "")]
-    out = asyncio.run(judge.step_labels(Q, ["Rema"], t, steps, 3))
+    out = asyncio.run(judge.ask(STEP_LABELS, question=Q, golds=["Rema"], trajectory=t, steps=steps, k=3))
     first, second, third = out.value
     # names 'Film X' (both entity tokens of the question: 2 x 1 - 1 = 1), new query, the result holds the gold
     assert first.scores == (1.0, 1.0, 1.0)
     assert second.scores == (1.0, -1.0, 0.0)  # a repeat; its result names the entity but not the answer
     assert third.scores == (1.0, 1.0, 1.0) and third.criteria[0] == "The answer matches Rema"
-    two = asyncio.run(judge.step_labels(Q, ["Rema"], t, [("<think>hm</think>", "")], 2)).value
+    two = asyncio.run(judge.ask(STEP_LABELS, question=Q, golds=["Rema"], trajectory=t,
+                                steps=[("<think>hm</think>", "")], k=2)).value
     assert two == [StepLabel(("The step searches or answers",) * 2, (-1.0, -1.0))]  # one criterion, cycled
     assert [r["role"] for r in judge.drain_calls()] == ["step_labels", "step_labels"]
 
@@ -168,7 +170,8 @@ def test_openai_teacher_through_a_local_server_with_a_retried_fault(tmp_path: Pa
 
         async def go():  # noqa: ANN202
             try:
-                return await judge.step_labels(Q, ["Rema"], t, [(SEARCH, "<result>x</result>"), (ANSWER, "")], 2)
+                return await judge.ask(STEP_LABELS, question=Q, golds=["Rema"], trajectory=t,
+                                       steps=[(SEARCH, "<result>x</result>"), (ANSWER, "")], k=2)
             finally:
                 await judge.aclose()
 
@@ -275,9 +278,9 @@ def test_rubric_model_checkpoint_round_trip(tmp_path: Path) -> None:
 
 
 class NoTeacherJudge(RulesJudge):
-    """A plug-in judge without ARCO's teacher role."""
+    """A plug-in judge without ARCO's teacher role (``answers`` names the roles it takes)."""
 
-    step_labels = Judge.step_labels  # type: ignore[assignment]
+    answers = frozenset({"induction", "consolidation", "pairwise", "accuracy"})
 
 
 def test_preflight_refuses_a_plugin_judge_without_the_teacher_role() -> None:
@@ -297,12 +300,12 @@ class TeacherFailsForSample1(RulesJudge):
     """The rules teacher, except that its call for sample 1 fails for good (what the client returns after its
     retries)."""
 
-    async def step_labels(self, question, golds, trajectory, steps, k, *, ctx=None):  # noqa: ANN001, ANN201
+    async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
         from arbor.llm.base import JudgeOutcome
 
-        if trajectory.sample == 1:
+        if getattr(role, "name", role) == "step_labels" and fields["trajectory"].sample == 1:
             return JudgeOutcome(None, "InvalidOutput: 1 steps for a trajectory of 2", 3, False)
-        return await super().step_labels(question, golds, trajectory, steps, k, ctx=ctx)
+        return await super().ask(role, ctx=ctx, **fields)
 
 
 def _arco_step(home: Path, tiny: Path, judge_cls: type) -> tuple[dict, dict, dict]:

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from arbor.format import check_format, extract_searches
 from arbor.llm.text import compact_trajectory, estimate_tokens, parse_trajectory
-from arbor.tasks.format import check_format, extract_searches
 
 TAG = re.compile(r"</?(?:think|search|result|answer)>")
 MARKER = re.compile(r"\[\.\.\. \d+ tokens elided \.\.\.\]")

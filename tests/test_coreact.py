@@ -25,7 +25,7 @@ from arbor.tasks.methods.coreact.equations import (
     verification_score,
     verifier_feedback,
 )
-from arbor.tasks.types import RubricItem, StepRubric
+from arbor.types import RubricItem, StepRubric
 
 
 def test_spearman_reward_hand_values() -> None:
@@ -129,18 +129,15 @@ class _Down:
 
     FAILING = "answer names: Rema"
 
-    async def rank_actions(self, question, golds, history, candidates, *, order, rationale=True,  # noqa: ANN001, ANN201
-                           ctx=None):
+    async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
         from arbor.llm.base import JudgeOutcome
 
-        return JudgeOutcome(None, "InvalidOutput: not a permutation", 3, False)
-
-    async def step_verify(self, question, history, action, rubric, *, ctx=None):  # noqa: ANN001, ANN201
-        from arbor.llm.base import JudgeOutcome
-
-        if any(it.condition == self.FAILING for it in rubric.items):
+        name = getattr(role, "name", role)
+        if name == "rank_actions":
+            return JudgeOutcome(None, "InvalidOutput: not a permutation", 3, False)
+        if name == "step_verify" and any(it.condition == self.FAILING for it in fields["rubric"].items):
             return JudgeOutcome(None, "RateLimitError", 3, False)
-        return await super().step_verify(question, history, action, rubric, ctx=ctx)  # type: ignore[misc]
+        return await super().ask(role, ctx=ctx, **fields)  # type: ignore[misc]
 
 
 class _Sampler:

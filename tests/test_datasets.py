@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from arbor.reward import normalize_answer
 from arbor.tasks.env.datasets import (
     BENCHMARKS,
     DatasetError,
@@ -22,7 +23,6 @@ from arbor.tasks.env.datasets import (
     offline_questions,
     read_questions,
 )
-from arbor.tasks.reward import normalize_answer
 
 
 def _bench_keys() -> dict[str, set[str]]:

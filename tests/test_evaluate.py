@@ -24,7 +24,7 @@ from arbor.tasks.reporting.evaluate import (
     store_eval_results,
     summarize,
 )
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 from tests.openai_server import FaultPlan, OpenAIServer
 
 

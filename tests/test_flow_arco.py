@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from flow_support import table, tiny_overrides, train_until_killed
 
-from arbor.tasks.format import turn_spans
+from arbor.format import turn_spans
 from arbor.tasks.methods.arco import equations as arco
 
 pytestmark = pytest.mark.slow

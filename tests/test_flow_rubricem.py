@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from flow_support import STAGED, table
 
-from arbor.tasks.format import RUBRICEM, check_format, stage_spans
+from arbor.format import RUBRICEM, check_format, stage_spans
 
 pytestmark = pytest.mark.slow
 
@@ -178,7 +178,7 @@ def test_rubricem_reflects_banks_retrieves_and_trains_on_lagged_reflections(rem_
     from arbor.tasks.methods.rubricem import RubricEM
     from arbor.tasks.reflection import REFLECTION_GROUP, reflection_utility
     from arbor.tasks.stages import StageStore
-    from arbor.tasks.types import ReflectionGrade
+    from arbor.types import ReflectionGrade
 
     home = rem_reference
     refl = table("reflections", REM, home)

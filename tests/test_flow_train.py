@@ -399,9 +399,9 @@ def test_search_r1_protocol_one_step(tmp_path: Path, prefect_harness, sft_starts
     import json
 
     from arbor.config import load_config
+    from arbor.format import SEARCH_R1, check_format
     from arbor.tasks.env.datasets import load_questions
     from arbor.tasks.env.search import make_search
-    from arbor.tasks.format import SEARCH_R1, check_format
 
     r1 = {"rollout.protocol": "search-r1", "rollout.system_prompt": None}
     start = sft_starts("tiny-world", {**r1, "sft.questions": 300, "sft.epochs": 1})

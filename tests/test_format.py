@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbor.tasks.format import (
+from arbor.format import (
     check_format,
     extract_answer,
     extract_results,

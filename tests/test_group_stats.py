@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arbor.tasks.group_stats import (
+from arbor.group_stats import (
     all_equal,
     classify_group,
     outcome_pattern,

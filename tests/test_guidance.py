@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from arbor.config import load_config
+from arbor.format import check_format
 from arbor.llm.rules import RulesJudge
 from arbor.tasks.env.agent import (
     AgentLoop,
@@ -24,7 +25,6 @@ from arbor.tasks.env.agent import (
 )
 from arbor.tasks.env.policy import train_tokenizer
 from arbor.tasks.env.search import BM25Search
-from arbor.tasks.format import check_format
 from arbor.tasks.methods.coreact.guidance import (
     CoReAct,
     JudgeRubrics,
@@ -32,7 +32,8 @@ from arbor.tasks.methods.coreact.guidance import (
     guidance_text,
     make_guide,
 )
-from arbor.tasks.types import RubricItem, StepRubric
+from arbor.tasks.methods.coreact.roles import STEP_VERIFY
+from arbor.types import RubricItem, StepRubric
 
 PASSAGES = [
     {"id": "p1", "title": "Tobara", "text": "Tobara is a film directed by Kerar Silix for Mulan Group."},
@@ -168,10 +169,12 @@ def test_coreact_verifies_retries_and_records_every_guided_step(tok: Any, search
 class FeedbackJudge(RulesJudge):
     """The rules judge whose verifier writes its own feedback sentence."""
 
-    async def step_verify(self, question, history, action, rubric, *, ctx=None):  # noqa: ANN001, ANN201
+    async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
         from dataclasses import replace
 
-        out = await super().step_verify(question, history, action, rubric, ctx=ctx)
+        out = await super().ask(role, ctx=ctx, **fields)
+        if getattr(role, "name", role) != "step_verify":
+            return out
         note = "The query must name the film Tobara." if out.value and not all(out.value.satisfied) else ""
         return replace(out, value=replace(out.value, feedback=note)) if out.value else out
 
@@ -484,31 +487,33 @@ def test_preflight_names_a_missing_source_and_a_judge_without_the_roles(tmp_path
 
 
 class NoStepJudge(RulesJudge):
-    """A plug-in judge without Co-ReAct's roles (the base class's, which raise)."""
+    """A plug-in judge without Co-ReAct's roles (``Judge.answers`` names the roles it plays; ``ask`` refuses
+    the others)."""
 
-    from arbor.llm.base import Judge as _J
-
-    step_rubric = _J.step_rubric  # type: ignore[assignment]
-    step_verify = _J.step_verify  # type: ignore[assignment]
+    answers = frozenset({"induction", "consolidation", "pairwise", "accuracy"})
 
 
 # ---- issue 31 item 4: a rubric or verification call that fails for good ------------------------------------------
 class VerifierDown(RulesJudge):
     """The rules rubric writer; every verification fails past the client's retries."""
 
-    async def step_verify(self, question, history, action, rubric, *, ctx=None):  # noqa: ANN001, ANN201
+    async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
         from arbor.llm.base import JudgeOutcome
 
-        return JudgeOutcome(None, "RateLimitError", 3, False)
+        if getattr(role, "name", role) == "step_verify":
+            return JudgeOutcome(None, "RateLimitError", 3, False)
+        return await super().ask(role, ctx=ctx, **fields)
 
 
 class WriterDown(RulesJudge):
     """The rules verifier; every step rubric fails past the client's retries."""
 
-    async def step_rubric(self, question, history, *, tool_calls, max_tool_calls, ctx=None):  # noqa: ANN001, ANN201
+    async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
         from arbor.llm.base import JudgeOutcome
 
-        return JudgeOutcome(None, "InvalidOutput: no rubric items", 3, False)
+        if getattr(role, "name", role) == "step_rubric":
+            return JudgeOutcome(None, "InvalidOutput: no rubric items", 3, False)
+        return await super().ask(role, ctx=ctx, **fields)
 
 
 def _guided(tok: Any, search: BM25Search, tmp_path: Path, judge_cls: type, **overrides: Any) -> tuple:
@@ -591,7 +596,7 @@ def test_the_writer_and_verifier_read_the_whole_prefix(tok: Any, search: BM25Sea
     assert whole.history == full and whole.tool_calls == 2
     judge = RulesJudge(load_config("tiny-cpu").judge, home=tmp_path)
     rubric = StepRubric((RubricItem(1.0, "query is new"),))
-    out = asyncio.run(judge.step_verify(QUESTION, whole.history, "<search>Tobara</search>", rubric))
+    out = asyncio.run(judge.ask(STEP_VERIFY, question=QUESTION, history=whole.history, action="<search>Tobara</search>", rubric=rubric))
     assert out.value is not None and out.value.satisfied == (False,)  # the repeat is seen
     bounded = branch_point(s, 1000, loop.protocol.result_close)
     assert len(bounded.history) <= 1100 and "elided" in bounded.history

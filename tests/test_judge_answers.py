@@ -20,7 +20,8 @@ from arbor.llm import make_judge, prompts
 from arbor.llm.answers import answer_problem, template_from_text, template_of
 from arbor.llm.openai_backend import _role_schema
 from arbor.tasks.methods.arbor import Arbor
-from arbor.tasks.types import Trajectory
+from arbor.tasks.methods.arbor import roles as arbor_roles
+from arbor.types import Trajectory
 
 KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 INDUCTION = template_of("induction.v1")
@@ -44,9 +45,10 @@ def test_a_template_is_read_from_the_prompt_file() -> None:
 
 def test_the_prompts_own_example_is_never_an_answer() -> None:
     """Every role's prompt that shows a reply with placeholders: that reply, sent back, is rejected."""
-    roles = {"induction_unlabeled": "induction", "rank_actions_json": "rank_actions"}
+    roles = {"induction_unlabeled": "induction"}
     checked = 0
-    for key, version in prompts.VERSIONS.items():
+    for version in sorted(prompts.PROMPT_FILES):  # every method's prompt files (load_roles registers them)
+        key = version.split(".v")[0]
         example = openai_server.echo_of(prompts.load_prompt(version)[0])
         if '"<' not in example:
             continue
@@ -132,7 +134,8 @@ def test_a_placeholder_answer_is_retried_with_the_reason(server: OpenAIServer, t
 
     async def ask() -> Any:
         try:
-            return await judge.induce(Q, ["Paris"], trajs()[:2], ANCHORS, [])
+            return await judge.ask(arbor_roles.INDUCTION, question=Q, golds=["Paris"],
+                                   trajectories=trajs()[:2], anchors=ANCHORS, existing=[])
         finally:
             await judge.aclose()
 

@@ -16,12 +16,18 @@ from openai_server import FaultPlan, OpenAIServer
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge, prompts, role_of
-from arbor.llm.base import RANK_LABELS
 from arbor.llm.cache import ResponseCache, cache_key
 from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge, _role_schema
 from arbor.tasks.methods.arbor.judge import presentation_swapped, sparse_edges, verdict_to_outcome
+from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION, ask_pairwise
+from arbor.tasks.methods.arco.roles import STEP_LABELS
+from arbor.tasks.methods.coreact.equations import RANK_LABELS
+from arbor.tasks.methods.coreact.roles import ask_ranking
+from arbor.tasks.methods.rar.roles import RAR_RATE, RAR_RUBRICS
+from arbor.tasks.methods.ss_grpo.roles import STAGE_GRADES, STAGE_RUBRICS
+from arbor.tasks.reporting.accuracy import ACCURACY
 from arbor.tasks.reporting.evaluate import Prediction, judge_predictions, pass_at_1
-from arbor.tasks.types import Rubric, Trajectory
+from arbor.types import Rubric, Trajectory
 
 KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 SECRET = "sk-arbor-test-7f3c9d2e1b-DO-NOT-LEAK"
@@ -71,7 +77,7 @@ def test_a_retry_tells_the_judge_what_was_wrong(server: OpenAIServer, tmp_path: 
     validation problem, under the same cache key (so the good answer is found again on a resume)."""
     server.plan = FaultPlan(queue=["invalid"])
     judge = make_judge(config(server), home=tmp_path)
-    out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
+    out = run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC)))
     assert out.ok and out.value == "A" and out.attempts == 2
     first, second = (b["messages"] for b in server.bodies)
     assert [m["role"] for m in first] == ["system", "user"] and second[:2] == first
@@ -86,7 +92,7 @@ def test_a_retry_tells_the_judge_what_was_wrong(server: OpenAIServer, tmp_path: 
 def test_a_truncated_reply_is_recognised_and_retried_shorter(server: OpenAIServer, tmp_path: Path) -> None:
     server.plan = FaultPlan(queue=["length"] * 3)  # max_retries 2: every attempt runs out of tokens
     judge = make_judge(config(server), home=tmp_path)
-    out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
+    out = run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC)))
     assert not out.ok and out.error == "Truncated" and out.attempts == 3
     [row] = judge.drain_calls()
     assert row["error"] == "Truncated" and row["attempts"] == 3 and row["attempt_errors"] == ["Truncated"] * 3
@@ -103,8 +109,8 @@ def test_structured_outputs_send_each_roles_schema(server: OpenAIServer, tmp_pat
     judge = make_judge(config(server), home=tmp_path)  # judge.structured_outputs: auto, the default
 
     async def both():  # noqa: ANN202
-        return (await judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC),
-                await judge.accuracy(Q, ["Paris"], "Paris"))
+        return (await ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC),
+                await judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris"))
 
     pair, acc = run(_with(judge, both()))
     assert pair.value == "A" and acc.value is True
@@ -120,15 +126,17 @@ def test_a_requests_schema_carries_its_counts(server: OpenAIServer, tmp_path: Pa
     """The schema sent is narrowed to the request: three rubrics -> exactly three grades, indices 1-3; three
     shown candidates -> a ranking of exactly three of X, Y, Z (the bare-JSON ranking: a reasoned one, App. A, carries
     no schema); k criteria -> k scores per step."""
-    from arbor.tasks.types import StageRubric
+    from arbor.types import StageRubric
 
     judge = make_judge(config(server), home=tmp_path)
     rubrics = [StageRubric(f"r{i}", 1, f"Title {i}", "d", 1, 1) for i in range(3)]
 
     async def three():  # noqa: ANN202
-        return (await judge.stage_grades(Q, ["Paris"], traj(0, 1), rubrics),
-                await judge.rank_actions(Q, ["Paris"], "", ["a", "b", "c"], order=[2, 0, 1], rationale=False),
-                await judge.step_labels(Q, ["Paris"], traj(0, 2), [("s1", "r1"), ("s2", "r2")], 4))
+        return (await judge.ask(STAGE_GRADES, question=Q, golds=["Paris"], trajectory=traj(0, 1),
+                                rubrics=rubrics),
+                await ask_ranking(judge, Q, ["Paris"], "", ["a", "b", "c"], order=[2, 0, 1], rationale=False),
+                await judge.ask(STEP_LABELS, question=Q, golds=["Paris"], trajectory=traj(0, 2),
+                                steps=[("s1", "r1"), ("s2", "r2")], k=4))
 
     grades, ranks, labels = run(_with(judge, three()))
     assert len(grades.value) == 3 and sorted(ranks.value) == [1, 2, 3] and len(labels.value) == 2
@@ -155,8 +163,8 @@ def test_auto_steps_down_to_the_dialect_the_endpoint_takes(server: OpenAIServer,
     caplog.set_level(logging.WARNING, logger="arbor.judge")
 
     async def two():  # noqa: ANN202
-        return [await judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC),
-                await judge.pairwise(Q, traj(2, 1), traj(3, 3), RUBRIC)]
+        return [await ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC),
+                await ask_pairwise(judge, Q, traj(2, 1), traj(3, 3), RUBRIC)]
 
     outs = run(_with(judge, two()))
     assert [o.value for o in outs] == ["A", "B"] and [o.attempts for o in outs] == [1, 1]
@@ -166,7 +174,7 @@ def test_auto_steps_down_to_the_dialect_the_endpoint_takes(server: OpenAIServer,
     server.plan = FaultPlan(formats=("text",), refusal_status=status)  # takes no schema at all: down to none
     judge = make_judge(config(server), home=tmp_path / "b")
     server.bodies.clear()
-    assert run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC))).value == "A"
+    assert run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC))).value == "A"
     assert _formats(server) == ["json_schema", "json_object", None]
 
 
@@ -174,7 +182,7 @@ def test_auto_steps_down_to_the_dialect_the_endpoint_takes(server: OpenAIServer,
 def test_a_fixed_dialect_is_sent_as_configured(server: OpenAIServer, tmp_path: Path, mode: str,
                                                sent: str | None) -> None:
     judge = make_judge(config(server, structured_outputs=mode), home=tmp_path)
-    assert run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC))).value == "A"
+    assert run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC))).value == "A"
     assert _formats(server) == [sent]
 
 
@@ -183,7 +191,7 @@ def test_a_fixed_dialect_the_endpoint_refuses_is_a_recorded_failure(server: Open
                                                                     status: int) -> None:
     server.plan = FaultPlan(formats=("text", "json_object"), refusal_status=status)
     judge = make_judge(config(server, structured_outputs="json_schema"), home=tmp_path)
-    out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC)))
+    out = run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC)))
     assert not out.ok and out.error == f"FormatRefused:{status}" and out.attempts == 1  # the same refusal again
     assert _formats(server) == ["json_schema"]
 
@@ -200,14 +208,15 @@ def test_reply_budget_and_request_timeout_by_hand() -> None:
 def test_a_replys_budget_follows_the_number_of_items(server: OpenAIServer, tmp_path: Path) -> None:
     """Issue 31 item 3: 27 stage rubrics to grade need more than judge.max_tokens (1,024); 3 do not; a per-role
     setting wins."""
-    from arbor.tasks.types import StageRubric
+    from arbor.types import StageRubric
 
     rubrics = [StageRubric(f"r{i}", 1 + i % 4, f"rubric {i}", "d") for i in range(27)]
 
     def sent(cfg: JudgeConfig, n: int, home: Path) -> int:
         judge = make_judge(cfg, home=home)
         server.bodies.clear()
-        out = run(_with(judge, judge.stage_grades(Q, ["Paris"], traj(0, 1), rubrics[:n])))
+        out = run(_with(judge, judge.ask(STAGE_GRADES, question=Q, golds=["Paris"], trajectory=traj(0, 1),
+                                         rubrics=rubrics[:n])))
         assert out.ok and len(out.value) == n
         return server.bodies[0]["max_tokens"]
 
@@ -231,7 +240,8 @@ def test_a_prompt_is_compacted_to_fit_the_judges_context(server: OpenAIServer, t
     def prompt_tokens(cfg: JudgeConfig, home: Path) -> int:
         judge = make_judge(cfg, home=home)
         server.bodies.clear()
-        run(_with(judge, judge.stage_rubrics(Q, ["Paris"], long, [])))
+        run(_with(judge, judge.ask(STAGE_RUBRICS, question=Q, golds=["Paris"], trajectories=long,
+                                   existing=[])))
         return sum(estimate_tokens(m["content"]) for m in server.bodies[0]["messages"])
 
     fitted = prompt_tokens(config(server, context_tokens=8192), tmp_path / "a")
@@ -248,7 +258,8 @@ def test_each_fault_is_retried_and_ends_in_success(server: OpenAIServer, tmp_pat
     server.plan = FaultPlan(queue=[fault], hang_s=1.5)
     judge = make_judge(config(server), home=tmp_path)
     caplog.set_level(logging.INFO, logger="arbor.judge")
-    out = run(_with(judge, judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC, ctx=CallContext(step=3, edge=4))))
+    out = run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC,
+                                        ctx=CallContext(step=3, edge=4))))
     assert out.ok and out.value == "A" and out.attempts == attempts  # 2 searches beat 1 on the server's rule
     [row] = judge.drain_calls()
     assert row["attempts"] == attempts and row["error"] is None and row["step"] == 3 and row["edge"] == "4"
@@ -263,12 +274,15 @@ def test_invalid_output_of_every_role_is_retried(server: OpenAIServer, tmp_path:
     server.plan = FaultPlan(queue=["invalid"])
     judge = make_judge(config(server), home=tmp_path)
     calls = {
-        "accuracy": lambda: judge.accuracy(Q, ["Paris"], "Paris"),
-        "induction": lambda: judge.induce(Q, ["Paris"], [traj(0, 2), traj(1, 1)],
-                                          {"mode": "single_pair", "positive": 0, "worst": 1, "hard": 1}, []),
-        "consolidation": lambda: judge.consolidate({Q: [RUBRIC], "other": [RUBRIC]}, []),
-        "rar_rubrics": lambda: judge.rar_rubrics(Q, ["Paris"]),
-        "rar_rate": lambda: judge.rar_rate(Q, traj(0, 1), ["a", "b"]),
+        "accuracy": lambda: judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris"),
+        "induction": lambda: judge.ask(INDUCTION, question=Q, golds=["Paris"],
+                                       trajectories=[traj(0, 2), traj(1, 1)],
+                                       anchors={"mode": "single_pair", "positive": 0, "worst": 1, "hard": 1},
+                                       existing=[]),
+        "consolidation": lambda: judge.ask(CONSOLIDATION,
+                                           candidates_by_query={Q: [RUBRIC], "other": [RUBRIC]}, existing=[]),
+        "rar_rubrics": lambda: judge.ask(RAR_RUBRICS, question=Q, golds=["Paris"]),
+        "rar_rate": lambda: judge.ask(RAR_RATE, question=Q, trajectory=traj(0, 1), items=["a", "b"]),
     }
     out = run(_with(judge, calls[role]()))
     assert out.ok and out.attempts == 2
@@ -286,22 +300,22 @@ def test_persistent_failure_is_recorded_not_cached_and_not_a_tie(server: OpenAIS
     server.plan = FaultPlan(queue=["500"] * 3 + ["malformed"] * 3)
     judge = make_judge(config(server), home=tmp_path)
     a, b = traj(0, 2), traj(1, 1)
-    out = run(_with(judge, judge.pairwise(Q, a, b, RUBRIC)))
+    out = run(_with(judge, ask_pairwise(judge, Q, a, b, RUBRIC)))
     assert out.value is None and out.error == "InternalServerError" and out.attempts == 3  # max_retries=2 -> 3 tries
-    out2 = run(_with(judge, judge.pairwise(Q, a, b, RUBRIC)))
+    out2 = run(_with(judge, ask_pairwise(judge, Q, a, b, RUBRIC)))
     assert out2.value is None and out2.error == "InvalidOutput"  # not served from cache: failures are not cached
     rows = judge.drain_calls()
     assert [r["error"] for r in rows] == ["InternalServerError", "InvalidOutput"]
     assert [r["attempt_errors"] for r in rows] == [["InternalServerError"] * 3, ["InvalidOutput"] * 3]
     assert not any(r["cache_hit"] for r in rows) and server.counts[rows[0]["cache_key"]] == 6
-    out3 = run(_with(judge, judge.pairwise(Q, a, b, RUBRIC)))  # the plan is used up: now it succeeds
+    out3 = run(_with(judge, ask_pairwise(judge, Q, a, b, RUBRIC)))  # the plan is used up: now it succeeds
     assert out3.value == "A" and not out3.cache_hit
 
 
 def test_retry_after_is_honoured(server: OpenAIServer, tmp_path: Path) -> None:
     server.plan = FaultPlan(queue=["429", "429"], retry_after="0.04")
     judge = make_judge(config(server, backoff_base_s=0.0001), home=tmp_path)
-    out = run(_with(judge, judge.accuracy(Q, ["Paris"], "Lyon")))
+    out = run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Lyon")))
     assert out.value is False and out.attempts == 3
     assert judge.retry_sleeps == [0.04, 0.04]  # the server's Retry-After, not our (much shorter) backoff
 
@@ -314,14 +328,15 @@ def test_retry_after_as_an_http_date_is_honoured_up_to_the_cap(server: OpenAISer
 
     server.plan = FaultPlan(queue=["429"], retry_after=formatdate(time.time() + 30, usegmt=True))
     judge = make_judge(config(server, backoff_base_s=0.0001, backoff_max_s=0.05), home=tmp_path)
-    out = run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    out = run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")))
     assert out.value is True and out.attempts == 2 and judge.retry_sleeps == [0.05]
 
 
 def test_backoff_is_exponential_with_bounded_jitter(server: OpenAIServer, tmp_path: Path) -> None:
     server.plan = FaultPlan(queue=["500", "500", "500"])
     judge = make_judge(config(server, backoff_base_s=0.002, backoff_max_s=0.006, max_retries=3), home=tmp_path)
-    assert run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris"))).value is True
+    assert run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"],
+                                      prediction="Paris"))).value is True
     # attempt k sleeps in [b_k/2, b_k] with b_k = min(0.006, 0.002 * 2^k): [.001,.002], [.002,.004], [.003,.006]
     for sleep, b in zip(judge.retry_sleeps, [0.002, 0.004, 0.006], strict=True):
         assert b / 2 <= sleep <= b
@@ -335,7 +350,7 @@ def test_connection_errors_are_retried_then_recorded(tmp_path: Path) -> None:
     cfg = JudgeConfig(backend="openai", base_url=f"http://127.0.0.1:{port}/v1", api_key_env=KEY_ENV, timeout_s=0.5,
                       max_retries=1, backoff_base_s=0.001)
     judge = make_judge(cfg, home=tmp_path)
-    out = run(_with(judge, judge.pairwise(Q, traj(0, 1), traj(1, 2), RUBRIC)))
+    out = run(_with(judge, ask_pairwise(judge, Q, traj(0, 1), traj(1, 2), RUBRIC)))
     assert out.value is None and out.error == "APIConnectionError" and out.attempts == 2
 
 
@@ -345,9 +360,9 @@ def _many_calls(judge: OpenAIJudge) -> list:
         trajs = [traj(i, i % 3, group=g) for i in range(6)]
         for e, (i, j) in enumerate(sparse_edges([t.base_reward for t in trajs])):
             ctx = CallContext(run_id="run1", step=0, stage="score", group=g, rubric_id=RUBRIC.rubric_id, edge=e)
-            calls.append(judge.pairwise(Q, trajs[i], trajs[j], RUBRIC, swap=presentation_swapped(0, 1, g, "r", e),
-                                        ctx=ctx))
-        calls.append(judge.accuracy(Q, ["Paris"], f"answer {g}"))
+            calls.append(ask_pairwise(judge, Q, trajs[i], trajs[j], RUBRIC,
+                                      swap=presentation_swapped(0, 1, g, "r", e), ctx=ctx))
+        calls.append(judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction=f"answer {g}"))
     return calls
 
 
@@ -379,7 +394,7 @@ def test_no_cache_key_is_sent_twice_and_a_rerun_is_all_hits(server: OpenAIServer
 
 def test_cost_and_tokens_follow_the_price_table(server: OpenAIServer, tmp_path: Path) -> None:
     judge = make_judge(config(server, price_in_per_mtok=2.0, price_out_per_mtok=10.0), home=tmp_path)
-    run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")))
     [row] = judge.drain_calls()
     body = server.bodies[0]
     prompt_chars = sum(len(m["content"]) for m in body["messages"])
@@ -392,8 +407,8 @@ def test_cost_and_tokens_follow_the_price_table(server: OpenAIServer, tmp_path: 
 def test_per_role_overrides_reach_the_server(server: OpenAIServer, tmp_path: Path) -> None:
     cfg = config(server, roles={"pairwise": {"model": "small-judge", "temperature": 0.3, "max_tokens": 16}})
     judge = make_judge(cfg, home=tmp_path)
-    run(_with(judge, judge.pairwise(Q, traj(0, 1), traj(1, 2), RUBRIC)))
-    run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    run(_with(judge, ask_pairwise(judge, Q, traj(0, 1), traj(1, 2), RUBRIC)))
+    run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")))
     pw, acc = server.bodies
     assert (pw["model"], pw["temperature"], pw["max_tokens"]) == ("small-judge", 0.3, 16)
     assert (acc["model"], acc["temperature"], acc["max_tokens"]) == ("test-judge", 0.0, 1024)
@@ -407,8 +422,8 @@ def test_a_role_can_send_its_reply_limit_as_max_completion_tokens(server: OpenAI
     """OpenAI's reasoning models (GPT-5, one of Co-ReAct's default rank judges) refuse max_tokens."""
     cfg = config(server, roles={"pairwise": {"reply_limit_field": "max_completion_tokens", "max_tokens": 16}})
     judge = make_judge(cfg, home=tmp_path)
-    run(_with(judge, judge.pairwise(Q, traj(0, 1), traj(1, 2), RUBRIC)))
-    run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    run(_with(judge, ask_pairwise(judge, Q, traj(0, 1), traj(1, 2), RUBRIC)))
+    run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")))
     pw, acc = server.bodies
     assert pw["max_completion_tokens"] == 16 and "max_tokens" not in pw
     assert acc["max_tokens"] == 1024 and "max_completion_tokens" not in acc
@@ -420,8 +435,9 @@ def test_a_role_can_send_its_reply_limit_as_max_completion_tokens(server: OpenAI
 def test_accuracy_incorrect_reply_is_false(server: OpenAIServer, tmp_path: Path) -> None:
     judge = make_judge(config(server), home=tmp_path)
     async def both() -> list:
-        return await asyncio.gather(judge.accuracy(Q, ["Paris", "City of Paris"], "city of paris"),
-                                    judge.accuracy(Q, ["Paris"], "Lyon"))
+        return await asyncio.gather(judge.ask(ACCURACY, question=Q, golds=["Paris", "City of Paris"],
+                                              prediction="city of paris"),
+                                    judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Lyon"))
 
     outs = run(_with(judge, both()))
     assert [o.value for o in outs] == [True, False]
@@ -437,7 +453,7 @@ def test_explanation_only_accuracy_reply_is_a_recorded_error_never_correct(
     monkeypatch.setitem(openai_server._INVALID, "accuracy", EXPLANATION_ONLY)
     server.plan = FaultPlan(queue=["invalid"] * 6)  # max_retries=2: 3 attempts per call, two calls
     judge = make_judge(config(server), home=tmp_path)
-    out = run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    out = run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")))
     assert out.value is None and out.error == "InvalidOutput" and out.attempts == 3 and not out.ok
     [row] = judge.drain_calls()
     assert row["role"] == "accuracy" and row["error"] == "InvalidOutput" and row["attempts"] == 3
@@ -464,7 +480,7 @@ def _scores_vs_rank(server: OpenAIServer, tmp_path: Path, use_swap: bool) -> flo
         plans.append(edges)
         for e, (i, j) in enumerate(edges):
             swap = use_swap and presentation_swapped(0, 1, g, RUBRIC.rubric_id, e)
-            calls.append(judge.pairwise(Q, trajs[i], trajs[j], RUBRIC, swap=swap))
+            calls.append(ask_pairwise(judge, Q, trajs[i], trajs[j], RUBRIC, swap=swap))
     async def all_calls() -> list:
         return await asyncio.gather(*calls)
 
@@ -487,7 +503,7 @@ def _scores_vs_rank(server: OpenAIServer, tmp_path: Path, use_swap: bool) -> flo
 def test_always_a_judge_gives_scores_uncorrelated_with_rank(server: OpenAIServer, tmp_path: Path) -> None:
     """Sparse edges are (lower rank, higher rank); without the swap "A" always means the lower-ranked trajectory,
     so an always-"A" judge produces scores strongly anti-correlated with rank. The coin-drawn swap, undone by
-    ``Judge.pairwise``, leaves position bias as noise uncorrelated with rank."""
+    ``ask_pairwise``, leaves position bias as noise uncorrelated with rank."""
     assert _scores_vs_rank(server, tmp_path, use_swap=False) < -0.6
     assert abs(_scores_vs_rank(server, tmp_path / "b", use_swap=True)) < 0.25
 
@@ -496,8 +512,8 @@ def test_swap_is_undone(server: OpenAIServer, tmp_path: Path) -> None:
     server.plan = FaultPlan(always="A")
     judge = make_judge(config(server), home=tmp_path)
     a, b = traj(0, 1), traj(1, 2)
-    plain = run(_with(judge, judge.pairwise(Q, a, b, RUBRIC, swap=False)))
-    swapped = run(_with(judge, judge.pairwise(Q, a, b, RUBRIC, swap=True)))
+    plain = run(_with(judge, ask_pairwise(judge, Q, a, b, RUBRIC, swap=False)))
+    swapped = run(_with(judge, ask_pairwise(judge, Q, a, b, RUBRIC, swap=True)))
     assert (plain.value, swapped.value) == ("A", "B")  # "A" on the shown order = traj_b when swapped
     first, second = server.bodies
     assert "Eiffel Tower country 0 0" in first["messages"][1]["content"].split("<response_b>")[0]
@@ -514,7 +530,8 @@ def test_api_key_never_appears_in_logs_ledger_cache_or_parquet(server: OpenAISer
 
     async def go() -> list:
         try:
-            out = [await judge.pairwise(Q, traj(0, 2), traj(1, 1), RUBRIC, ctx=CallContext(run_id="run1", step=0))]
+            out = [await ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC,
+                                      ctx=CallContext(run_id="run1", step=0))]
             out += await asyncio.gather(*_many_calls(judge))
             return out
         finally:
@@ -541,7 +558,7 @@ def test_missing_key_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_cost_cap_stops_paid_calls_but_not_cache_hits(server: OpenAIServer, tmp_path: Path) -> None:
     judge = make_judge(config(server, cost_cap_usd=0.0), home=tmp_path)
-    out = run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    out = run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")))
     assert out.value is None and out.error == "CostCapExceeded" and not server.counts
 
 
@@ -552,14 +569,15 @@ def test_cache_is_shared_across_processes(server: OpenAIServer, tmp_path: Path) 
     import sys
 
     judge = make_judge(config(server), home=tmp_path)
-    first = run(_with(judge, judge.accuracy(Q, ["Paris"], "Paris")))
+    first = run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")))
     assert first.value is True and not first.cache_hit
     code = (
         "import asyncio, json, sys\n"
-        "from arbor.config.judge import JudgeConfig\nfrom llm import make_judge\n"
+        "from arbor.config.judge import JudgeConfig\nfrom arbor.llm import make_judge\n"
+        "from arbor.tasks.reporting.accuracy import ACCURACY\n"
         f"cfg = JudgeConfig.model_validate_json({config(server).model_dump_json()!r})\n"
         f"j = make_judge(cfg, home={str(tmp_path)!r})\n"
-        f"o = asyncio.run(j.accuracy({Q!r}, ['Paris'], 'Paris'))\n"
+        f"o = asyncio.run(j.ask(ACCURACY, question={Q!r}, golds=['Paris'], prediction='Paris'))\n"
         "print(json.dumps([o.value, o.cache_hit, j.drain_calls()[0]['cost_usd']]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
@@ -593,7 +611,7 @@ def test_the_paper_profiles_show_the_pairwise_judge_both_whole_trajectories(serv
     assert min(estimate_tokens(a.text), estimate_tokens(b.text)) > 29_000  # each far over the old 8,448 cap
     cfg = config(server, max_judge_tokens=paper.max_judge_tokens, context_tokens=paper.context_tokens)
     judge = make_judge(cfg, home=tmp_path)
-    assert run(_with(judge, judge.pairwise(Q, a, b, RUBRIC))).ok
+    assert run(_with(judge, ask_pairwise(judge, Q, a, b, RUBRIC))).ok
     user = _user(server)
     assert escape_block(a.text) in user and escape_block(b.text) in user and "elided" not in user
 
@@ -604,14 +622,14 @@ def test_a_prompt_that_does_not_fit_cuts_only_what_it_must(server: OpenAIServer,
     share what is left (bisection past the equal share (20,000 - 1,024 - own) / 4 ~ 4.4k), so the request fills
     the window to within a few markers; only result text is cut, every think and query survives."""
     from arbor.llm.text import escape_block, estimate_tokens, parse_trajectory
-    from arbor.tasks.induction import select_anchors
+    from arbor.tasks.methods.arbor.induction import select_anchors
 
     best, worst, hard = _searching(0, 4, 150, 1.0), _searching(1, 1, 20, 0.0), _searching(2, 4, 150, 0.5)
     group = [best, worst, hard]
     anchors = select_anchors([t.f1 for t in group], [1, 1, 1], [True] * 3)
     assert [estimate_tokens(t.text) > 5_800 for t in group] == [True, False, True]
     judge = make_judge(config(server, max_judge_tokens=None, context_tokens=20_000), home=tmp_path)
-    assert run(_with(judge, judge.induce(Q, ["Paris"], group, anchors, []))).ok
+    assert run(_with(judge, judge.ask(INDUCTION, question=Q, golds=["Paris"], trajectories=group, anchors=anchors, existing=[]))).ok
     user = _user(server)
     sent = sum(estimate_tokens(m["content"]) for m in server.bodies[0]["messages"])
     assert 20_000 - 300 <= sent + 1024 <= 20_000

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +21,12 @@ from openai_server import FaultPlan, OpenAIServer
 from pydantic import BaseModel
 
 from arbor.config.judge import JudgeConfig
-from arbor.llm import REGISTRY, ROLES, Refusal, Role, make_judge, register, role_of
+from arbor.llm import REGISTRY, Refusal, Role, make_judge, register, role_of
 from arbor.llm.base import Messages
 from arbor.llm.parse import parse_json
-from arbor.llm.roles import REGISTERED
 from arbor.llm.stream import StreamedJudge
-from arbor.tasks.types import Trajectory
+from arbor.tasks.methods import load_roles
+from arbor.types import Trajectory
 
 SYSTEM = "You count searches. Reply with JSON only."
 
@@ -70,15 +72,46 @@ def traj(text: str) -> Trajectory:
 TWO = "<search>a</search><result>x</result><search>b</search><result>y</result><answer>z</answer>"
 
 
+BUILTIN_ROLES = ("induction", "consolidation", "pairwise", "accuracy", "rar_rubrics", "rar_rate", "stage_rubrics",
+                 "stage_grades", "reflection_grades", "step_labels", "step_rubric", "step_verify", "rank_actions")
+
+
 def test_every_builtin_role_is_declared_once_with_its_reply_schema() -> None:
-    assert set(ROLES) == set(REGISTERED)
-    assert all(role_of(r).name == r for r in ROLES)
-    assert [r for r in ROLES if role_of(r).schema is None] == []  # accuracy too: {"verdict": ...} under a schema
+    load_roles()
+    assert set(BUILTIN_ROLES) <= set(REGISTRY)
+    assert all(role_of(r).name == r for r in BUILTIN_ROLES)
+    assert [r for r in BUILTIN_ROLES if role_of(r).schema is None] == []  # accuracy too: {"verdict": ...} under a schema
     with pytest.raises(ValueError, match="already registered"):
         register(Role(name="pairwise", request=CountRequest, render=_render, parse=lambda t, q: 0,
                       heuristic=_heuristic, identity=lambda q: ()))
     with pytest.raises(KeyError, match="no judge role 'nope'"):
         role_of("nope")
+
+
+# which package declares which roles (issue 51 item 1), in import order: what each one adds to the registry
+OWNERS = {"arbor.tasks.methods.arbor": ["consolidation", "induction", "pairwise"],
+          "arbor.tasks.methods.rar": ["rar_rate", "rar_rubrics"],
+          "arbor.tasks.methods.ss_grpo": ["stage_grades", "stage_rubrics"],
+          "arbor.tasks.methods.rubricem": ["reflection_grades"],  # it extends SS-GRPO and asks its stage roles too
+          "arbor.tasks.methods.arco": ["step_labels"],
+          "arbor.tasks.methods.coreact": ["rank_actions", "step_rubric", "step_verify"],
+          "arbor.tasks.reporting.evaluate": ["accuracy"]}
+
+
+def test_the_judge_machinery_declares_no_role_and_each_package_registers_its_own() -> None:
+    """In a fresh process: ``arbor.llm`` (both backends, streaming) registers no role; importing each method's
+    package adds exactly the roles it declares."""
+    script = ("import importlib, json, sys\n"
+              "import arbor.llm, arbor.llm.rules, arbor.llm.openai_backend, arbor.llm.stream\n"
+              "from arbor.llm import REGISTRY\n"
+              "out = {'arbor.llm': sorted(REGISTRY)}\n"
+              "for pkg in sys.argv[1:]:\n"
+              "    before = set(REGISTRY)\n"
+              "    importlib.import_module(pkg)\n"
+              "    out[pkg] = sorted(set(REGISTRY) - before)\n"
+              "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", script, *OWNERS], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == {"arbor.llm": [], **OWNERS}
 
 
 def test_the_rules_backend_answers_a_registered_role_with_its_heuristic(tmp_path: Path,

@@ -13,12 +13,16 @@ from make_rules_fixtures import OUT, build
 
 from arbor.config.judge import JudgeConfig
 from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
-from arbor.llm.rules import FEATURES, feature_value, question_entities
+from arbor.llm.reading import question_entities
 from arbor.seeding import coin
-from arbor.tasks.induction import select_anchors
+from arbor.tasks.methods.arbor.heuristics import FEATURES, feature_value
+from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import score_group, sparse_edges, verdict_to_outcome
 from arbor.tasks.methods.arbor.memory import admission_stats, admit
-from arbor.tasks.types import Rubric, RubricDraft, Trajectory
+from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION, ask_pairwise
+from arbor.tasks.methods.rar.roles import RAR_RATE, RAR_RUBRICS
+from arbor.tasks.reporting.accuracy import ACCURACY
+from arbor.types import Rubric, RubricDraft, Trajectory
 
 Q = "Who directed the film Ed Wood starring Johnny Depp?"
 
@@ -49,7 +53,8 @@ async def score(j, question: str, trajs: list[Trajectory], rubric: Rubric, group
     edges = sparse_edges([t.base_reward for t in trajs])
     outs = []
     for e, (a, b) in enumerate(edges):
-        res = await j.pairwise(question, trajs[a], trajs[b], rubric, swap=coin(0, 0, group, rubric.rubric_id, e))
+        res = await ask_pairwise(j, question, trajs[a], trajs[b], rubric,
+                                 swap=coin(0, 0, group, rubric.rubric_id, e))
         outs.append(verdict_to_outcome(res.value, swapped=False))
     return score_group(len(trajs), edges, outs).scores
 
@@ -61,7 +66,8 @@ async def induce_and_admit(j, name: str) -> tuple[dict[str, list[RubricDraft]], 
         trajs = trajectories(grp)
         f1 = [t.f1 for t in trajs]
         anchors = select_anchors(f1, [len(t.text) for t in trajs], [t.format_valid for t in trajs])
-        out = await j.induce(grp["question"], grp["golds"], trajs, anchors, [], ctx=CallContext(group=g))
+        out = await j.ask(INDUCTION, question=grp["question"], golds=grp["golds"], trajectories=trajs,
+                          anchors=anchors, existing=[], ctx=CallContext(group=g))
         assert out.ok
         n_drafts += len(out.value)
         for k, d in enumerate(out.value):
@@ -95,7 +101,7 @@ def test_drafts_pass_admission_and_consolidate_into_common_rubrics(tmp_path: Pat
 
     async def go() -> tuple[dict[str, list[RubricDraft]], Any]:
         admitted, _ = await induce_and_admit(j, "positive")
-        return admitted, await j.consolidate(admitted, [])
+        return admitted, await j.ask(CONSOLIDATION, candidates_by_query=admitted, existing=[])
 
     admitted, common = asyncio.run(go())
     assert len(admitted) >= 4  # most of the 6 groups contribute an admitted draft
@@ -156,11 +162,13 @@ def test_pairwise_compares_the_feature_with_a_tolerance(tmp_path: Path) -> None:
 
     async def go() -> list:
         return [
-            await j.pairwise(Q, fewer, HAND, econ),  # 1 vs 3 searches, fewer is better -> A
-            await j.pairwise(Q, fewer, HAND, more),  # more is better -> B
-            await j.pairwise(Q, fewer, HAND, econ, swap=True),  # shown swapped, reported in caller order -> A
-            await j.pairwise(Q, fewer, same, econ),  # 1 vs 1 -> inside the tolerance -> TIE
-            await j.pairwise(Q, fewer, HAND, Rubric("r", "LLM rubric", "d", "c")),  # no feature: failed, not TIE
+            await ask_pairwise(j, Q, fewer, HAND, econ),  # 1 vs 3 searches, fewer is better -> A
+            await ask_pairwise(j, Q, fewer, HAND, more),  # more is better -> B
+            await ask_pairwise(j, Q, fewer, HAND, econ,
+                               swap=True),  # shown swapped, reported in caller order -> A
+            await ask_pairwise(j, Q, fewer, same, econ),  # 1 vs 1 -> inside the tolerance -> TIE
+            await ask_pairwise(j, Q, fewer, HAND,
+                               Rubric("r", "LLM rubric", "d", "c")),  # no feature: failed, not TIE
         ]
 
     outs = asyncio.run(go())
@@ -175,15 +183,19 @@ def test_induction_skips_features_of_existing_rubrics_and_skip_mode(tmp_path: Pa
     anchors = select_anchors([t.f1 for t in trajs], [len(t.text) for t in trajs], [t.format_valid for t in trajs])
 
     async def go() -> tuple:
-        free = await j.induce(grp["question"], grp["golds"], trajs, anchors, [])
+        free = await j.ask(INDUCTION, question=grp["question"], golds=grp["golds"], trajectories=trajs,
+                           anchors=anchors, existing=[])
         existing = [Rubric("c", d.title, d.description, d.counter_description, "common", d.feature, d.direction)
                     for d in free.value]
-        covered = await j.induce(grp["question"], grp["golds"], trajs, anchors, existing)
+        covered = await j.ask(INDUCTION, question=grp["question"], golds=grp["golds"], trajectories=trajs,
+                              anchors=anchors, existing=existing)
         # drafts of other queries in D do not cover a feature: recurrence is what consolidation needs
         drafts = [Rubric("d", r.title, r.description, r.counter_description, "draft", r.feature, r.direction)
                   for r in existing]
-        recur = await j.induce(grp["question"], grp["golds"], trajs, anchors, drafts)
-        skipped = await j.induce(grp["question"], grp["golds"], trajs, {"mode": "skip"}, [])
+        recur = await j.ask(INDUCTION, question=grp["question"], golds=grp["golds"], trajectories=trajs,
+                            anchors=anchors, existing=drafts)
+        skipped = await j.ask(INDUCTION, question=grp["question"], golds=grp["golds"], trajectories=trajs,
+                              anchors={"mode": "skip"}, existing=[])
         return free, covered, recur, skipped
 
     free, covered, recur, skipped = asyncio.run(go())
@@ -198,7 +210,8 @@ def test_unlabeled_induction_uses_prior_directions(tmp_path: Path) -> None:
     a = T("<search>Ed Wood film</search><result>Tim Burton</result><answer>\\boxed{Tim Burton}</answer>", 0, 0.5)
     b = T("<search>director</search><result>x</result><search>director</search><result>x</result>"
           "<answer>\\boxed{Tim Burton}</answer>", 1, 0.5)
-    out = asyncio.run(j.induce(Q, ["Tim Burton"], [a, b], {"mode": "unlabeled"}, []))
+    out = asyncio.run(j.ask(INDUCTION, question=Q, golds=["Tim Burton"], trajectories=[a, b],
+                            anchors={"mode": "unlabeled"}, existing=[]))
     got = {(d.feature, d.direction) for d in out.value}
     assert ("repeated_query_share", -1) in got and ("answer_in_evidence", 1) in got
     assert all(d.feature != "n_searches" for d in out.value)  # no prior direction: never guessed without labels
@@ -211,9 +224,10 @@ def test_consolidation_needs_two_queries_and_skips_existing(tmp_path: Path) -> N
 
     async def go() -> list:
         return [
-            await j.consolidate({"q1": [d, d]}, []),  # one query only
-            await j.consolidate({"q1": [d, e], "q2": [d]}, []),
-            await j.consolidate({"q1": [d], "q2": [d]}, [Rubric("c", "t", "d", "c", "common", d.feature, -1)]),
+            await j.ask(CONSOLIDATION, candidates_by_query={"q1": [d, d]}, existing=[]),  # one query only
+            await j.ask(CONSOLIDATION, candidates_by_query={"q1": [d, e], "q2": [d]}, existing=[]),
+            await j.ask(CONSOLIDATION, candidates_by_query={"q1": [d], "q2": [d]},
+                        existing=[Rubric("c", "t", "d", "c", "common", d.feature, -1)]),
         ]
 
     one, two, covered = asyncio.run(go())
@@ -225,7 +239,8 @@ def test_accuracy_is_normalised_match_against_any_alias(tmp_path: Path) -> None:
     j = judge(tmp_path)
 
     async def go() -> list:
-        return [(await j.accuracy(Q, ["Tim Burton", "Timothy Burton"], p)).value
+        return [(await j.ask(ACCURACY, question=Q, golds=["Tim Burton", "Timothy Burton"],
+                             prediction=p)).value
                 for p in ["tim burton.", "The Timothy Burton", "Burton", None, ""]]
 
     assert asyncio.run(go()) == [True, True, False, False, False]
@@ -239,8 +254,10 @@ def test_rar_roles(tmp_path: Path) -> None:
             "<answer>\\boxed{Orson Welles}</answer>")
 
     async def go() -> tuple:
-        items = await j.rar_rubrics(Q, ["Tim Burton"])
-        return items, await j.rar_rate(Q, good, items.value), await j.rar_rate(Q, bad, items.value)
+        items = await j.ask(RAR_RUBRICS, question=Q, golds=["Tim Burton"])
+        return items, await j.ask(RAR_RATE, question=Q, trajectory=good,
+                                  items=items.value), await j.ask(RAR_RATE, question=Q, trajectory=bad,
+                                  items=items.value)
 
     items, g, b = asyncio.run(go())
     assert 5 <= len(items.value) <= 10

@@ -24,6 +24,7 @@ from arbor.config.judge import JudgeConfig
 from arbor.llm import make_judge
 from arbor.llm.cache import ResponseCache
 from arbor.storage.kvstore import STORE_FILE, KVStore, KVStoreError
+from arbor.tasks.reporting.accuracy import ACCURACY
 
 KEY_ENV = "ARBOR_TEST_KV_JUDGE_KEY"
 
@@ -206,7 +207,8 @@ def _judge_batch(server: OpenAIServer, home: Path) -> list:
 
     async def go() -> list:
         try:
-            return list(await asyncio.gather(*[judge.accuracy(f"Capital of country {i}?", ["Paris"], "Paris")
+            return list(await asyncio.gather(*[judge.ask(ACCURACY, question=f"Capital of country {i}?",
+                                                         golds=["Paris"], prediction="Paris")
                                                 for i in range(6)]))
         finally:
             await judge.aclose()

@@ -1,15 +1,17 @@
 """Layered imports (issue 13 item 4): every import in arbor's packages points to its own layer or one below.
 
-    base         config, paths, seeds, record types, and the pure protocol every layer reads: the tag format,
-                 the base reward, anchor selection, group statistics
+    base         arbor/: config, paths, seeds, record types (arbor.types), and the pure protocol every layer
+                 reads: the tag format (arbor.format), the base reward (arbor.reward), group statistics
     storage      Parquet stage store, DuckDB catalog, SQL
-    judges       llm/: the OpenAI-compatible and rules judges, prompts
+    judges       llm/: the judge machinery only (roles registry, the OpenAI-compatible and rules backends, prompt
+                 files, structured outputs, cache, streaming, compaction); it imports nothing from tasks/
     environment  tasks/env/: search, datasets and sources, agent loop, rollout engines, policy loading; and the
                  shared pieces left in tasks/: the stage store (stages.py), shaping, reflection
     training     tasks/training/: the update a controller decides, losses, the trainers (RL, SFT) and the
                  trainer service, checkpoints, weight sync: pure update workers that know no method (issue 32)
     reporting    tasks/reporting/: evaluation, the run report, learning curves, trackers
-    methods      tasks/methods/ (each method's package: ARBOR's memory and judging, ARCO's rubric model, ...),
+    methods      tasks/methods/ (each method's package: ARBOR's memory and judging, ARCO's rubric model, ..., and
+                 the judge roles it asks: prompts, schemas, parsers, offline heuristics),
                  the step's stages (tasks/step.py), preflight
     flows        flows/: Prefect flows
     cli          arbor/cli.py
@@ -28,8 +30,8 @@ from arbor.paths import PROJECT_ROOT
 PACKAGES = {"arbor": "arbor", "storage": "arbor.storage", "llm": "arbor.llm", "tasks": "arbor.tasks",
             "flows": "arbor.flows"}
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("arbor", "arbor.config", "arbor.paths", "arbor.seeding", "arbor.tasks.types", "arbor.tasks.format",
-              "arbor.tasks.reward", "arbor.tasks.induction", "arbor.tasks.group_stats")),
+    ("base", ("arbor", "arbor.config", "arbor.paths", "arbor.seeding", "arbor.types", "arbor.format",
+              "arbor.reward", "arbor.group_stats")),
     ("storage", ("arbor.storage",)),
     ("judges", ("arbor.llm",)),
     ("environment", ("arbor.tasks",)),
@@ -84,7 +86,7 @@ def upward_imports() -> list[str]:
 
 
 def test_layer_of_by_hand() -> None:
-    assert LAYERS[layer_of("arbor.tasks.format")][0] == "base"  # type: ignore[index]
+    assert LAYERS[layer_of("arbor.format")][0] == "base"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.env.world")][0] == "environment"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.methods.arbor.memory")][0] == "methods"  # type: ignore[index]
     assert LAYERS[layer_of("arbor.tasks.training.losses")][0] == "training"  # type: ignore[index]
@@ -98,3 +100,11 @@ def test_layer_of_by_hand() -> None:
 def test_imports_point_downward_only() -> None:
     bad = upward_imports()
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_the_judge_machinery_imports_no_task() -> None:
+    """Issue 51 item 2: no module under llm/ imports arbor.tasks, a function-level import included (the roles it
+    answers are declared by the methods, which import llm/, never the other way)."""
+    bad = [f"{module_name(path)} imports {target}" for path in sorted((PROJECT_ROOT / "llm").rglob("*.py"))
+           for target in imports(path) if target == "arbor.tasks" or target.startswith("arbor.tasks.")]
+    assert not bad, "\n".join(bad)

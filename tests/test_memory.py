@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from arbor.config.memory import MemoryConfig
-from arbor.tasks.group_stats import pearson
+from arbor.group_stats import pearson
 from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.methods.arbor.memory import (
     ACTIVATION_COLUMNS,
@@ -24,7 +24,7 @@ from arbor.tasks.methods.arbor.memory import (
     load_pool_file,
     step_variance,
 )
-from arbor.tasks.types import RubricDraft
+from arbor.types import RubricDraft
 
 
 def ok(scores):

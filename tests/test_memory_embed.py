@@ -11,7 +11,7 @@ from arbor.config.memory import MemoryConfig
 from arbor.tasks.env.embed import embed_texts, load_embedder, make_embedder, model_path
 from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.methods.arbor.memory import DraftResult, RubricMemory
-from arbor.tasks.types import RubricDraft
+from arbor.types import RubricDraft
 
 
 def test_default_model_is_the_packaged_one():

@@ -23,7 +23,7 @@ import pytest
 
 from arbor.config.memory import MemoryConfig
 from arbor.seeding import derive_seed
-from arbor.tasks.induction import select_anchors
+from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import (
     presentation,
     presentation_swapped,
@@ -33,7 +33,7 @@ from arbor.tasks.methods.arbor.judge import (
 )
 from arbor.tasks.methods.arbor.memory import Activation, DraftResult, GroupInfo, Records, RubricMemory
 from arbor.tasks.shaping import shape_group
-from arbor.tasks.types import Rubric, RubricDraft
+from arbor.types import Rubric, RubricDraft
 
 SEED, STEPS, GROUPS, K = 11, 200, 8, 8
 OUTAGE = {100, 101}

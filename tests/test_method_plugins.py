@@ -16,7 +16,7 @@ from arbor.preflight import check
 from arbor.tasks.methods import BUILTIN, MethodError, method_names, resolve_method
 from arbor.tasks.methods.grpo import GRPO
 from arbor.tasks.training.losses import group_advantages, segment_advantages
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 from examples.length_penalty import LengthPenaltyGRPO
 
 
@@ -69,7 +69,7 @@ def test_registry_resolves_names_and_import_paths() -> None:
     assert all(resolve_method(name).name == name for name in BUILTIN)
     assert resolve_method("examples.length_penalty:LengthPenaltyGRPO") is LengthPenaltyGRPO
     for spec, words in [("grpo2", "unknown method"), ("examples.length_penalty:Nope", "cannot import"),
-                        ("arbor.tasks.types:Trajectory", "not a subclass"), ("no_such_pkg.mod:M", "cannot import")]:
+                        ("arbor.types:Trajectory", "not a subclass"), ("no_such_pkg.mod:M", "cannot import")]:
         with pytest.raises(MethodError, match=words) as e:
             resolve_method(spec)
         assert str(e.value).startswith("run.method:")

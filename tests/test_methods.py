@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from flow_support import table, tiny_overrides
 
-from arbor.tasks.group_stats import classify_group
+from arbor.group_stats import classify_group
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,10 @@ from arbor.config import ConfigError, load_config
 from arbor.llm import make_judge
 from arbor.plugins import PluginError
 from arbor.preflight import check
+from arbor.reward import load_reward_fn, score_trajectory
 from arbor.tasks.env.search import make_search
-from arbor.tasks.reward import load_reward_fn, score_trajectory
-from arbor.tasks.types import Trajectory
+from arbor.tasks.reporting.accuracy import ACCURACY
+from arbor.types import Trajectory
 
 REWARD = "examples.search_cost_reward:em_minus_search_cost"
 SEARCH = "examples.keyword_search:KeywordSearch"
@@ -65,7 +66,8 @@ def test_keyword_search_plugin_ranks_by_word_overlap(tmp_path: Path) -> None:
 def test_lenient_judge_plugin_accepts_a_contained_alias(tmp_path: Path) -> None:
     lenient = make_judge(load_config("tiny-cpu", {"judge.backend": JUDGE}).judge, home=tmp_path)
     strict = make_judge(load_config("tiny-cpu").judge, home=tmp_path)
-    ask = lambda j, pred: asyncio.run(j.accuracy("who?", ["Lovelace"], pred)).value  # noqa: E731
+    ask = lambda j, pred: asyncio.run(  # noqa: E731
+        j.ask(ACCURACY, question="who?", golds=["Lovelace"], prediction=pred)).value
     assert ask(lenient, "Ada Lovelace") and not ask(strict, "Ada Lovelace")
     assert ask(lenient, "lovelace") and not ask(lenient, "Babbage") and not ask(lenient, None)
     assert lenient.backend == "lenient-rules"

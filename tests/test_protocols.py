@@ -8,6 +8,16 @@ import json
 import pytest
 
 from arbor.config import load_config
+from arbor.format import (
+    ARBOR,
+    SEARCH_R1,
+    check_format,
+    extract_answer,
+    extract_results,
+    extract_searches,
+    get_protocol,
+    result_block,
+)
 from arbor.llm.text import parse_trajectory, structure_valid
 from arbor.tasks.env.agent import (
     AgentLoop,
@@ -19,16 +29,6 @@ from arbor.tasks.env.agent import (
 )
 from arbor.tasks.env.policy import train_tokenizer
 from arbor.tasks.env.search import BM25Search
-from arbor.tasks.format import (
-    ARBOR,
-    SEARCH_R1,
-    check_format,
-    extract_answer,
-    extract_results,
-    extract_searches,
-    get_protocol,
-    result_block,
-)
 
 # a Search-R1 trajectory as its agent loop writes it: tool output wrapped in blank lines, plain-text answer
 R1 = ("<think>I need the director.</think>\n<search> Doctor Strange director </search>\n\n"

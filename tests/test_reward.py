@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from arbor.tasks.reward import base_reward, exact_match, normalize_answer, score_trajectory, token_f1
-from arbor.tasks.types import Trajectory
+from arbor.reward import base_reward, exact_match, normalize_answer, score_trajectory, token_f1
+from arbor.types import Trajectory
 
 
 def test_normalize_answer_squad() -> None:

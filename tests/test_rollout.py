@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from arbor.config import load_config
+from arbor.format import result_block
 from arbor.tasks.env.agent import check_prefix_property
 from arbor.tasks.env.datasets import load_questions
 from arbor.tasks.env.policy import TinyPolicyConfig, build_tiny_model, train_tokenizer
 from arbor.tasks.env.rollout import OpenAIEngine, RolloutError, TransformersEngine, make_engine
 from arbor.tasks.env.search import format_results, make_search
 from arbor.tasks.env.sft_data import tokenize_sft_example
-from arbor.tasks.format import result_block
 from tests.completions_server import CompletionsServer
 
 SP = "Search, then answer."
@@ -111,7 +111,7 @@ def test_transformers_engine_greedy_multi_turn(env, questions):
         # greedy: both samples of a group are identical
         twin = trajs[t.group * 2 + (1 - t.sample)]
         assert t.response_ids == twin.response_ids
-        # scored by tasks.reward: R_base = F1 if format-valid else -1 (eq. 4)
+        # scored by arbor.reward: R_base = F1 if format-valid else -1 (eq. 4)
         assert t.base_reward == (t.f1 if t.format_valid else -1.0)
         # rollout log-probs of the policy tokens equal a teacher-forced recompute (KV cache + padding are right);
         # result tokens carry log-prob 0 and mask 0

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from arbor.config import ArborConfig
-from arbor.tasks.format import reflection_blocks
+from arbor.format import reflection_blocks
 from arbor.tasks.methods.rubricem import RubricEM
 from arbor.tasks.reflection import (
     REFLECTION_GROUP,
@@ -26,7 +26,7 @@ from arbor.tasks.reflection import (
     windowed_batch,
     with_reference,
 )
-from arbor.tasks.types import ReflectionGrade, Trajectory
+from arbor.types import ReflectionGrade, Trajectory
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +129,8 @@ def test_reference_blocks_precede_the_question() -> None:
 
 
 def test_prompt_shows_the_reference_but_the_trajectory_keeps_the_question(tiny_tokenizer) -> None:
+    from arbor.format import RUBRICEM
     from arbor.tasks.env.agent import AgentLoop, Budgets, build_prompt_ids
-    from arbor.tasks.format import RUBRICEM
 
     loop = AgentLoop(tiny_tokenizer, None, Budgets(), protocol=RUBRICEM)
     block = reference_block("within", [_item("q1", 1)])
@@ -266,8 +266,9 @@ def _grading_judge(fail: bool):  # noqa: ANN202
     from arbor.llm.rules import RulesJudge
 
     class Grades(RulesJudge):
-        async def reflection_grades(self, question, golds, trajectory, graded, candidates,  # noqa: ANN001, ANN201
-                                    *, ctx=None):  # noqa: ANN001
+        async def ask(self, role, /, *, ctx=None, **fields):  # noqa: ANN001, ANN003, ANN201
+            if getattr(role, "name", role) != "reflection_grades":
+                return await super().ask(role, ctx=ctx, **fields)
             if fail:
                 return JudgeOutcome(None, "InvalidOutput: 2 grades for 3 candidates", 3, False)
             return JudgeOutcome([ReflectionGrade(1.0, 1.0, 1.0), ReflectionGrade(0.5, 0.5, 0.5),
@@ -282,10 +283,10 @@ def _reflect_step(home: Path, tiny_dir: Path,
     group of three staged trajectories: (reflections, bank rows, shaped trajectory rows, step 2's lagged
     reflections, the method)."""
     from arbor.config import load_config
+    from arbor.format import RUBRICEM, check_format
+    from arbor.reward import token_f1
     from arbor.tasks.env.agent import tokenize_trajectory
     from arbor.tasks.env.policy import load_tokenizer
-    from arbor.tasks.format import RUBRICEM, check_format
-    from arbor.tasks.reward import token_f1
     from arbor.tasks.stages import StageStore
     from arbor.tasks.step import RunState
 

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from arbor.cli import app
+from arbor.format import PROTOCOLS, check_format, get_protocol
 from arbor.paths import PROJECT_ROOT
 from arbor.tasks.env.sft_convert import (
     ConvertError,
@@ -18,7 +19,6 @@ from arbor.tasks.env.sft_convert import (
     convert_response,
     read_records,
 )
-from arbor.tasks.format import PROTOCOLS, check_format, get_protocol
 
 SAMPLES = [PROJECT_ROOT / "data" / "sft" / "sample_toolstar.json",
            PROJECT_ROOT / "data" / "sft" / "sample_conversations.jsonl"]

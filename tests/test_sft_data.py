@@ -8,6 +8,15 @@ import json
 import pytest
 
 from arbor.config import load_config
+from arbor.format import (
+    RUBRICEM,
+    check_format,
+    extract_answer,
+    extract_results,
+    extract_searches,
+    reflection_blocks,
+    result_block,
+)
 from arbor.tasks.env.datasets import load_questions
 from arbor.tasks.env.policy import train_tokenizer
 from arbor.tasks.env.search import format_results, make_search
@@ -22,15 +31,6 @@ from arbor.tasks.env.sft_data import (
     write_jsonl,
 )
 from arbor.tasks.env.staging import stage_response, stage_row
-from arbor.tasks.format import (
-    RUBRICEM,
-    check_format,
-    extract_answer,
-    extract_results,
-    extract_searches,
-    reflection_blocks,
-    result_block,
-)
 from arbor.tasks.reflection import REFLECTION_SYSTEM_PROMPT
 
 

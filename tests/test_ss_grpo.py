@@ -8,7 +8,7 @@ import torch
 
 from arbor.config import ArborConfig
 from arbor.config.rubricem import DEFAULT_LAMBDA
-from arbor.tasks.format import RUBRICEM, check_format, stage_spans, token_starts
+from arbor.format import RUBRICEM, check_format, stage_spans, token_starts
 from arbor.tasks.methods.base import Method
 from arbor.tasks.methods.ss_grpo.method import SSGRPO, neutral_grades, trajectory_stage_scores
 from arbor.tasks.methods.ss_grpo.stagewise import (
@@ -20,7 +20,7 @@ from arbor.tasks.methods.ss_grpo.stagewise import (
     stage_score,
 )
 from arbor.tasks.training.losses import group_advantages, policy_loss
-from arbor.tasks.types import RubricGrade, StageRubric, StageRubricDraft, Trajectory
+from arbor.types import RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 STAGED = (
     "<structured_plan>Need the director of Film X.</structured_plan>\n<search>Film X</search>\n<tool_output>\n"

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arbor.tasks.env.policy import train_tokenizer
-from arbor.tasks.env.sft_data import tokenize_sft_example
-from arbor.tasks.env.staging import StagingError, row_kind, stage_response, stage_row
-from arbor.tasks.format import (
+from arbor.format import (
     ARBOR,
     RUBRICEM,
     STAGE_NAMES,
@@ -17,6 +14,9 @@ from arbor.tasks.format import (
     extract_searches,
     stage_spans,
 )
+from arbor.tasks.env.policy import train_tokenizer
+from arbor.tasks.env.sft_data import tokenize_sft_example
+from arbor.tasks.env.staging import StagingError, row_kind, stage_response, stage_row
 
 # Tool-Star-like: exploratory thinking before a stage's reasoning, free text between blocks, two hops
 FLAT = ("<think>Who directed Heat (1995)? Then where he was born.</think>\n"

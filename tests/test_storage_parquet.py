@@ -18,7 +18,7 @@ from arbor.storage.parquet import (
     write_stage,
 )
 from arbor.storage.schemas import SCHEMAS, SchemaError, conform
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 
 def _traj(step: int, group: int, sample: int, f1: float = 0.5) -> dict:

@@ -287,7 +287,7 @@ def test_zero_variance_sql_and_python_agree(tmp_path):
     """One definition of a zero-variance group (max - min <= 1e-9): the SQL view, Table 2's ``classify_group`` and
     DAPO's filter count the same groups, including spreads just inside and just outside the tolerance (a group
     whose values all lie within 1e-9 of the first but spread 1.6e-9 is not zero-variance anywhere)."""
-    from arbor.tasks.group_stats import classify_group
+    from arbor.group_stats import classify_group
     from arbor.tasks.training.losses import zero_variance_groups
 
     spreads = [[0.0, 0.0, 0.0], [0.5, 0.5 + 0.9e-9, 0.5], [0.5, 0.5 + 0.8e-9, 0.5 - 0.8e-9],

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from arbor.config import load_config
+from arbor.format import result_block
 from arbor.tasks.env.agent import (
     AgentLoop,
     Budgets,
@@ -28,7 +29,6 @@ from arbor.tasks.env.policy import (
     shipped_gguf,
     train_tokenizer,
 )
-from arbor.tasks.format import result_block
 from arbor.tasks.training.train import make_micro
 
 SYSTEM = "Answer by searching."

@@ -15,7 +15,7 @@ from arbor.tasks.methods import make_method
 from arbor.tasks.training import checkpoint as ckpt
 from arbor.tasks.training.train import Trainer, pack_by_tokens, scoring_temperature
 from arbor.tasks.training.update import policy_update
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 VOCAB = 64
 

@@ -17,7 +17,7 @@ from arbor.tasks.training.trainer_service import (
     write_update,
 )
 from arbor.tasks.training.update import policy_update
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 
 def test_launch_command_cpu_and_gpu() -> None:

@@ -29,7 +29,7 @@ from arbor.tasks.env.serving import Supervised, vllm_serve_spec
 from arbor.tasks.training.train import Trainer
 from arbor.tasks.training.update import policy_update
 from arbor.tasks.training.weight_sync import sync_policy
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 from tests.vllm_server import CONTRACT, ScriptedVllm
 
 ROOT = Path(__file__).resolve().parents[1]

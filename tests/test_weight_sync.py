@@ -13,7 +13,7 @@ from arbor.tasks.env.rollout import TransformersEngine
 from arbor.tasks.training.train import Trainer
 from arbor.tasks.training.update import policy_update
 from arbor.tasks.training.weight_sync import sync_weights
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import pytest
 from arbor.config import ArborConfig, ConfigError, load_config
 from arbor.config.search import SearchConfig
 from arbor.config.world import WorldConfig
+from arbor.format import check_format, extract_answer, extract_results, extract_searches, result_block
 from arbor.tasks.env.datasets import DatasetError, load_questions
 from arbor.tasks.env.search import bm25_tokenize, format_results, load_corpus, make_search
 from arbor.tasks.env.world import (
@@ -27,7 +28,6 @@ from arbor.tasks.env.world import (
     world_corpus_path,
     world_questions,
 )
-from arbor.tasks.format import check_format, extract_answer, extract_results, extract_searches, result_block
 
 SMALL = WorldConfig(people=40, cities=12, films=40, companies=16, train_questions=120, eval_questions=40)
 SMALL_RUN = ArborConfig(world=SMALL)  # what the loaders get: the run's whole config

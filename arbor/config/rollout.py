@@ -65,14 +65,14 @@ class RolloutConfig(Section):
         "arbor", description="agent tag protocol: arbor's <think>/<search>/<result>/<answer> with \\boxed{} (the "
         "paper's), Search-R1's <think>/<search>/<information>/<answer> with a plain-text answer, or RubricEM's "
         "stage scaffold (<structured_plan>, searches with <tool_output> and <state_evaluation>, <review>, boxed "
-        "<answer>); each brings its format checker, built-in system prompt and tool-output wrapping (tasks.format)")
+        "<answer>); each brings its format checker, built-in system prompt and tool-output wrapping (arbor.format)")
     force_answer_message: str | None = Field(
         None, description="appended instead of results when the search budget is spent (None: the protocol's own)")
     served_model: str | None = None  # the `model` field sent to the completions server (default: policy.model)
     api_key_env: str | None = None  # env var holding the server's API key (vllm serve --api-key), if any
     request_timeout_s: float = Field(600.0, gt=0)
     max_batch_rows: int = Field(256, ge=1, description="transformers engine: rows decoded together")
-    system_prompt: str | None = None  # None: the protocol's built-in prompt (tasks.format.ARBOR / SEARCH_R1)
+    system_prompt: str | None = None  # None: the protocol's built-in prompt (arbor.format.ARBOR / SEARCH_R1)
 
     @model_validator(mode="after")
     def _prompt_matches_protocol(self) -> RolloutConfig:

@@ -29,8 +29,7 @@ from typing import Any, Literal, Protocol
 
 from arbor.config.rollout import RolloutConfig
 from arbor.config.search import SearchConfig
-from arbor.seeding import derive_seed
-from arbor.tasks.format import (
+from arbor.format import (
     ANSWER_CLOSE,
     ARBOR,
     SEARCH_CLOSE,
@@ -40,8 +39,9 @@ from arbor.tasks.format import (
     result_block,
     sanitize_tool_text,
 )
+from arbor.seeding import derive_seed
 
-SYSTEM_PROMPT = ARBOR.system_prompt  # the built-in prompt of arbor's protocol (tasks.format)
+SYSTEM_PROMPT = ARBOR.system_prompt  # the built-in prompt of arbor's protocol (arbor.format)
 
 FinishReason = Literal["answer", "length", "max_turns", "stop"]
 

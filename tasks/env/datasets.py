@@ -47,10 +47,10 @@ from arbor.config import ArborConfig
 from arbor.config.data import DataConfig
 from arbor.jsonl import jsonl_rows
 from arbor.paths import DATA_DIR, PROJECT_ROOT
+from arbor.reward import normalize_answer
 from arbor.seeding import derive_seed
 from arbor.tasks.env.hub import HUB_PREFIX, HubError, dataset_files
 from arbor.tasks.env.sources import known_sources, spec_source
-from arbor.tasks.reward import normalize_answer
 
 BENCHMARKS = ("hotpotqa", "2wiki", "musique", "bamboogle")
 OFFLINE_FILES = {

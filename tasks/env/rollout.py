@@ -3,7 +3,7 @@
 One interface, ``engine.generate_groups(questions, k, seed, step, run_id=..., first_group=0) -> list[Trajectory]``
 (group-major: trajectory ``g * k + i`` is sample ``i`` of question ``g``, numbered from ``first_group``), every trajectory carrying prompt/response token ids, the
 loss mask (0 on ``<result>`` tokens), the rollout log-probs of the sampled tokens, finish reason, timings and the
-policy version, and scored by ``tasks.reward.score_trajectory``.
+policy version, and scored by ``arbor.reward.score_trajectory``.
 
 - ``transformers``: our own batched decoding loop over a Hugging Face causal LM with a KV cache (CPU or one GPU).
   Rows that finish their turn leave the batch (their cache rows are dropped), every row samples from its own seeded
@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from arbor.config import ArborConfig
+from arbor.format import ARBOR, TagProtocol, get_protocol
+from arbor.reward import RewardFn, load_reward_fn, score_trajectory
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import AgentLoop, AgentState, Budgets, Generation, GenRequest
-from arbor.tasks.format import ARBOR, TagProtocol, get_protocol
-from arbor.tasks.reward import RewardFn, load_reward_fn, score_trajectory
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 _TAIL_TOKENS = 16  # stop strings are found in the decoded last tokens (every token decodes to >= 1 character)
 

@@ -471,7 +471,7 @@ class PluginSearch:
 def format_results(hits: Sequence[SearchHit], max_chars: int | None = None,
                    line: str = "Doc {i} (Title: {title}) {text}") -> str:
     """The tool text the agent reads: one ``line`` per hit (arbor's ``Doc i (Title: ...) text``; the protocol
-    names its own, ``tasks.format.TagProtocol.passage_line``); each text cut at max_chars."""
+    names its own, ``arbor.format.TagProtocol.passage_line``); each text cut at max_chars."""
     lines = []
     for i, h in enumerate(hits, 1):
         text = " ".join(h.text.split())

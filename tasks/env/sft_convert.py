@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbor.format import ARBOR, TagProtocol, check_format, find_boxed, get_protocol
 from arbor.jsonl import jsonl_rows
 from arbor.tasks.env.staging import StagingError, stage_response
-from arbor.tasks.format import ARBOR, TagProtocol, check_format, find_boxed, get_protocol
 
 
 class ConvertSkip(ValueError):

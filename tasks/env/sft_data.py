@@ -12,7 +12,7 @@ trajectories in the same tag format from the offline *training* questions' gold 
 
 Queries: the question itself first (BM25 finds a gold paragraph in its top 10 for ~97% of them), then the title of
 each supporting paragraph that the results did not show yet (up to ``max_searches``). Every response passes
-``tasks.format.check_format``. Deterministic given (seed, question id): templates are chosen by ``derive_seed``.
+``arbor.format.check_format``. Deterministic given (seed, question id): templates are chosen by ``derive_seed``.
 JSONL rows: ``{question_id, question, golds, response}``.
 
 A user's own JSONL (docs/sft.md) is read as it is, except under a staged protocol (``rollout.protocol=rubricem``):
@@ -32,9 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arbor.seeding import derive_seed
-from arbor.tasks.env.agent import tokenize_trajectory
-from arbor.tasks.format import (
+from arbor.format import (
     ARBOR,
     PROTOCOLS,
     TagProtocol,
@@ -42,6 +40,8 @@ from arbor.tasks.format import (
     get_protocol,
     result_block,
 )
+from arbor.seeding import derive_seed
+from arbor.tasks.env.agent import tokenize_trajectory
 
 # Thoughts are short on purpose: a ~5M-parameter policy learns the *protocol* (think, search, read, answer) from a
 # few hundred examples in minutes on a CPU; long free-text thoughts would spend its capacity on copying prose.

@@ -1,7 +1,7 @@
 """Flat trajectories to RubricEM's stage scaffold (issue 33 item 6): the pure conversion behind ``arbor-sft``.
 
 A flat row (arbor's tags, docs/sft.md: ``<think>``, ``<search>``, ``<result>``, ``<answer>``) becomes a staged row
-(``tasks.format.RUBRICEM``) by renaming, never by writing new text. The response falls into gaps at its searches::
+(``arbor.format.RUBRICEM``) by renaming, never by writing new text. The response falls into gaps at its searches::
 
     [<think>E</think>] <think>P</think>  <search>q1</search> <result>R1</result>
     [<think>E</think>] <think>S</think>  <search>q2</search> <result>R2</result>   (any number of these)
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from arbor.tasks.format import (
+from arbor.format import (
     ARBOR,
     RUBRICEM,
     TagProtocol,

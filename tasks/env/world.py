@@ -41,9 +41,9 @@ from typing import Any
 
 from arbor.config import ArborConfig
 from arbor.config.world import WorldConfig
+from arbor.format import ARBOR, TagProtocol, get_protocol
 from arbor.seeding import derive_seed
 from arbor.tasks.env.sources import Source
-from arbor.tasks.format import ARBOR, TagProtocol, get_protocol
 
 WORLD_VERSION = 3  # part of every world key and world SFT key: bump it when the generator's output changes
 WORLD_CORPUS = "world:corpus"  # search.corpus value: the world's passages
@@ -523,8 +523,8 @@ def render_response(q: WorldQuestion, steps: Sequence[tuple[str, str]], final: s
                     max_result_chars: int | None, protocol: TagProtocol = ARBOR) -> tuple[str, bool]:
     """(the response text, whether every gold passage was shown): each query goes to the real search backend and its
     hits are rendered exactly as the agent loop renders them, in ``protocol``."""
+    from arbor.format import result_block
     from arbor.tasks.env.search import format_results
-    from arbor.tasks.format import result_block
 
     parts: list[str] = []
     shown: set[str] = set()
@@ -556,9 +556,9 @@ def synthesize_world(questions: Sequence[WorldQuestion], search: Any, cfg: World
                      max_result_chars: int | None, max_searches: int, variants: int = 1,
                      protocol: TagProtocol = ARBOR) -> list[dict[str, Any]]:
     """SFT rows ``{question_id, question, golds, response, kind, flaw, grounded}`` (``variants`` differently-seeded
-    responses per question); every response passes ``tasks.format.check_format``."""
+    responses per question); every response passes ``arbor.format.check_format``."""
+    from arbor.format import check_format
     from arbor.tasks.env.sft_data import SFTDataError
-    from arbor.tasks.format import check_format
 
     world = build_world(cfg)
     items = [(v, q) for v in range(variants) for q in questions]

@@ -3,7 +3,7 @@
     arbor      tasks/methods/arbor/        the paper: rubric memory, sparse pairwise judging, eq. 1-4
     grpo       tasks/methods/grpo.py       outcome reward only (the Method defaults)
     dapo       tasks/methods/dapo.py       clip-higher, dynamic sampling
-    rar        tasks/methods/rar.py        query-specific RaR items, holistic rating (App. C.3)
+    rar        tasks/methods/rar/          query-specific RaR items, holistic rating (App. C.3)
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
     ss-grpo    tasks/methods/ss_grpo/      RubricEM's stage-structured GRPO, a stagewise rubric judge (issue 15)
     rubricem   tasks/methods/rubricem/     ss-grpo plus the reflection meta-policy and the rubric bank (issue 15)
@@ -43,11 +43,23 @@ BUILTIN: dict[str, str] = {
 # config imports no method; a test keeps the two equal).
 BUILTIN_REQUIRES: dict[str, dict[str, object]] = {"ss-grpo": {"rollout.protocol": "rubricem"},
                                                   "rubricem": {"rollout.protocol": "rubricem"}}
+# The modules that declare the built-in judge roles; each registers its roles with the judge (``arbor.llm.REGISTRY``)
+# when imported. A flow gets a method's roles by resolving the method (its package imports them); an entry point that
+# builds a judge for every role (bench/judge_roles.py, the judge tests) calls ``load_roles``.
+ROLE_MODULES = ("arbor.tasks.methods.arbor.roles", "arbor.tasks.methods.rar.roles", "arbor.tasks.methods.ss_grpo.roles",
+                "arbor.tasks.methods.rubricem.roles", "arbor.tasks.methods.arco.roles",
+                "arbor.tasks.methods.coreact.roles", "arbor.tasks.reporting.accuracy")
 REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
 
 
 class MethodError(ValueError):
     """``run.method`` names no registered method and no importable Method class; the message says which."""
+
+
+def load_roles() -> None:
+    """Register every built-in judge role (``ROLE_MODULES``)."""
+    for module in ROLE_MODULES:
+        importlib.import_module(module)
 
 
 def method_names() -> list[str]:

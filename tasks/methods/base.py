@@ -55,7 +55,7 @@ from arbor.storage.schemas import tables as known_tables
 from arbor.tasks.env.datasets import Question, batch_for_step
 from arbor.tasks.shaping import shape_group
 from arbor.tasks.training.update import GRPORule, grpo_loss_settings
-from arbor.tasks.types import LossSettings, Trajectory
+from arbor.types import LossSettings, Trajectory
 
 Rows = list[dict[str, Any]]
 T = TypeVar("T")

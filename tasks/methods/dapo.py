@@ -15,7 +15,7 @@ from arbor.storage.schemas import I64, TableSet, col
 from arbor.tasks.env.datasets import Question, resample_questions
 from arbor.tasks.methods.base import Method, StepResources
 from arbor.tasks.training.losses import dynamic_sampling_filter, dynamic_sampling_refill
-from arbor.tasks.types import LossSettings, Trajectory
+from arbor.types import LossSettings, Trajectory
 
 
 class DAPO(Method):

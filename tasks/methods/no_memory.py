@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from arbor.tasks.methods.arbor import induce_drafts, induce_group
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 
 class NoMemory(Method):

@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from arbor.format import check_format, get_protocol
+from arbor.reward import exact_match, token_f1
 from arbor.seeding import derive_seed
-from arbor.tasks.format import check_format, get_protocol
-from arbor.tasks.reward import exact_match, token_f1
+from arbor.tasks.reporting.accuracy import ACCURACY
 
 # Paper benchmark names (Table 1 header) for the shipped split names.
 SPLIT_TITLES = {"bamboogle": "Bamboogle", "hotpotqa": "HotpotQA", "musique": "MuSiQue", "2wiki": "2Wiki"}
@@ -62,7 +63,7 @@ TRUNCATED_REASONS = ("length", "max_turns")  # tasks.env.agent: a spent token or
 
 
 def prediction_from_trajectory(traj: Any, split: str, run_index: int, protocol: str = "arbor") -> Prediction:
-    """A ``Prediction`` from a ``tasks.types.Trajectory`` the rollout engine produced for an evaluation question."""
+    """A ``Prediction`` from a ``arbor.types.Trajectory`` the rollout engine produced for an evaluation question."""
     return Prediction(split, traj.question_id, run_index, traj.question, tuple(traj.golds), traj.text,
                       traj.finish_reason in TRUNCATED_REASONS, protocol)
 
@@ -155,7 +156,7 @@ async def judge_predictions(
         if not s["format_valid"]:
             return False
         async with sem:
-            out = await judge.accuracy(p.question, list(p.golds), s["answer"], ctx=ctx)
+            out = await judge.ask(ACCURACY, question=p.question, golds=list(p.golds), prediction=s["answer"], ctx=ctx)
         return None if out.value is None else bool(out.value)
 
     verdicts = await asyncio.gather(*(one(p, s) for p, s in zip(predictions, scored, strict=True)))

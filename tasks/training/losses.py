@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from arbor.tasks.group_stats import EPS, all_equal
+from arbor.group_stats import EPS, all_equal
 
 ZERO_VAR_TOL = EPS  # a group whose rewards differ by at most this is outcome-homogeneous (DAPO drops it)
 LossAgg = Literal["token-mean", "seq-mean-token-mean"]

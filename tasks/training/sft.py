@@ -60,8 +60,8 @@ def tokenize_rows(rows: list[dict[str, Any]], tokenizer: Any, max_length: int,
     the same tokens); responses are cut so prompt + response <= ``max_length``.
 
     Returns (examples, number truncated). Rows whose prompt alone reaches ``max_length`` are dropped (counted)."""
+    from arbor.format import get_protocol
     from arbor.tasks.env.agent import tokenize_trajectory
-    from arbor.tasks.format import get_protocol
 
     tags = get_protocol(protocol)
     out, truncated = [], 0

@@ -37,7 +37,7 @@ from arbor.tasks.training.lora import add_lora
 from arbor.tasks.training.losses import LossOut, policy_loss, token_entropy, token_logprobs
 from arbor.tasks.training.recompute import MemoryBudget, apply_recompute, resolve_recompute
 from arbor.tasks.training.update import check_token_advantages, grpo_loss_settings
-from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
+from arbor.types import LossSettings, Trajectory, UpdateBatch
 
 
 # ---------------------------------------------------------------------------------------------- environment

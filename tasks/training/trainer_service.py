@@ -48,7 +48,7 @@ from typing import Any
 from arbor.config import ArborConfig
 from arbor.tasks.training.checkpoint import checkpoint_due, complete_steps
 from arbor.tasks.training.update import grpo_loss_settings
-from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
+from arbor.types import LossSettings, Trajectory, UpdateBatch
 
 POLL_S = 0.02
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.tasks.training.losses import group_advantages, overlong_penalty, zero_variance_groups
-from arbor.tasks.types import LossSettings, Trajectory, UpdateBatch
+from arbor.types import LossSettings, Trajectory, UpdateBatch
 
 
 class UpdateRule(Protocol):

@@ -9,7 +9,7 @@ parquet
 arbor_sft
 # pydantic: model settings, validators, and config fields read through model_dump() or by key
 model_config, _._cross_checks, _._shares_sum_to_one, _._prompt_matches_protocol, _._upper, _._non_empty, _._known_backend
-_._causal, _._env_name, _._rank_models, _._council
+_._causal, _._env_name, _._rank_models, _._council, _._budget_from_window
 price_in_per_mtok, price_out_per_mtok, induction, consolidation
 # attributes set for libraries to read (great-expectations, tokenizers, transformers) and nn.Module.forward
 _.progress_bars, _.pre_tokenizer, _.chat_template, _.use_cache, _.forward
@@ -27,3 +27,5 @@ _._timeout
 _.create, _.is_decoupled, _.set_commit_info, _.get_commit_info, _.cleanup, _.preserves_storage_sharing
 # registered with atexit (tasks/training/checkpoint.py)
 _wait_at_exit
+# module attribute hooks (PEP 562): a method package loads its method lazily (tasks/methods/arbor, rar)
+__getattr__

@@ -1,9 +1,23 @@
 """ARBOR (the paper) as a package: the method (``method.py``: its stage graph and decisions), the rubric memory
 (``memory.py``: admission, consolidation, retirement, active selection), sparse pairwise judging (``judge.py``)
-and group scoring through a judge (``scoring.py``). Anchor selection (``tasks/induction.py``) and the shaping of
-eq. 3/4 (``tasks/shaping.py``) are shared with the judges and every method, so they stay in ``tasks/``; ARBOR's
-rubric lifecycle tables are the pipeline's (``storage/schemas.py``), which the report and ``sql/`` read."""
+and group scoring through a judge (``scoring.py``), anchor selection (``induction.py``, eq. 1, A.1), and the judge
+roles ARBOR asks (``roles.py``: induction, consolidation, pairwise; their prompts in ``prompts/`` and offline
+heuristics in ``heuristics.py``). The shaping of eq. 3/4 (``tasks/shaping.py``) is shared with every method, so it
+stays in ``tasks/``; ARBOR's rubric lifecycle tables are the pipeline's (``storage/schemas.py``), which the report
+and ``sql/`` read."""
 
-from arbor.tasks.methods.arbor.method import MEMORY_STAGES, Arbor, induce_drafts, induce_group, rebuild_memory
+from arbor.tasks.methods.arbor import roles as roles  # registers its judge roles (roles.py, prompts/)
 
-__all__ = ["MEMORY_STAGES", "Arbor", "induce_drafts", "induce_group", "rebuild_memory"]
+# the method (and the trainer's torch behind it) loads on first use, so that its judge roles can be read without
+# it: preflight renders them to size the judge's window on a machine without torch's import time (issue 50 item 3)
+_LAZY = {"MEMORY_STAGES", "Arbor", "induce_drafts", "induce_group", "rebuild_memory"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module("arbor.tasks.methods.arbor.method"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["MEMORY_STAGES", "Arbor", "induce_drafts", "induce_group", "rebuild_memory", "roles"]

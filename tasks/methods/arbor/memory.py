@@ -44,10 +44,10 @@ from typing import Any
 import numpy as np
 
 from arbor.config.memory import MemoryConfig
-from arbor.tasks.group_stats import pearson, population_variance
+from arbor.group_stats import pearson, population_variance
 from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.shaping import passes_variance
-from arbor.tasks.types import Rubric, RubricDraft
+from arbor.types import Rubric, RubricDraft
 
 EVENT_COLUMNS = (
     "step", "seq", "group", "rubric_id", "event", "kind", "title", "description", "counter_description",

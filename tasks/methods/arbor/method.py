@@ -22,7 +22,7 @@ from typing import Any
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext
-from arbor.tasks.induction import select_anchors
+from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.methods.arbor.memory import (
     Activation,
@@ -32,10 +32,11 @@ from arbor.tasks.methods.arbor.memory import (
     group_info_from_rows,
     load_pool_file,
 )
+from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
 from arbor.tasks.stages import StageStore, fault_point
-from arbor.tasks.types import LossSettings, Rubric, Trajectory
+from arbor.types import LossSettings, Rubric, Trajectory
 
 SCORE = Stage("score", ("rubric_events", "rubric_activations", "judge_calls"))
 RETIRE = Stage("retire", ("rubric_events",))
@@ -95,8 +96,8 @@ async def induce_group(run: StepResources, step: int, g: list[Trajectory], exist
     anchors = select_anchors([t.f1 for t in g], [t.response_tokens for t in g], [t.format_valid for t in g])
     if anchors["mode"] == "skip":
         return []
-    out = await run.judge.induce(g[0].question, g[0].golds, g, anchors, existing,
-                                 ctx=CallContext(run.run_id, step, "induce", g[0].group))
+    out = await run.judge.ask(INDUCTION, question=g[0].question, golds=g[0].golds, trajectories=g, anchors=anchors,
+                              existing=existing, ctx=CallContext(run.run_id, step, "induce", g[0].group))
     jobs = [ScoringJob(g[0].group, r, g) for r in RubricMemory.make_drafts(step, g[0].group, out.value or [])]
     results = await score_jobs(run.judge, jobs, run_id=run.run_id, seed=run.seed, step=step,
                                stage="induce") if jobs else []
@@ -197,8 +198,8 @@ class Arbor(Method):
             return {"rubric_events": [], "rubric_sources": [], "judge_calls": []}
         while self.memory.consolidation_due():
             drafts = self.memory.consolidation_batch()
-            out = run.run_async(run.judge.consolidate(self.memory.candidates_by_query(drafts), self.memory.pool,
-                                                      ctx=CallContext(run.run_id, step, "consolidate")))
+            out = run.run_async(run.judge.ask(CONSOLIDATION, candidates_by_query=self.memory.candidates_by_query(drafts),
+                                              existing=self.memory.pool, ctx=CallContext(run.run_id, step, "consolidate")))
             if out.value is None:  # the judge failed after retries: keep these drafts in D, try again next step
                 break
             rec.extend(self.memory.consolidate(step, out.value, run.embed))

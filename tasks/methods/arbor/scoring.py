@@ -21,7 +21,8 @@ from arbor.tasks.methods.arbor.judge import (
     sparse_edges,
     verdict_to_outcome,
 )
-from arbor.tasks.types import Rubric, Trajectory
+from arbor.tasks.methods.arbor.roles import ask_pairwise
+from arbor.types import Rubric, Trajectory
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ async def score_jobs(
     out: list[GroupScoring] = []
     pos = 0
     for job, edges in zip(jobs, plans, strict=True):
-        # Judge.pairwise already undid the swap: the verdict refers to (i, j) as given.
+        # ask_pairwise already undid the swap: the verdict refers to (i, j) as given.
         outcomes = [verdict_to_outcome(v, swapped=False) for v in verdicts[pos: pos + len(edges)]]
         pos += len(edges)
         out.append(score_group(len(job.trajectories), edges, outcomes))
@@ -68,7 +69,7 @@ async def score_jobs(
 
 async def _call(judge: Judge, question: str, a: Trajectory, b: Trajectory, rubric: Rubric, swap: bool,
                 ctx: CallContext, on_done: Callable[[], None] | None) -> str | None:
-    res = await judge.pairwise(question, a, b, rubric, swap=swap, ctx=ctx)
+    res = await ask_pairwise(judge, question, a, b, rubric, swap=swap, ctx=ctx)
     if on_done is not None:
         on_done()
     return res.value

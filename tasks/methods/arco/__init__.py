@@ -2,6 +2,7 @@
 functions (``equations.py``), its rubric model mu (``rubric_model.py``), and what it stores (``tables.py``,
 ``sql/``)."""
 
+from arbor.tasks.methods.arco import roles as roles  # registers its judge roles (roles.py, prompts/)
 from arbor.tasks.methods.arco.method import ARCO
 
-__all__ = ["ARCO"]
+__all__ = ["ARCO", "roles"]

@@ -1,7 +1,7 @@
 """ARCO (issue 16): a co-evolving rubric model mu turns the outcome into per-step rewards, with no judge in the loop
 after its warm-up. Facts from the ARCO paper's review and its authors' code; choices in docs/decisions.md.
 
-    score        split each trajectory into steps (its policy turns, ``tasks.format.turn_spans``); mu writes K
+    score        split each trajectory into steps (its policy turns, ``arbor.format.turn_spans``); mu writes K
                  criteria per step (greedy; ``arco.criteria``: generate | static | none) and scores them,
                  s̄_t = mean_k s_tk. During the teacher warm-up the judge also labels every step (``step_labels``),
                  projected so that sum_t mean_k x_tk = R.
@@ -28,14 +28,15 @@ from torch import Tensor
 
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
+from arbor.format import turn_spans
 from arbor.llm.base import CallContext, JudgeOutcome
-from arbor.tasks.format import turn_spans
 from arbor.tasks.methods.arco import equations as arco
+from arbor.tasks.methods.arco.roles import STEP_LABELS
 from arbor.tasks.methods.arco.tables import TABLES
 from arbor.tasks.methods.base import ROLLOUT, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.stages import fault_point
 from arbor.tasks.training.checkpoint import checkpoint_due, run_checkpoint_root
-from arbor.tasks.types import LossSettings, StepLabel, Trajectory
+from arbor.types import LossSettings, StepLabel, Trajectory
 
 
 @dataclass
@@ -131,8 +132,9 @@ class ARCO(Method):
         if step <= self.warmup_steps and not run.judge_capped():
             async def teach() -> list[JudgeOutcome[list[StepLabel]]]:
                 return await asyncio.gather(*[
-                    run.judge.step_labels(t.question, t.golds, t, [(s.action, s.result) for s in ss], ac.k,
-                                          ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
+                    run.judge.ask(STEP_LABELS, question=t.question, golds=t.golds, trajectory=t,
+                                  steps=[(s.action, s.result) for s in ss], k=ac.k,
+                                  ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
                     for t, ss in zip(trajs, steps, strict=True)])
             labels = list(run.run_async(teach()))
         fault_point(step, "score", "mid")

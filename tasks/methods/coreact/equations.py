@@ -22,8 +22,9 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from arbor.tasks.types import RubricItem, StepRubric
+from arbor.types import RubricItem, StepRubric
 
+RANK_LABELS = ("X", "Y", "Z", "W", "V", "U", "T", "S")  # Co-ReAct §3.1: neutral names of the shown candidates
 TAU = 0.5  # verification threshold (App. A)
 REWARD_WEIGHTS = (0.75, 0.15, 0.10)  # (w_rank, w_atom, w_fmt), eq. 3 and App. A
 REPETITION_LIMIT = 0.40  # the 4-gram repetition gate (App. A)
@@ -235,3 +236,22 @@ def rubric_reward(rubric: StepRubric, rubric_text: str, candidate_scores: Sequen
     rep = repetition_rate(rubric_text)
     return {"r_rank": r_rank, "r_atom": r_atom, "r_fmt": r_fmt, "repetition": rep,
             "reward": generator_reward(r_rank, r_atom, r_fmt, repetition=rep)}
+
+
+def unshuffle_ranking(best_first_labels: Sequence[str], order: Sequence[int]) -> list[int]:
+    """Map a ranking of the *shown* candidates back to the caller's order (Co-ReAct §3.1's random relabelling).
+
+    Candidate ``order[j]`` was shown at position j under ``RANK_LABELS[j]``; ``best_first_labels`` is the judge's
+    full ranking of those labels, best first. Returns ``ranks`` with ``ranks[i]`` the rank (1 = best) of the
+    caller's candidate i. ValueError unless ``order`` is a permutation of range(n) and the ranking holds each of
+    the n shown labels exactly once."""
+    n = len(order)
+    if sorted(order) != list(range(n)) or n > len(RANK_LABELS):
+        raise ValueError(f"order {list(order)} is not a permutation of range({n}) (at most {len(RANK_LABELS)})")
+    labels = RANK_LABELS[:n]
+    if sorted(best_first_labels) != sorted(labels):
+        raise ValueError(f"ranking {list(best_first_labels)} is not a permutation of {list(labels)}")
+    ranks = [0] * n
+    for position, label in enumerate(best_first_labels, start=1):
+        ranks[order[labels.index(label)]] = position
+    return ranks

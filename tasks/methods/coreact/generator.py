@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from arbor.config import ArborConfig
+from arbor.format import turn_spans
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import GenRequest
-from arbor.tasks.format import turn_spans
 from arbor.tasks.methods.coreact.equations import (
     consensus_ranks,
     generator_reward,
@@ -47,7 +47,8 @@ from arbor.tasks.methods.coreact.guidance import (
     prefix_history,
     run_judge,
 )
-from arbor.tasks.types import Trajectory
+from arbor.tasks.methods.coreact.roles import STEP_RUBRIC, STEP_VERIFY, ask_ranking
+from arbor.types import Trajectory
 
 
 def generator_config(cfg: ArborConfig, run_id: str, total_updates: int) -> ArborConfig:
@@ -127,11 +128,11 @@ def rank_points(rows: Sequence[dict[str, Any]], judges: Sequence[tuple[str, Any]
     (``guidance.rank_golds``): show the judges the question's gold answers; False (§3.1): no answer key."""
     need = min(min_rankings, len(judges))
     reasoned = rationale or {}
-    by_judge = {name: run_judge(judge, [judge.rank_actions(r["question"], r["golds"] if golds else None,
-                                                           r["history"], r["candidates"],
-                                                           order=shuffled_order(seed, r["point_id"], name,
-                                                                                len(r["candidates"])),
-                                                           rationale=reasoned.get(name, True), ctx=ctx)
+    by_judge = {name: run_judge(judge, [ask_ranking(judge, r["question"], r["golds"] if golds else None,
+                                                    r["history"], r["candidates"],
+                                                    order=shuffled_order(seed, r["point_id"], name,
+                                                                         len(r["candidates"])),
+                                                    rationale=reasoned.get(name, True), ctx=ctx)
                                         for r in rows])
                 for name, judge in judges}
     out = []
@@ -151,8 +152,8 @@ def warm_rows(points: Sequence[dict[str, Any]], judge: Any, max_tool_calls: int,
     from arbor.tasks.methods.coreact.equations import render_rubric
 
     bps = [BranchPoint(p["question"], p["history"], int(p["tool_calls"])) for p in points]
-    outs = run_judge(judge, [judge.step_rubric(b.question, b.history, tool_calls=b.tool_calls,
-                                               max_tool_calls=max_tool_calls, ctx=ctx) for b in bps])
+    outs = run_judge(judge, [judge.ask(STEP_RUBRIC, question=b.question, history=b.history, tool_calls=b.tool_calls,
+                                       max_tool_calls=max_tool_calls, ctx=ctx) for b in bps])
     return [{"system": GENERATOR_SYSTEM, "question": generator_user(b), "response": render_rubric(o.value)}
             for b, o in zip(bps, outs, strict=True) if o.value is not None]
 
@@ -189,7 +190,8 @@ def sample_update(sampler: GeneratorRubrics, judge: Any, points: Sequence[dict[s
         if not rubric.items:
             continue
         for c, cand in enumerate(points[gi]["candidates"]):
-            jobs.append(judge.step_verify(bps[gi].question, bps[gi].history, cand, rubric, ctx=ctx))
+            jobs.append(judge.ask(STEP_VERIFY, question=bps[gi].question, history=bps[gi].history, action=cand,
+                                  rubric=rubric, ctx=ctx))
             where.append((j, c))
     verdicts = run_judge(judge, jobs)
     scores: dict[int, list[float | None]] = {}

@@ -48,8 +48,9 @@ from arbor.tasks.methods.coreact.equations import (
     verification_score,
     verifier_feedback,
 )
+from arbor.tasks.methods.coreact.roles import STEP_RUBRIC, STEP_VERIFY
 from arbor.tasks.methods.coreact.tables import TABLES
-from arbor.tasks.types import RubricItem, StepRubric, StepVerdict
+from arbor.types import RubricItem, StepRubric, StepVerdict
 
 GENERATOR_SYSTEM = (
     "You write a step rubric for a search agent. Read the question and what the agent has done so far, then list "
@@ -150,8 +151,8 @@ class JudgeRubrics:
 
     def write(self, points: Sequence[BranchPoint], seeds: Sequence[int]) -> list[Written]:
         async def one(p: BranchPoint) -> Written:
-            out = await self.judge.step_rubric(p.question, p.history, tool_calls=p.tool_calls,
-                                               max_tool_calls=self.max_tool_calls, ctx=self.ctx)
+            out = await self.judge.ask(STEP_RUBRIC, question=p.question, history=p.history, tool_calls=p.tool_calls,
+                                       max_tool_calls=self.max_tool_calls, ctx=self.ctx)
             return (out.value, None) if out.value is not None else (None, out.error or "failed")
 
         return run_judge(self.judge, [one(p) for p in points])
@@ -298,7 +299,8 @@ class CoReAct:
     def _verify(self, steps: Sequence[_Step], actions: Sequence[str]) -> None:
         async def one(st: _Step, action: str) -> tuple[StepVerdict | None, str | None]:
             assert st.rubric is not None
-            out = await self.judge.step_verify(st.point.question, st.point.history, action, st.rubric, ctx=self.ctx)
+            out = await self.judge.ask(STEP_VERIFY, question=st.point.question, history=st.point.history,
+                                       action=action, rubric=st.rubric, ctx=self.ctx)
             return (out.value, None) if out.value is not None else (None, out.error or "failed")
 
         for st, (verdict, err) in zip(steps, run_judge(self.judge, [one(st, a) for st, a in zip(steps, actions,

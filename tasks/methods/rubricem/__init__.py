@@ -2,6 +2,7 @@
 meta-policy and the rubric bank) and what it stores (``tables.py``, ``sql/``). The reflection mathematics it shares
 with the SFT data builder stays in ``tasks/reflection.py``."""
 
+from arbor.tasks.methods.rubricem import roles as roles  # registers its judge roles (roles.py, prompts/)
 from arbor.tasks.methods.rubricem.method import RubricEM
 
-__all__ = ["RubricEM"]
+__all__ = ["RubricEM", "roles"]

@@ -32,12 +32,13 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from arbor.config.train import TrainConfig
+from arbor.format import reflection_blocks
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import GenRequest, build_prompt_ids
 from arbor.tasks.env.datasets import Question, batch_for_step
-from arbor.tasks.format import reflection_blocks
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StepResources
+from arbor.tasks.methods.rubricem.roles import REFLECTION_GRADES
 from arbor.tasks.methods.rubricem.tables import TABLES
 from arbor.tasks.methods.ss_grpo.method import SSGRPO
 from arbor.tasks.reflection import (
@@ -56,7 +57,7 @@ from arbor.tasks.reflection import (
 )
 from arbor.tasks.stages import fault_point
 from arbor.tasks.training.losses import group_advantages
-from arbor.tasks.types import ReflectionGrade, RubricGrade, StageRubric, Trajectory
+from arbor.types import ReflectionGrade, RubricGrade, StageRubric, Trajectory
 
 
 class RubricEM(SSGRPO):
@@ -138,8 +139,9 @@ class RubricEM(SSGRPO):
 
         async def judge_all() -> list[JudgeOutcome[list[ReflectionGrade]]]:
             return await asyncio.gather(*[
-                run.judge.reflection_grades(t.question, t.golds, t, grades.get(t.traj_id, []), cands,
-                                            ctx=CallContext(run.run_id, step, "reflect", t.group, None, t.sample))
+                run.judge.ask(REFLECTION_GRADES, question=t.question, golds=t.golds, trajectory=t,
+                              graded=grades.get(t.traj_id, []), candidates=cands,
+                              ctx=CallContext(run.run_id, step, "reflect", t.group, None, t.sample))
                 for t, cands in zip(chosen, texts, strict=True)])
 
         judged = [JudgeOutcome(None, "judge cost cap reached", 0, False) for _ in chosen] if capped \

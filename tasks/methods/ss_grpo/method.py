@@ -1,6 +1,6 @@
 """SS-GRPO (RubricEM §3.3, eq. 1; App. C): stage-structured GRPO with a stagewise evolving rubric judge.
 
-Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Review / Answer, ``tasks.format``).
+Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Review / Answer, ``arbor.format``).
 
     score   per group: the judge proposes discriminative stage rubrics by contrasting the K trajectories (C.2),
             they join the question's stage buffer, every format-valid trajectory is graded 0/1/2 against the
@@ -32,9 +32,10 @@ from torch import Tensor
 
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
+from arbor.format import STAGE_NAMES
 from arbor.llm.base import CallContext, JudgeOutcome
-from arbor.tasks.format import STAGE_NAMES
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StepResources
+from arbor.tasks.methods.ss_grpo.roles import STAGE_GRADES, STAGE_RUBRICS
 from arbor.tasks.methods.ss_grpo.stagewise import (
     StageBuffer,
     grade_variance,
@@ -47,7 +48,7 @@ from arbor.tasks.methods.ss_grpo.stagewise import (
 from arbor.tasks.methods.ss_grpo.tables import TABLES
 from arbor.tasks.stages import fault_point
 from arbor.tasks.training.losses import segment_advantages
-from arbor.tasks.types import LossSettings, RubricGrade, StageRubric, StageRubricDraft, Trajectory
+from arbor.types import LossSettings, RubricGrade, StageRubric, StageRubricDraft, Trajectory
 
 
 def neutral_grades(per_traj: Sequence[Sequence[RubricGrade] | None], n_rubrics: int) -> list[float] | None:
@@ -106,8 +107,9 @@ class SSGRPO(Method):
 
         async def generate() -> list[JudgeOutcome[list[StageRubricDraft]]]:
             return await asyncio.gather(*[
-                run.judge.stage_rubrics(g[0].question, g[0].golds, g, self.buffer.rubrics(g[0].question_id),
-                                        ctx=CallContext(run.run_id, step, "score", g[0].group))
+                run.judge.ask(STAGE_RUBRICS, question=g[0].question, golds=g[0].golds, trajectories=g,
+                              existing=self.buffer.rubrics(g[0].question_id),
+                              ctx=CallContext(run.run_id, step, "score", g[0].group))
                 for g in groups])
 
         drafts = [JudgeOutcome([]) for _ in groups] if capped else run.run_async(generate())
@@ -120,8 +122,9 @@ class SSGRPO(Method):
 
         async def grade() -> list[JudgeOutcome[list[RubricGrade]]]:
             async def one(gi: int, t: Trajectory) -> JudgeOutcome[list[RubricGrade]]:
-                out = await run.judge.stage_grades(t.question, t.golds, t, buffers[gi],
-                                                   ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
+                out = await run.judge.ask(STAGE_GRADES, question=t.question, golds=t.golds, trajectory=t,
+                                          rubrics=buffers[gi],
+                                          ctx=CallContext(run.run_id, step, "score", t.group, None, t.sample))
                 tick()
                 return out
             return await asyncio.gather(*[one(gi, t) for gi, t in graded])

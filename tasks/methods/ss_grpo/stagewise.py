@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from arbor.tasks.format import stage_spans, token_starts
+from arbor.format import stage_spans, token_starts
 from arbor.tasks.training.losses import group_advantages
-from arbor.tasks.types import StageRubric, StageRubricDraft
+from arbor.types import StageRubric, StageRubricDraft
 
 N_STAGES = 4
 
@@ -84,7 +84,7 @@ def prune_stage(rubrics: Sequence[StageRubric], variances: Mapping[str, float], 
 
 # ---------------------------------------------------------------------------------------------- token spans
 def stage_token_bounds(decode: Callable[[list[int]], str], response_ids: Sequence[int], text: str) -> list[int]:
-    """The response-token index where each of the four stages starts (``tasks.format.stage_spans`` on the text,
+    """The response-token index where each of the four stages starts (``arbor.format.stage_spans`` on the text,
     mapped onto the ids); stage k spans [start_k, start_{k+1}) and the last runs to the end."""
     spans = stage_spans(text)
     return token_starts(decode, response_ids, [a for a, _ in spans])

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from arbor.tasks.group_stats import EPS
+from arbor.group_stats import EPS
 
 
 def _pick(cands: list[int], f1: Sequence[float], lengths: Sequence[int], best: str) -> int:

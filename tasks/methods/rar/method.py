@@ -9,7 +9,8 @@ import asyncio
 
 from arbor.llm.base import CallContext
 from arbor.tasks.methods.base import Method, RubricScores, StepResources
-from arbor.tasks.types import Trajectory
+from arbor.tasks.methods.rar.roles import RAR_RATE, RAR_RUBRICS
+from arbor.types import Trajectory
 
 
 def rating_to_score(rating: float) -> float:
@@ -29,7 +30,8 @@ class RaR(Method):
 
         async def rate_all() -> tuple[list[list[float | None]], list[list[str]]]:
             items = await asyncio.gather(*[
-                run.judge.rar_rubrics(g[0].question, g[0].golds, ctx=CallContext(run.run_id, step, "shape", g[0].group))
+                run.judge.ask(RAR_RUBRICS, question=g[0].question, golds=g[0].golds,
+                              ctx=CallContext(run.run_id, step, "shape", g[0].group))
                 for g in groups
             ])
             out = []
@@ -38,8 +40,8 @@ class RaR(Method):
                     out.append([None] * len(g))
                     continue
                 ratings = await asyncio.gather(*[
-                    run.judge.rar_rate(t.question, t, it.value,
-                                       ctx=CallContext(run.run_id, step, "shape", t.group, None, t.sample))
+                    run.judge.ask(RAR_RATE, question=t.question, trajectory=t, items=it.value,
+                                  ctx=CallContext(run.run_id, step, "shape", t.group, None, t.sample))
                     for t in g
                 ])
                 out.append([None if r.value is None else rating_to_score(r.value) for r in ratings])

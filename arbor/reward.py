@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from arbor.config.reward import RewardConfig
+from arbor.format import ARBOR, TagProtocol, check_format
 from arbor.plugins import PluginError, check_signature, load_plugin
-from arbor.tasks.format import ARBOR, TagProtocol, check_format
-from arbor.tasks.types import Trajectory
+from arbor.types import Trajectory
 
 FORMAT_PENALTY = -1.0
 

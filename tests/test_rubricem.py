@@ -98,13 +98,13 @@ def test_within_cross_utility_averages_alg1s_two_usefulness_scores() -> None:
 
 def test_paper_profile_reflection_settings() -> None:
     """Issue 50 items 6-7 in the paper profile: no format gate (F.1.2), D.6.2's weighted utility, and a reflection
-    budget that holds a Qwen3 <think> block and D.6.1's two blocks; the tiny world keeps its measured 256."""
+    budget that holds a Qwen3 <think> block and D.6.1's two blocks; the tiny profiles keep the recorded 256."""
     from arbor.config import load_config
 
     rc = load_config("qwen3-8b-rubricem").rubricem
     assert (rc.format_gate, rc.reflection_utility, rc.reflection_weights) == (False, "weighted", (0.4, 0.3, 0.3))
     assert rc.reflection_max_tokens == 4096
-    assert load_config("tiny-world").rubricem.reflection_max_tokens == 256
+    assert all(load_config(p).rubricem.reflection_max_tokens == 256 for p in ("tiny-world", "tiny-cpu", "smol-world"))
 
 
 def test_best_candidate_is_the_highest_valid_one() -> None:

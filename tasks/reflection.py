@@ -57,6 +57,16 @@ def reflection_utility(grade: ReflectionGrade, weights: Sequence[float] = (0.4, 
     return w_d * grade.diagnosis + w_s * grade.specificity + w_c * grade.scope
 
 
+def within_cross_utility(grade: ReflectionGrade) -> float:
+    """u = (u_within + u_cross) / 2 (Alg. 1 lines 37-38). D.6.2's three dimensions split by whom the guidance
+    serves: specificity asks about the next attempt at this question (u_within), scope about other questions
+    (u_cross), and diagnosis underlies both: u_within = (diagnosis + specificity) / 2, u_cross = (diagnosis +
+    scope) / 2, so u = diagnosis / 2 + specificity / 4 + scope / 4."""
+    u_within = (grade.diagnosis + grade.specificity) / 2
+    u_cross = (grade.diagnosis + grade.scope) / 2
+    return (u_within + u_cross) / 2
+
+
 def best_candidate(utilities: Sequence[float], valid: Sequence[bool]) -> int | None:
     """The index of the highest-utility valid candidate with u > 0 (the first on ties), or None (D.4: "only the
     highest-scored candidate with valid output format is accepted into the bank")."""
@@ -232,4 +242,5 @@ def reflection_sft_rows(rows: Sequence[dict[str, Any]], share: float, seed: int,
 
 __all__ = ["REFLECTION_GROUP", "REFLECTION_STOP", "REFLECTION_SYSTEM_PROMPT", "BankItem", "Mode", "RubricBank",
            "best_candidate", "gold_reflection", "normalise", "rank_related", "reference_block",
-           "reflection_message", "reflection_sft_rows", "reflection_utility", "windowed_batch", "with_reference"]
+           "reflection_message", "reflection_sft_rows", "reflection_utility", "windowed_batch", "with_reference",
+           "within_cross_utility"]

@@ -78,6 +78,35 @@ def test_utility_weights_the_three_dimensions() -> None:
     assert reflection_utility(ReflectionGrade(1.0, 1.0, 1.0), (0.5, 0.25, 0.25)) == pytest.approx(1.0)
 
 
+def test_within_cross_utility_averages_alg1s_two_usefulness_scores() -> None:
+    """Alg. 1 lines 37-38: u = (u_within + u_cross) / 2, u_within = (d + specificity) / 2, u_cross = (d + scope) / 2.
+    By hand: (1.0, 0.5, 0.0) -> u_within 0.75, u_cross 0.5, u 0.625 (D.6.2's weights give 0.55)."""
+    from arbor.tasks.methods.rubricem.method import candidate_utility
+    from arbor.tasks.reflection import within_cross_utility
+
+    g = ReflectionGrade(1.0, 0.5, 0.0)
+    assert within_cross_utility(g) == pytest.approx(0.625)
+    assert within_cross_utility(ReflectionGrade(0.2, 1.0, 0.6)) == pytest.approx((0.6 + 0.4) / 2)
+    w = (0.4, 0.3, 0.3)
+    assert candidate_utility(g, True, "within-cross", w, False) == pytest.approx(0.625)
+    assert candidate_utility(g, True, "weighted", w, False) == pytest.approx(0.55)
+    # F.1.2 (no format reward): a candidate without its blocks keeps the judge's score; behind the gate it gets 0
+    assert candidate_utility(g, False, "weighted", w, False) == pytest.approx(0.55)
+    assert candidate_utility(g, False, "weighted", w, True) == 0.0
+    assert candidate_utility(g, True, "weighted", w, True) == pytest.approx(0.55)
+
+
+def test_paper_profile_reflection_settings() -> None:
+    """Issue 50 items 6-7 in the paper profile: no format gate (F.1.2), D.6.2's weighted utility, and a reflection
+    budget that holds a Qwen3 <think> block and D.6.1's two blocks; the tiny profiles keep the recorded 256."""
+    from arbor.config import load_config
+
+    rc = load_config("qwen3-8b-rubricem").rubricem
+    assert (rc.format_gate, rc.reflection_utility, rc.reflection_weights) == (False, "weighted", (0.4, 0.3, 0.3))
+    assert rc.reflection_max_tokens == 4096
+    assert all(load_config(p).rubricem.reflection_max_tokens == 256 for p in ("tiny-world", "tiny-cpu", "smol-world"))
+
+
 def test_best_candidate_is_the_highest_valid_one() -> None:
     assert best_candidate([0.2, 0.9, 0.9, 0.5], [True, False, True, True]) == 2  # 1 is invalid; 2 beats 3
     assert best_candidate([0.7, 0.7], [True, True]) == 0  # ties: the first
@@ -277,8 +306,8 @@ def _grading_judge(fail: bool):  # noqa: ANN202
     return Grades
 
 
-def _reflect_step(home: Path, tiny_dir: Path,
-                  fail: bool) -> tuple[list[dict], list[dict], list[dict], list[Trajectory], RubricEM]:
+def _reflect_step(home: Path, tiny_dir: Path, fail: bool, sets: dict | None = None,
+                  ) -> tuple[list[dict], list[dict], list[dict], list[Trajectory], RubricEM]:
     """Step 1 of a RubricEM run through the real stages (score with the rules stage judge, induce, shape) on one
     group of three staged trajectories: (reflections, bank rows, shaped trajectory rows, step 2's lagged
     reflections, the method)."""
@@ -291,7 +320,7 @@ def _reflect_step(home: Path, tiny_dir: Path,
     from arbor.tasks.step import RunState
 
     cfg = load_config("tiny-cpu", {"run.method": "rubricem", "rollout.protocol": "rubricem", "run.run_id": "r",
-                                   "rubricem.reflection_samples": 3})
+                                   "rubricem.reflection_samples": 3, **(sets or {})})
     tok = load_tokenizer(tiny_dir, cfg.policy)
     q = "Who founded Zorblat Mills?"
     trajs = []
@@ -323,8 +352,9 @@ def test_a_failed_reflection_grading_gives_its_candidates_no_gradient_and_the_ba
     candidate group has zero variance (all advantages 0; the trainer drops it) and nothing enters the bank; the
     same candidates graded give u = 1, 0.5, 0 and advantages +1, 0, -1. The task group's stage credit comes from
     the score stage and is the same either way."""
-    ok_refl, ok_bank, ok_shaped, ok_lagged, m = _reflect_step(tmp_path / "ok", tiny_dir, fail=False)
-    bad_refl, bad_bank, bad_shaped, bad_lagged, _ = _reflect_step(tmp_path / "bad", tiny_dir, fail=True)
+    gate = {"rubricem.format_gate": True}  # arbor's gate: the blockless third candidate's utility is 0
+    ok_refl, ok_bank, ok_shaped, ok_lagged, m = _reflect_step(tmp_path / "ok", tiny_dir, False, gate)
+    bad_refl, bad_bank, bad_shaped, bad_lagged, _ = _reflect_step(tmp_path / "bad", tiny_dir, True, gate)
     cfg = m.cfg
 
     def advantages(cands: list[Trajectory]) -> list[float]:
@@ -349,3 +379,64 @@ def test_a_failed_reflection_grading_gives_its_candidates_no_gradient_and_the_ba
     assert [(r["stage_starts"], r["stage_rewards"], r["shaped_reward"]) for r in sorted(bad_shaped, key=key)] == \
         [(r["stage_starts"], r["stage_rewards"], r["shaped_reward"]) for r in sorted(ok_shaped, key=key)]
     assert len({tuple(r["stage_rewards"]) for r in ok_shaped}) > 1  # the group's stages do tell them apart
+
+
+def test_without_the_format_gate_a_blockless_candidate_keeps_its_judged_utility_but_not_the_bank(
+        tiny_dir: Path, tmp_path: Path) -> None:
+    """F.1.2 / D.4 (issue 50 item 6): the reward of a reflection is the judge's score; the format only decides the
+    bank. The judge grades the three candidates u = 1, 0.5, 1 (the third has no blocks). By hand: mean 5/6,
+    sample std sqrt(1/12), so A = +0.577, -1.155, +0.577; candidate 0 (the best valid) enters the bank."""
+    refl, bank, _, lagged, m = _reflect_step(tmp_path, tiny_dir, False)
+    assert [r["utility"] for r in refl] == pytest.approx([1.0, 0.5, 1.0])
+    assert [r["format_valid"] for r in refl] == [True, True, False]
+    assert [r["chosen"] for r in refl] == [True, False, False] and len(bank) == 1
+    adv = m.token_advantages(lagged, [c.base_reward for c in lagged], [c.group for c in lagged], m.cfg.train)
+    assert [float(a[0]) for a in adv] == pytest.approx([0.57735, -1.1547, 0.57735], abs=1e-4)
+
+
+def _score_group(home: Path, tiny_dir: Path, texts: list[str], sets: dict) -> dict[str, list[float]]:
+    """SS-GRPO's score stage (the rules stage judge) on one group; each trajectory's R_{i,1..4} by sample, after a
+    rollout's own reward (F1 gated to 0 when the scaffold check fails)."""
+    from arbor.config import load_config
+    from arbor.format import RUBRICEM
+    from arbor.llm.rules import RulesJudge
+    from arbor.reward import base_reward
+    from arbor.tasks.env.agent import tokenize_trajectory
+    from arbor.tasks.env.policy import load_tokenizer
+    from arbor.tasks.stages import StageStore
+    from arbor.tasks.step import RunState
+
+    cfg = load_config("tiny-cpu", {"run.method": "ss-grpo", "rollout.protocol": "rubricem", "run.run_id": "r", **sets})
+    tok = load_tokenizer(tiny_dir, cfg.policy)
+    q, golds = "Who founded Zorblat Mills?", ["Quenby Arl"]
+    trajs = []
+    for i, text in enumerate(texts):
+        p, r, m = tokenize_trajectory(tok, q, text, protocol=RUBRICEM)
+        rr = base_reward(text, golds, protocol=RUBRICEM)
+        trajs.append(Trajectory("r", 1, 0, i, "q1", q, golds, prompt_ids=p, response_ids=r, loss_mask=m,
+                                rollout_logprobs=[0.0] * len(r), text=text, format_valid=rr.format_valid,
+                                answer=rr.answer, f1=rr.f1, base_reward=rr.base_reward))
+    store = StageStore("r", home)
+    store.commit(1, "rollout", {"rollouts": [t.to_row() for t in trajs]})
+    state = RunState(cfg=cfg, run_id="r", home=home, store=store, questions=[], engine=ReflectingEngine(tok),
+                     trainer=None, judge=RulesJudge(cfg.judge, home=home), embed=None)  # type: ignore[arg-type]
+    with state:
+        rows = state.compute("score", 1)["stage_scores"]
+    out: dict[str, list[float]] = {}
+    for r in sorted(rows, key=lambda r: (r["sample"], r["stage"])):
+        out.setdefault(r["sample"], []).append(r["score"])
+    return out
+
+
+def test_without_the_format_gate_a_scaffold_breaking_trajectory_is_graded_like_any_other(
+        tiny_dir: Path, tmp_path: Path) -> None:
+    """F.1.2 (issue 50 item 6): no format reward, so a trajectory that fails the strict scaffold check (here: text
+    after its </answer>) is graded on its stages and its answer like the others: it scores what the same trajectory
+    without the trailing text scores, the persistent Answer rubric included (F1 of its answer, 1 here, not the
+    rollout's gated 0). Behind arbor's gate (``rubricem.format_gate=true``) it scores 0 in every stage."""
+    texts = [GOLD, GOLD.replace("{Quenby Arl}", "{Arl Mills}"), GOLD + "\nThat is all."]
+    paper = _score_group(tmp_path / "paper", tiny_dir, texts, {})
+    gated = _score_group(tmp_path / "gated", tiny_dir, texts, {"rubricem.format_gate": True})
+    assert paper[2] == pytest.approx(paper[0]) and paper[2][3] > paper[1][3]  # its right answer counts
+    assert gated[2] == [0.0] * 4
+    assert gated[0] == pytest.approx(paper[0]) and gated[1] == pytest.approx(paper[1])  # valid ones: unchanged

@@ -24,13 +24,27 @@ class RubricEMConfig(Section):
         3.0, ge=0.0, description="weight of the persistent Answer-stage rubric 'the answer matches the gold' (scored "
         "by token F1, C.1's ground-truth rubric); 0 leaves the Answer stage to the judge's rubrics alone")
     kl_coef: float = Field(0.001, ge=0.0, description="beta of eq. 1: KL to the frozen reference policy (k3, F.1.2)")
+    format_gate: bool = Field(
+        False, description="false (F.1.2: no format reward): every trajectory is graded on its stages and its answer "
+        "(token F1 of the answer it states), scaffold-valid or not, and a reflection candidate's reward is the judge's "
+        "utility (D.6.2), valid or not; only the bank takes valid candidates (D.4). true (arbor's gate): a trajectory "
+        "that fails the strict scaffold check scores 0 in every stage, and an invalid candidate's utility is 0")
     # ---- the reflection meta-policy and the rubric bank (run.method=rubricem; §3.4, App. D)
     reflection_samples: int = Field(8, ge=2, description="m: reflection candidates sampled per reflected query (D.4); "
                                     "their judge scores are one GRPO group on the reflection tokens")
     reflection_temperature: float = Field(0.7, gt=0.0, description="sampling temperature of the candidates (D.4)")
-    reflection_max_tokens: int = Field(256, ge=16, description="new tokens a reflection candidate may use")
+    reflection_max_tokens: int = Field(
+        4096, ge=16, description="new tokens a reflection candidate may use, thinking included (the paper is silent): "
+        "D.6.1's four rubric sections and 1-4 takeaways after a Qwen3 <think> block; capped by what "
+        "rollout.max_context_tokens leaves after the reflection prompt (which holds the whole trajectory)")
+    reflection_utility: Literal["weighted", "within-cross"] = Field(
+        "weighted", description="weighted: u = w . (diagnosis, specificity, scope) with reflection_weights (D.6.2's "
+        "judge prompt); within-cross: u = (u_within + u_cross) / 2 (Alg. 1 lines 37-38) with u_within = (diagnosis + "
+        "specificity) / 2 (the next attempt at this question) and u_cross = (diagnosis + scope) / 2 (other "
+        "questions)")
     reflection_weights: tuple[float, float, float] = Field(
-        (0.4, 0.3, 0.3), description="utility u = w . (diagnosis, specificity, scope) of a candidate's grade (D.6.2)")
+        (0.4, 0.3, 0.3), description="utility u = w . (diagnosis, specificity, scope) of a candidate's grade (D.6.2; "
+        "reflection_utility=weighted)")
     retrieval_top_k: int = Field(2, ge=0, description="bank items of related questions retrieved per query "
                                  "(cross-episode transfer, D.5; inner product of normalised question embeddings)")
     curriculum: Literal["windowed", "off"] = Field(

@@ -6,7 +6,8 @@ Everything of ``ss-grpo`` (stage scores, Lambda returns, per-stage advantages, t
               with within-episode retrieval; each prompt shows its retrieved bank items before the question (D.6.3)
     reflect   per group, one trajectory drawn uniformly (D.4) is reflected on by the policy itself: m candidates at
               T = 0.7, graded by the judge with the trajectory's stage grades as privileged context (D.6.2),
-              u = 0.4 diagnosis + 0.3 specificity + 0.3 scope; the best valid candidate enters the bank (D.5)
+              u = 0.4 diagnosis + 0.3 specificity + 0.3 scope (``reflection_utility=within-cross``: Alg. 1's
+              mean of within- and cross-episode usefulness); the best valid candidate enters the bank (D.4, D.5)
     train     Phase A: the previous step's candidates (one-step lag, D.2), each reflected query's m candidates one
               GRPO group on the reflection tokens, rewarded by u; then Phase B: the task batch (SS-GRPO), Alg. 1
 
@@ -54,6 +55,7 @@ from arbor.tasks.reflection import (
     reflection_message,
     reflection_utility,
     windowed_batch,
+    within_cross_utility,
 )
 from arbor.tasks.stages import fault_point
 from arbor.tasks.training.losses import group_advantages
@@ -155,7 +157,7 @@ class RubricEM(SSGRPO):
             err = None if ok else (out.error or f"{len(out.value or [])} grades for {len(cands)} candidates")
             valid = [reflection_blocks(c) is not None for c in cands]
             got = out.value if ok and out.value is not None else [ReflectionGrade(0.0, 0.0, 0.0)] * len(cands)
-            utils = [reflection_utility(gr, rc.reflection_weights) if v else 0.0
+            utils = [candidate_utility(gr, v, rc.reflection_utility, rc.reflection_weights, rc.format_gate)
                      for gr, v in zip(got, valid, strict=True)]
             best = best_candidate(utils, valid) if ok else None
             if best is not None:
@@ -224,6 +226,18 @@ class RubricEM(SSGRPO):
             for j, i in enumerate(refl):
                 out[i] = adv_r[j].expand(len(batch[i].response_ids))
         return [a for a in out if a is not None]
+
+
+def candidate_utility(grade: ReflectionGrade, valid: bool, rule: str, weights: Sequence[float],
+                      format_gate: bool) -> float:
+    """A candidate's reward u: the judge's grade under D.6.2's weights (``weighted``) or Alg. 1's within / cross
+    mean (``within-cross``). Behind arbor's ``format_gate`` a candidate without both D.6.1 blocks gets 0; without it
+    (F.1.2: no format reward) it keeps the judge's score, and its format only keeps it out of the bank (D.4)."""
+    if format_gate and not valid:
+        return 0.0
+    if rule == "within-cross":
+        return within_cross_utility(grade)
+    return reflection_utility(grade, weights)
 
 
 def reflects_at(step: int, reflect_in: str, curriculum: str, window: int) -> bool:

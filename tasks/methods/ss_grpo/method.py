@@ -11,7 +11,9 @@ Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Revi
 
 Choices where the paper leaves arbor's setting open (docs/decisions.md "Issue 15"):
 - the persistent Answer rubric is the outcome: token F1 against the gold answers, weight ``rubricem.outcome_weight``;
-- the format gate of eq. 4 carries over: a format-invalid trajectory scores 0 in every stage and is not graded;
+- no format reward (F.1.2): every trajectory is graded, scaffold-valid or not, and its Answer rubric reads the
+  answer it states (``outcome_f1``); ``rubricem.format_gate=true`` is arbor's variant, eq. 4's gate: a
+  format-invalid trajectory scores 0 in every stage and is not graded;
 - a failed grading call falls back to the terminal answer score only (App. E's "fall back to terminal answer score
   only"), read as: only its answer's F1 tells it apart from its group. It takes the group's mean grade under each
   rubric (``neutral_grades``), so its process counts as the group's average and its stage advantages carry no
@@ -34,6 +36,7 @@ from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
 from arbor.format import STAGE_NAMES
 from arbor.llm.base import CallContext, JudgeOutcome
+from arbor.reward import token_f1
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StepResources
 from arbor.tasks.methods.ss_grpo.roles import STAGE_GRADES, STAGE_RUBRICS
 from arbor.tasks.methods.ss_grpo.stagewise import (
@@ -60,11 +63,20 @@ def neutral_grades(per_traj: Sequence[Sequence[RubricGrade] | None], n_rubrics: 
     return [sum(g[j].score for g in graded) / len(graded) for j in range(n_rubrics)]
 
 
+def outcome_f1(t: Trajectory, format_gate: bool) -> float:
+    """The persistent Answer rubric's value: token F1 of the trajectory's answer. Behind the gate, the rollout's F1
+    (0 when format-invalid); without it (F.1.2), the F1 of the answer an invalid trajectory states all the same."""
+    if format_gate or t.format_valid:
+        return t.f1
+    return token_f1(t.answer, list(t.golds))
+
+
 def trajectory_stage_scores(rubrics: Sequence[StageRubric], grades: Sequence[float] | None, f1: float,
-                            format_valid: bool, outcome_weight: float) -> list[float]:
+                            passes_gate: bool, outcome_weight: float) -> list[float]:
     """R_{i,1..4} of one trajectory (C.3) from its grade per rubric (0/1/2, or the group's mean for a failed call)
-    under this method's gate and fallback (module docstring)."""
-    if not format_valid:
+    under this method's fallback (module docstring); ``passes_gate`` False (format-invalid behind
+    ``rubricem.format_gate``): 0 in every stage."""
+    if not passes_gate:
         return [0.0] * len(STAGE_NAMES)
     outcome = (f1, outcome_weight) if outcome_weight > 0 else None
     if grades is None:  # no grade and no group mean: the terminal answer score only
@@ -117,7 +129,8 @@ class SSGRPO(Method):
         for g, out in zip(groups, drafts, strict=True):  # applied in group order: independent of call timing
             events += self.buffer.add(step, g[0].group, g[0].question_id, out.value or [])
         buffers = [self.buffer.rubrics(g[0].question_id) for g in groups]
-        graded = [(gi, t) for gi, g in enumerate(groups) for t in g if t.format_valid and buffers[gi] and not capped]
+        passes = {t.traj_id: t.format_valid or not rc.format_gate for t in trajs}
+        graded = [(gi, t) for gi, g in enumerate(groups) for t in g if passes[t.traj_id] and buffers[gi] and not capped]
         tick = run.scoring_progress("score", len(graded))
 
         async def grade() -> list[JudgeOutcome[list[RubricGrade]]]:
@@ -141,7 +154,7 @@ class SSGRPO(Method):
             per_traj: list[list[RubricGrade] | None] = []  # None: not graded (invalid, or the call failed)
             errors: list[str | None] = []
             for t in g:
-                grades: list[RubricGrade] | None = [] if t.format_valid and not rubrics else None
+                grades: list[RubricGrade] | None = [] if passes[t.traj_id] and not rubrics else None
                 err = None
                 out = got.get(t.traj_id)
                 if out is not None:
@@ -158,7 +171,7 @@ class SSGRPO(Method):
                 errors.append(err)
             neutral = neutral_grades(per_traj, len(rubrics))
             scores = [trajectory_stage_scores(rubrics, [x.score for x in gr] if gr is not None else neutral,
-                                              t.f1, t.format_valid, rc.outcome_weight)
+                                              outcome_f1(t, rc.format_gate), passes[t.traj_id], rc.outcome_weight)
                       for t, gr in zip(g, per_traj, strict=True)]
             returns = [stage_returns(r, rc.lambda_matrix) for r in scores]
             advs = stage_advantages(returns, eps=self.cfg.train.adv_eps, norm=self.cfg.train.adv_norm)

@@ -1,12 +1,16 @@
-"""Behaviour check for refactors (issue 13): the five methods store the same rows before and after a change.
+"""Behaviour check for refactors (issues 13, 51): every shipped method stores the same rows before and after a change.
 
     python bench/same_rows.py --ref fa7e91e                       # this tree vs commit fa7e91e
     python bench/same_rows.py --ref main --profile tiny-world --set run.start_checkpoint=PATH   # a policy that
                                                                   # answers some questions, so rubrics get induced
+    python bench/same_rows.py --ref main --methods arco co-react --judge scripted   # the judge over HTTP
 
-Each built-in method trains a short run (same seed and overrides) once in a checkout of ``--ref`` and
-once in this tree, each in a fresh workspace and its own process; then every stored table is compared row by row
-with the columns that measure time left out. Prints one line per (method, table) and exits 1 on any difference.
+Each method (the built-ins, and ``co-react``: GRPO on Co-ReAct's guided rollouts) trains a short run (same seed and
+overrides, plus what the method needs of the profile: ``METHOD_SETS``) once in a checkout of ``--ref`` and once in
+this tree, each in a fresh workspace and its own process; then every table either run stored (the pipeline's and the
+method's own) is compared row by row with the columns that measure time left out. ``--judge scripted`` points
+``judge.backend=openai`` at the scripted OpenAI-compatible server (``tests/openai_server.py``), one server process
+per side, each side its own tree's. Prints one line per (method, table) and exits 1 on any difference.
 """
 
 from __future__ import annotations
@@ -17,13 +21,21 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-METHODS = ("arbor", "grpo", "dapo", "rar", "no-memory")
+from bench.learning import RUBRICEM_SETS  # noqa: E402  (SS-GRPO's and RubricEM's stage scaffold)
+
+METHODS = ("arbor", "grpo", "dapo", "rar", "no-memory", "ss-grpo", "rubricem", "arco", "co-react")
+# what a method needs beyond the profile; co-react is no training method but guided rollouts, here under GRPO
+METHOD_SETS: dict[str, dict[str, Any]] = {"ss-grpo": RUBRICEM_SETS, "rubricem": RUBRICEM_SETS,
+                                          "co-react": {"run.method": "grpo", "guidance.mode": "co-react"}}
+JUDGE_KEY_ENV = "ARBOR_SAME_ROWS_JUDGE_KEY"  # the scripted server takes any key; the client wants one
 TABLES = ("trajectories", "rubric_events", "rubric_activations", "rubric_sources", "draft_scores", "judge_calls",
           "steps")
 TIMING = {"wall_seconds", "completed_at", "created_at", "gen_seconds", "latency_s", "started_at", "finished_at"}
@@ -55,11 +67,33 @@ arbor_train(profile=sys.argv[3], overrides=json.loads(sys.argv[1]), run_id=sys.a
 
 
 def train(tree: Path, home: Path, method: str, sets: dict[str, Any], profile: str) -> None:
-    env = {**os.environ, "ARBOR_HOME": str(home), "PYTHONPATH": str(tree)}
-    proc = subprocess.run([sys.executable, "-c", TRAIN, json.dumps({**sets, "run.method": method}), method, profile],
+    """Train ``method`` (its run id) in ``tree`` with the workspace ``home``."""
+    env = {**os.environ, "ARBOR_HOME": str(home), "PYTHONPATH": str(tree), JUDGE_KEY_ENV: "sk-same-rows"}
+    overrides = {**sets, "run.method": method, **METHOD_SETS.get(method, {})}
+    proc = subprocess.run([sys.executable, "-c", TRAIN, json.dumps(overrides), method, profile],
                           cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{tree}: {method} failed\n{proc.stderr[-3000:]}")
+
+
+@contextmanager
+def judge_server(tree: Path, kind: str) -> Iterator[dict[str, Any]]:
+    """The judge overrides of one side: none for the rules judge; for ``scripted``, ``tree``'s scripted server in
+    its own process, for as long as the side's runs last."""
+    if kind == "rules":
+        yield {}
+        return
+    proc = subprocess.Popen([sys.executable, str(tree / "tests" / "openai_server.py")], stdout=subprocess.PIPE,
+                            text=True, cwd=tree)
+    try:
+        line = proc.stdout.readline().strip() if proc.stdout else ""
+        if not line.startswith("PORT "):
+            raise SystemExit(f"{tree}: the scripted judge server did not start ({line!r})")
+        yield {"judge.backend": "openai", "judge.base_url": f"http://127.0.0.1:{int(line.split()[1])}/v1",
+               "judge.api_key_env": JUDGE_KEY_ENV, "judge.model": "scripted-judge"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def rows(table: str, run_id: str, home: Path, leave_out: frozenset[str] = frozenset()) -> list[tuple]:
@@ -79,12 +113,27 @@ def tables_of(homes: dict[str, Path]) -> list[str]:
     return [*TABLES, *sorted(written - set(TABLES) - {"stage_runs", "runs"})]
 
 
+def learn_declared_tables(homes: dict[str, Path]) -> None:
+    """A table a run declared in its workspace (its ``_schema.parquet``, written as the run starts) that no method
+    imported here registers (Co-ReAct's ``guided_steps`` under GRPO) is read with the schema the run declared."""
+    import pyarrow.parquet as pq
+
+    from arbor.storage.schemas import TableSet, register_tables, tables
+
+    for h in homes.values():
+        for f in sorted((h / "data").glob("*/_schema.parquet")):
+            if f.parent.name not in tables():
+                register_tables(TableSet(owner="a run's workspace", schemas={f.parent.name: pq.read_schema(f)}))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref", required=True, help="the git commit (or branch) to compare against")
     ap.add_argument("--profile", default="tiny-cpu")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="a config key: k=v (YAML value)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--judge", choices=("rules", "scripted"), default="rules",
+                    help="the offline rules judge, or the scripted OpenAI-compatible server (one per side)")
     ap.add_argument("--leave-out", action="append", default=[], metavar="COLUMN",
                     help="a column the reference does not write (e.g. attempt_errors, added after it): compared "
                     "as absent on both sides, and said so")
@@ -95,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     sets = {**DEFAULTS, **{k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.sets)}}
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as servers:
         old = Path(tmp) / "ref"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.ref], check=True,
                        capture_output=True)
@@ -103,11 +152,14 @@ def main(argv: list[str] | None = None) -> int:
             differ = 0
             from arbor.tasks.methods import resolve_method
 
+            judge = {side: servers.enter_context(judge_server(tree, args.judge))
+                     for side, tree in (("ref", old), ("tree", ROOT))}
             for m in args.methods:
-                resolve_method(m)  # its tables and steps columns: read here as the method declares them
+                resolve_method(METHOD_SETS.get(m, {}).get("run.method", m))  # its tables and steps columns
                 homes = {name: Path(tmp) / f"home-{name}" for name in ("ref", "tree")}
-                train(old, homes["ref"], m, sets, args.profile)
-                train(ROOT, homes["tree"], m, sets, args.profile)
+                train(old, homes["ref"], m, {**sets, **judge["ref"]}, args.profile)
+                train(ROOT, homes["tree"], m, {**sets, **judge["tree"]}, args.profile)
+                learn_declared_tables(homes)
                 for t in tables_of(homes):
                     a, b = rows(t, m, homes["ref"], leave_out), rows(t, m, homes["tree"], leave_out)
                     same = a == b

@@ -200,10 +200,10 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
         from arbor.llm.stream import StreamedJudge
 
         judge = StreamedJudge(judge)
-    engine.guide = make_guide(cfg, judge, home=home)  # guidance.mode=co-react: guided training rollouts
     state = RunState(cfg=cfg, run_id=run_id, home=home, store=store, questions=questions, engine=engine,
                      trainer=trainer, judge=judge, embed=_lazy_embedder(cfg.memory.embedder),
-                     servers=servers, method=method)
+                     servers=servers, method=method,
+                     guide=make_guide(cfg, judge, home=home))  # guidance.mode=co-react: guided training rollouts
     try:
         restore_policy(state)
     except BaseException:

@@ -4,10 +4,10 @@ The run's method declares the step's stage graph (``Method.stages``, issue 32): 
 ``shape`` and ``train`` and the stages it adds between them. ARBOR's:
 
     rollout ─► score ─► retire ─► induce ─► shape ─► consolidate ─► train
-    (K per     (active    (n_r >     (anchors,  (eq. 3/4)  (every        (GRPO / DAPO,
-     prompt,    commons,   kappa,     drafts,              K_consol      checkpoint,
-     base       sparse     rho_r <    admission            drafts)       weight sync)
-     reward)    judging)   rho_min)   eq. 2)
+    (K per     (active    (n_r >     (anchors,  (eq. 3/4)  (every        (the policy
+     prompt,    commons,   kappa,     drafts,              K_consol      update,
+     base       sparse     rho_r <    admission            drafts)       checkpoint,
+     reward)    judging)   rho_min)   eq. 2)                             weight sync)
 
 Every stage returns the rows of its declared tables; ``tasks.stages.StageStore`` turns it into an artifact keyed by
 (run, step, stage): a stage found complete is loaded, never recomputed. State a method keeps between steps (ARBOR's
@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from arbor.config import ArborConfig
 from arbor.group_stats import classify_group
@@ -42,6 +42,9 @@ from arbor.tasks.stages import Rows, StageStore
 from arbor.tasks.training.update import policy_update
 from arbor.tasks.training.weight_sync import sync_policy
 from arbor.types import Trajectory, UpdateBatch
+
+if TYPE_CHECKING:
+    from arbor.tasks.env.rollout import RolloutGuide
 
 T = TypeVar("T")
 
@@ -67,10 +70,15 @@ class RunState:
     last_train_metrics: dict[str, float] = field(default_factory=dict)
     stream_stats: StreamStats | None = None  # the step's streamed judging (None: not streamed, or resumed after it)
     method: Method = None  # type: ignore[assignment]  # the configured one (``run.method``; None: built here)
+    # what the rollouts run under (Co-ReAct's guided training rollouts, guidance.mode=co-react; None: plain turns):
+    # given here, handed to the engine here, and its records stored by the rollout stage
+    guide: RolloutGuide | None = None
 
     def __post_init__(self) -> None:
         if self.method is None:
             self.method = make_method(self.cfg)
+        if self.guide is not None:
+            self.engine.guide = self.guide
         check_stages(self.method.stages, self.cfg.run.method)
         if self.method.tables is not None:  # its tables and views, known to every reader of the workspace
             declare_tables(self.method.tables, self.home)
@@ -141,7 +149,7 @@ class RunState:
         from arbor.storage.validation import validate_trajectories
 
         batch, extra = self.method.batch(self, step)
-        guide = getattr(self.engine, "guide", None)  # Co-ReAct guided rollouts (guidance.mode=co-react)
+        guide = self.guide
         if guide is not None:
             guide.set_context(CallContext(run_id=self.run_id, step=step, stage="rollout"), run_id=self.run_id,
                               step=step)
@@ -152,7 +160,7 @@ class RunState:
         more = {"on_group": report} if takes and report is not None else {}
         trajs = self.engine.generate_groups(batch, self.cfg.rollout.k, self.seed, step, run_id=self.run_id, **more)
         trajs += self.method.extra_rollouts(self, step, batch, trajs)
-        if on_group is not None:  # groups the engine did not report (DAPO's resampled ones)
+        if on_group is not None:  # groups the engine did not report (a method's extra rollouts)
             for g in self.groups(trajs):
                 if g[0].group not in streamed:
                     on_group(g)
@@ -226,7 +234,7 @@ class RunState:
                              source=self.cfg.run.method)
 
     def train(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
-        """One GRPO / DAPO update on the shaped batch (plus the method's additions, ``Method.train_batch``); the
+        """One policy update on the shaped batch (plus the method's additions, ``Method.train_batch``); the
         step's metrics row (the stage's artifact) describes the shaped rollouts."""
         metrics = self.trainer.train_step(self.update_batch(step, trajs), step)
         self.last_train_metrics = metrics
@@ -297,7 +305,7 @@ class RunState:
             "judge_cost_usd": float(sum(c.get("cost_usd") or 0.0 for c in calls)),
             "policy_version": self.trainer.policy_version,
             **stream_columns(self.stream_stats),
-            "dropped_groups": int(train_metrics.get("dapo_dropped_groups", 0)),  # DAPO dynamic sampling
+            "dropped_groups": int(train_metrics.get("dropped_groups", 0)),  # the method's select_groups
         }
         for key in ("loss", "clip_frac", "approx_kl", "tis_mean", "tis_clip_frac", "entropy", "grad_norm"):
             v = train_metrics.get(key)

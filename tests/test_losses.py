@@ -1,4 +1,5 @@
-"""GRPO / TIS / DAPO losses against values computed by hand (paper App. B.2; issue 6 §1)."""
+"""GRPO / TIS losses and DAPO's equations (``tasks/methods/dapo/equations.py``) against values computed by hand
+(paper App. B.2; issue 6 §1)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import math
 import pytest
 import torch
 
-from arbor.tasks.training.losses import (
-    aggregate_token_losses,
+from arbor.tasks.methods.dapo.equations import (
     dynamic_sampling_filter,
     dynamic_sampling_refill,
+    overlong_penalty,
+)
+from arbor.tasks.training.losses import (
+    aggregate_token_losses,
     group_advantages,
     k3_kl,
-    overlong_penalty,
     policy_loss,
     token_entropy,
     token_logprobs,

@@ -143,7 +143,7 @@ def test_dapo_step_drops_zero_variance_groups(model_dir: Path, tmp_path: Path) -
         if t.group == 1:
             t.shaped_reward = 1.0  # homogeneous group
     m = tr.train_step(batch, 1)
-    assert m["dapo_dropped_groups"] == 1.0
+    assert m["dropped_groups"] == 1.0
     assert m["n_trajectories"] == 8.0
     assert tr.eps_high == pytest.approx(0.28)
 

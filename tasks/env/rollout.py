@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -362,9 +362,22 @@ class GroupWatch:
 OnGroup = Callable[[list[Trajectory]], None]
 
 
+class RolloutGuide(Protocol):
+    """What an engine's rollouts can run under instead of plain turns (Co-ReAct's guided turns:
+    ``tasks.methods.coreact.guidance.CoReAct``). The engine hands it its states (``run``); whoever owns the run
+    sets the judge-ledger context of the calls to come (``set_context``) and takes one record per guided turn
+    (``drain_records``)."""
+
+    def run(self, engine: Any, states: Sequence[AgentState], keys: Sequence[tuple[int, int]]) -> None: ...
+
+    def set_context(self, ctx: Any, **columns: Any) -> None: ...
+
+    def drain_records(self) -> list[dict[str, Any]]: ...
+
+
 class _EngineBase:
     policy_version: int = 0
-    guide: Any = None  # a tasks.methods.coreact.guidance.CoReAct: guided turns (inject, verify, retry) instead of plain ones
+    guide: RolloutGuide | None = None  # guided turns (Co-ReAct: inject, verify, retry) instead of plain ones
 
     def _guided_groups(self, questions: Sequence[Any], k: int, seed: int, step: int, run_id: str,
                        first_group: int) -> list[Trajectory]:

@@ -2,7 +2,7 @@
 
     arbor      tasks/methods/arbor/        the paper: rubric memory, sparse pairwise judging, eq. 1-4
     grpo       tasks/methods/grpo.py       outcome reward only (the Method defaults)
-    dapo       tasks/methods/dapo.py       clip-higher, dynamic sampling
+    dapo       tasks/methods/dapo/         clip-higher, dynamic sampling, overlong punishment
     rar        tasks/methods/rar/          query-specific RaR items, holistic rating (App. C.3)
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
     ss-grpo    tasks/methods/ss_grpo/      RubricEM's stage-structured GRPO, a stagewise rubric judge (issue 15)

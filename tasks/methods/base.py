@@ -13,26 +13,30 @@ The flow runs whatever graph the method declares; the stage machinery (storage, 
 to ``tasks.step.RunState``. What a method stores beyond the pipeline's tables, it declares as a
 ``storage.schemas.TableSet`` (``Method.tables``: its tables and schemas, its ``steps`` columns, its SQL views),
 registered with the store when its class is defined. A stage the method adds is a hook of the same name,
-``hook(run, step, trajs)`` (trajs: the step's rollouts), returning the rows of its declared tables. The decisions inside the pipeline's stages are
-hooks with plain GRPO's defaults:
+``hook(run, step, trajs)`` (trajs: the step's rollouts), returning the rows of its declared tables. The decisions
+inside the pipeline's stages are eighteen hooks with plain GRPO's defaults:
 
-    batch            the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)
-    extra_rollouts   more groups after the batch's (DAPO's dynamic sampling)
-    prefetch         a group's judge calls, made while other groups still roll out (ARBOR: scoring, induction)
-    rubric_scores    per group, the rubric score vectors that eq. 3/4 shape the base reward with
-    shape            R_total per trajectory (default: eq. 3/4 with ``rubric_scores``; SS-GRPO: stage returns)
-    train_batch      what the trainer gets besides the shaped rollouts (RubricEM: last step's reflections)
-    policy_lag       how many steps old a trajectory of the train batch may be (RubricEM's reflections: 1)
-    select_groups    which trajectories the trainer keeps (DAPO: drops zero-variance groups)
-    token_advantages one advantage per response token (GRPO: the group advantage A_i broadcast; a method with
-                     stage- or turn-level credit returns different values along one trajectory)
-    loss_settings    the upper PPO clip and the KL term's coefficient and reference (DAPO: clip-higher; ``old``:
-                     pi_old, ``frozen``: the start checkpoint), fixed when the trainer is built
-    kl_coef_at       the coefficient at one step (ARCO: 0 in its sparse phase)
-    after_train      once a step's policy update is committed (ARCO: mu's checkpoint with the policy's)
-    step_metrics     the method's columns of the ``steps`` row (ARCO: mu's loss; DAPO: its shortfall)
-    summary          what the step's log line and trackers show of the method's state (ARBOR: the common pool)
-    restore          rebuild the method's own state from stored rows when a run (re)starts (ARBOR: its memory)
+    batch               the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)
+    extra_rollouts      more groups after the batch's (DAPO's dynamic sampling)
+    prefetch            a group's judge calls, made while other groups still roll out (ARBOR: scoring, induction)
+    rubric_scores       per group, the rubric score vectors that eq. 3/4 shape the base reward with
+    shape               R_total per trajectory (default: eq. 3/4 with ``rubric_scores``; SS-GRPO: stage returns)
+    train_batch         what the trainer gets besides the shaped rollouts (RubricEM: last step's reflections)
+    update_rewards      R_i, the reward each trajectory's advantage is computed from (default: R_total, else
+                        R_base; DAPO: plus its overlong punishment, eq. 13)
+    policy_lag          how many steps old a trajectory of the train batch may be (RubricEM's reflections: 1)
+    select_groups       which trajectories the trainer keeps (DAPO: drops zero-variance groups)
+    token_advantages    one advantage per response token (GRPO: the group advantage A_i broadcast; a method with
+                        stage- or turn-level credit returns different values along one trajectory)
+    update_phase        the phase of the update a trajectory is trained in (RubricEM: reflections first)
+    scoring_temperature the temperature a trajectory's tokens are scored at (RubricEM's reflections: theirs)
+    loss_settings       the upper PPO clip and the KL term's coefficient and reference (DAPO: clip-higher; ``old``:
+                        pi_old, ``frozen``: the start checkpoint), fixed when the trainer is built
+    kl_coef_at          the coefficient at one step (ARCO: 0 in its sparse phase)
+    after_train         once a step's policy update is committed (ARCO: mu's checkpoint with the policy's)
+    step_metrics        the method's columns of the ``steps`` row (ARCO: mu's loss; DAPO: its shortfall)
+    summary             what the step's log line and trackers show of the method's state (ARBOR: the common pool)
+    restore             rebuild the method's own state from stored rows when a run (re)starts (ARBOR: its memory)
 
 The train-stage decisions run in the controller (``tasks.training.update.policy_update``): the trainer gets tensors and
 knows no method. Hooks get the run's resources (``StepResources``) and must draw any randomness from ``run.seed``
@@ -135,7 +139,8 @@ class RubricScores:
 
 class Method(GRPORule):
     """Plain GRPO behaviour; a method overrides the hooks it changes (module docstring). The train decisions'
-    defaults (``policy_lag``, ``select_groups``, ``token_advantages``) are ``tasks.training.update.GRPORule``'s."""
+    defaults (``update_rewards``, ``policy_lag``, ``select_groups``, ``token_advantages``, ``update_phase``,
+    ``scoring_temperature``, ``kl_coef_at``) are ``tasks.training.update.GRPORule``'s."""
 
     name: ClassVar[str] = ""
     stages: ClassVar[tuple[Stage, ...]] = (ROLLOUT, SHAPE, TRAIN)  # the step's stage graph, in order

@@ -1,4 +1,5 @@
-"""Policy-gradient losses: GRPO with truncated importance sampling (paper App. B.2) and the DAPO baseline.
+"""Policy-gradient losses: GRPO with truncated importance sampling (paper App. B.2); DAPO's equations are its own
+(``tasks.methods.dapo.equations``).
 
 Pure torch, no DeepSpeed: every function here is tested against values computed by hand.
 
@@ -16,7 +17,7 @@ Notation (per response token t of trajectory i):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from arbor.group_stats import EPS, all_equal
 
-ZERO_VAR_TOL = EPS  # a group whose rewards differ by at most this is outcome-homogeneous (DAPO drops it)
+ZERO_VAR_TOL = EPS  # a group whose rewards differ by at most this is outcome-homogeneous (Table 2; DAPO drops it)
 LossAgg = Literal["token-mean", "seq-mean-token-mean"]
 LOSS_AGGS: tuple[LossAgg, ...] = ("token-mean", "seq-mean-token-mean")
 
@@ -80,68 +81,13 @@ def segment_advantages(n_tokens: int, segments: Sequence[tuple[int, int, float]]
     return out
 
 
-# ---------------------------------------------------------------------------------------------- DAPO
+# ---------------------------------------------------------------------------------------------- zero-variance groups
 def zero_variance_groups(rewards: Sequence[float], groups: Sequence[int], tol: float = ZERO_VAR_TOL) -> set[int]:
     """Groups whose rewards are all equal within ``tol`` (max - min <= tol): no GRPO signal (paper §1, Table 2)."""
     by_group: dict[int, list[float]] = {}
     for r, g in zip(rewards, groups, strict=True):
         by_group.setdefault(int(g), []).append(float(r))
     return {g for g, rs in by_group.items() if all_equal(rs, tol)}
-
-
-def dynamic_sampling_filter(
-    rewards: Sequence[float], groups: Sequence[int], tol: float = ZERO_VAR_TOL
-) -> tuple[list[int], int]:
-    """DAPO dynamic sampling (Yu et al., 2025): indices of trajectories to keep, and how many groups were dropped."""
-    drop = zero_variance_groups(rewards, groups, tol)
-    keep = [i for i, g in enumerate(groups) if int(g) not in drop]
-    return keep, len(drop)
-
-
-def dynamic_sampling_refill(
-    groups_of_rewards: list[list[float]],
-    target_groups: int,
-    resample: Callable[[int], list[list[float]]] | None = None,
-    max_rounds: int = 3,
-    tol: float = ZERO_VAR_TOL,
-) -> tuple[list[int], int, int]:
-    """DAPO oversampling hook: keep informative groups, ask ``resample(n)`` for n more groups until ``target_groups``
-    are kept or ``max_rounds`` rounds ran. Returns (indices of kept groups in the concatenated list, number of
-    zero-variance groups dropped, rounds).
-
-    ``resample`` returns the reward lists of newly sampled groups (the flow generates the rollouts); their indices
-    continue after the ones already seen.
-    """
-    seen = list(groups_of_rewards)
-
-    def informative(rs: list[float]) -> bool:
-        return not all_equal(rs, tol)
-
-    kept = [i for i, rs in enumerate(seen) if informative(rs)]
-    rounds = 0
-    while resample is not None and len(kept) < target_groups and rounds < max_rounds:
-        rounds += 1
-        for rs in resample(target_groups - len(kept)):
-            if informative(rs):
-                kept.append(len(seen))
-            seen.append(rs)
-    dropped = sum(1 for rs in seen if not informative(rs))
-    return kept[:target_groups], dropped, rounds
-
-
-def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
-    """DAPO soft overlong punishment (Yu et al., 2025, eq. 13), added to the reward.
-
-    0 if L <= L_max - L_cache; (L_max - L_cache - L) / L_cache inside the buffer; -1 beyond L_max.
-    """
-    if buffer <= 0:
-        return 0.0 if length <= max_len else -1.0
-    start = max_len - buffer
-    if length <= start:
-        return 0.0
-    if length <= max_len:
-        return (start - length) / buffer
-    return -1.0
 
 
 # ---------------------------------------------------------------------------------------------- per-token loss

@@ -3,16 +3,19 @@
 verl's single controller computes advantages, group selection and KL coefficients and sends its workers tensors;
 arbor does the same. ``policy_update`` turns a step's shaped trajectories into an ``UpdateBatch``:
 
-  1. R_i: the shaped reward (eq. 4) when shaping ran, else the base reward; plus DAPO's soft overlong penalty when
-     ``train.overlong_penalty`` is on;
-  2. the trajectories to keep (an ``UpdateRule``'s ``select_groups``: DAPO drops zero-variance groups);
+  1. R_i per trajectory (an ``UpdateRule``'s ``update_rewards``; GRPO: the shaped reward (eq. 4) when shaping ran,
+     else the base reward; DAPO adds its soft overlong punishment);
+  2. the trajectories to keep (``select_groups``: DAPO drops zero-variance groups), and how many groups that drops;
   3. one advantage per response token (``token_advantages``; GRPO: A_i of ``group_advantages`` on every token);
-  4. the KL coefficient of this update and how many policy versions behind the trainer each trajectory is;
-  5. each trajectory's update phase (RubricEM: its reflections before the task batch, Alg. 1 lines 10 and 29).
+  4. the KL coefficient of this update (``kl_coef_at``) and how many policy versions behind the trainer each
+     trajectory is (``policy_lag``, plus the run's overlap);
+  5. each trajectory's update phase (``update_phase``; RubricEM: its reflections before the task batch, Alg. 1
+     lines 10 and 29) and the temperature its tokens are scored at (``scoring_temperature``).
 
-The trainer (``tasks.training.train``) only checks and applies it: it imports no method and builds none. An ``UpdateRule``
-is anything with the four decisions below, a training method (``tasks.methods.base.Method``) among them;
-``GRPO_RULE`` is plain GRPO, which Co-ReAct's generator training and the trainer's tests use.
+The trainer (``tasks.training.train``) only checks and applies it: it imports no method and builds none, and this
+module names none. An ``UpdateRule`` is anything with the seven decisions below, a training method
+(``tasks.methods.base.Method``) among them; ``GRPO_RULE`` is plain GRPO, which Co-ReAct's generator training and the
+trainer's tests use.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from torch import Tensor
 
 from arbor.config import ArborConfig
 from arbor.config.train import TrainConfig
-from arbor.tasks.training.losses import group_advantages, overlong_penalty, zero_variance_groups
+from arbor.tasks.training.losses import group_advantages, zero_variance_groups
 from arbor.types import LossSettings, Trajectory, UpdateBatch
 
 
 class UpdateRule(Protocol):
     """The decisions of a policy update a method makes (``tasks.methods.base.Method`` implements them)."""
+
+    def update_rewards(self, batch: Sequence[Trajectory], train: TrainConfig) -> list[float]: ...
 
     def policy_lag(self, t: Trajectory) -> int: ...
 
@@ -61,6 +66,11 @@ def grpo_token_advantages(batch: Sequence[Trajectory], rewards: Sequence[float],
 class GRPORule:
     """Plain GRPO's decisions: on-policy, every group kept, the configured KL coefficient every step. The
     defaults of every training method (``tasks.methods.base.Method`` inherits them)."""
+
+    def update_rewards(self, batch: Sequence[Trajectory], train: TrainConfig) -> list[float]:
+        """R_i of each trajectory, the reward its group advantage is computed from (default: ``reward_of``; DAPO
+        adds its overlong punishment)."""
+        return [reward_of(t) for t in batch]
 
     def policy_lag(self, t: Trajectory) -> int:
         """How many steps before the one it is trained in ``t`` was sampled (default 0: on-policy; RubricEM's
@@ -128,14 +138,14 @@ def policy_update(batch: Sequence[Trajectory], step: int, cfg: ArborConfig, rule
                                  f"version {t.policy_version}; {source} trains it {lag} step(s) late, at step "
                                  f"{t.step + lag}")
         behind.append(lag + (overlap_lag(cfg.run.overlap, step) if t.step == step else 0))
-    rewards = [reward_of(t) for t in batch]
-    if tc.overlong_penalty:
-        max_len = cfg.rollout.max_response_tokens
-        rewards = [r + overlong_penalty(len(t.response_ids), max_len, tc.overlong_buffer)
-                   for r, t in zip(rewards, batch, strict=True)]
+    rewards = rule.update_rewards(batch, tc)
+    if len(rewards) != len(batch):
+        raise ValueError(f"method {source}: update_rewards returned {len(rewards)} rewards for {len(batch)} "
+                         "trajectories")
     groups = [t.group for t in batch]
     metrics = {"n_groups": float(len(set(groups))), "zero_var_groups": float(len(zero_variance_groups(rewards, groups)))}
     keep, chosen = rule.select_groups(rewards, groups)
+    metrics["dropped_groups"] = metrics["n_groups"] - len({groups[i] for i in keep})  # the steps row's column
     metrics.update(chosen)
     kept = [batch[i] for i in keep]
     adv: list[Tensor] = []

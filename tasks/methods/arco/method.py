@@ -256,7 +256,7 @@ class ARCO(Method):
 
     def token_advantages(self, batch: Sequence[Trajectory], rewards: Sequence[float], groups: Sequence[int],
                          train: TrainConfig) -> list[Tensor]:
-        """Sparse phase: A = R - group mean on every token (R with the trainer's overlong penalty, if any); dense
+        """Sparse phase: A = R - group mean on every token (R: ``update_rewards``' R_i); dense
         phase: A_t on every token of turn t (stored by the shape stage)."""
         if batch and batch[0].step < self.dense_start_step:
             sparse = arco.sparse_advantages(rewards, groups)

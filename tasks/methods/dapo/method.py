@@ -1,8 +1,12 @@
 """DAPO (Yu et al., 2025) as the paper's baseline: clip-higher and dynamic sampling on the outcome reward.
 
-    eps_high = train.dapo_eps_clip_high (0.28)                       (§3.1, clip-higher)
-    drop groups with max R - min R <= tol from the update            (§3.2, dynamic sampling)
-    optionally re-sample fresh prompts until batch_size groups have variance (train.dapo_oversample)
+    eps_high = train.dapo_eps_clip_high (0.28)                       (§3.1, clip-higher: ``loss_settings``)
+    drop groups with max R - min R <= tol from the update            (§3.2, dynamic sampling: ``select_groups``)
+    optionally re-sample fresh prompts until batch_size groups have variance (train.dapo_oversample:
+                                                                      ``extra_rollouts``)
+    R_i + R_length(|o_i|) when train.overlong_penalty is on          (§3.4, eq. 13: ``update_rewards``)
+
+The equations are ``equations.py``'s; this class only wires them into the method hooks (``tasks.methods.base``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ from arbor.config.train import TrainConfig
 from arbor.storage.schemas import I64, TableSet, col
 from arbor.tasks.env.datasets import Question, resample_questions
 from arbor.tasks.methods.base import Method, StepResources
-from arbor.tasks.training.losses import dynamic_sampling_filter, dynamic_sampling_refill
+from arbor.tasks.methods.dapo.equations import (
+    dynamic_sampling_filter,
+    dynamic_sampling_refill,
+    overlong_penalty,
+)
 from arbor.types import LossSettings, Trajectory
 
 
@@ -52,10 +60,22 @@ class DAPO(Method):
     def loss_settings(self, train: TrainConfig) -> LossSettings:
         return replace(super().loss_settings(train), eps_clip_high=train.dapo_eps_clip_high)
 
+    def update_rewards(self, batch: Sequence[Trajectory], train: TrainConfig) -> list[float]:
+        """R_i plus the soft overlong punishment (eq. 13) when ``train.overlong_penalty`` is on: L = the response's
+        tokens (tool results included: what ``rollout.max_response_tokens`` = L_max bounds), L_cache =
+        ``train.overlong_buffer``."""
+        rewards = super().update_rewards(batch, train)
+        if not train.overlong_penalty:
+            return rewards
+        max_len = self.cfg.rollout.max_response_tokens
+        return [r + overlong_penalty(len(t.response_ids), max_len, train.overlong_buffer)
+                for r, t in zip(rewards, batch, strict=True)]
+
     def select_groups(self, rewards: Sequence[float], groups: Sequence[int]) -> tuple[list[int], dict[str, float]]:
-        keep, dropped = dynamic_sampling_filter(rewards, groups)
-        return keep, {"dapo_dropped_groups": float(dropped),
-                      "dapo_kept_groups": float(len({groups[i] for i in keep}))}
+        """Dynamic sampling's filter (§3.2): only the groups whose rewards differ are trained on (the update counts
+        the dropped ones in ``steps.dropped_groups``)."""
+        keep, _ = dynamic_sampling_filter(rewards, groups)
+        return keep, {"dapo_kept_groups": float(len({groups[i] for i in keep}))}
 
     def step_metrics(self, run: StepResources, step: int, train_metrics: dict[str, float]) -> dict[str, float | None]:
         if "dapo_kept_groups" not in train_metrics:

@@ -12,6 +12,7 @@ import pytest
 from arbor.config import load_config
 from arbor.tasks.env.datasets import Question
 from arbor.tasks.methods import make_method
+from arbor.tasks.methods.dapo import DAPO
 from arbor.tasks.training.update import policy_update
 from arbor.types import Trajectory
 
@@ -95,3 +96,23 @@ def test_the_step_hands_its_typed_guide_to_the_engine_and_stores_its_records(tmp
     ((ctx, columns),) = guide.contexts
     assert (ctx.run_id, ctx.step, ctx.stage) == ("r", 1, "rollout") and columns == {"run_id": "r", "step": 1}
     assert len(out["rollouts"]) == 4
+
+
+def test_a_switch_only_dapo_reads_is_refused_under_another_method() -> None:
+    """The update no longer applies the overlong punishment for any method, so turning it on under GRPO would do
+    nothing: preflight's requirement check refuses it (a DAPO subclass, e.g. a user's plug-in, may set it)."""
+    from arbor.config import ArborConfig
+    from arbor.tasks.methods import requirement_problems
+
+    on = {"train": {"overlong_penalty": True}}
+    assert requirement_problems(ArborConfig.model_validate({**on, "run": {"method": "dapo"}})) == []
+    assert requirement_problems(ArborConfig.model_validate({**on, "run": {"method": "grpo"}})) == [
+        "train.overlong_penalty: only run.method=dapo (or a subclass) reads it; run.method=grpo would ignore it"]
+    assert requirement_problems(ArborConfig.model_validate({"run": {"method": "grpo"}})) == []
+    plugin = {**on, "run": {"method": "tests.test_method_blind:MyDAPO"}}
+    assert requirement_problems(ArborConfig.model_validate(plugin)) == []
+
+
+
+class MyDAPO(DAPO):  # a user's DAPO plug-in, named by import path above
+    name = "my-dapo"

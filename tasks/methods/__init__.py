@@ -43,6 +43,9 @@ BUILTIN: dict[str, str] = {
 # config imports no method; a test keeps the two equal).
 BUILTIN_REQUIRES: dict[str, dict[str, object]] = {"ss-grpo": {"rollout.protocol": "rubricem"},
                                                   "rubricem": {"rollout.protocol": "rubricem"}}
+# Config switches that only one built-in method's hooks read (issue 51 item 3: the update names no method), so that
+# turning one on under another method is refused rather than silently doing nothing; a subclass of the owner counts.
+METHOD_SWITCHES: dict[str, str] = {"train.overlong_penalty": "dapo"}
 # The modules that declare the built-in judge roles; each registers its roles with the judge (``arbor.llm.REGISTRY``)
 # when imported. A flow gets a method's roles by resolving the method (its package imports them); an entry point that
 # builds a judge for every role (bench/judge_roles.py, the judge tests) calls ``load_roles``.
@@ -91,6 +94,11 @@ def requirement_problems(cfg: ArborConfig) -> list[str]:
             have = getattr(have, part)
         if have != want:
             out.append(f"{key}: run.method={spec} needs {key}={want} (got {have!r})")
+    for key, owner in METHOD_SWITCHES.items():
+        section, _, name = key.partition(".")
+        if getattr(getattr(cfg, section), name) and spec != owner and (
+                spec in BUILTIN or not issubclass(resolve_method(spec), resolve_method(owner))):
+            out.append(f"{key}: only run.method={owner} (or a subclass) reads it; run.method={spec} would ignore it")
     return out
 
 
@@ -123,5 +131,5 @@ def make_method(cfg: ArborConfig) -> Method:
     return resolve_method(cfg.run.method)(cfg)
 
 
-__all__ = ["BUILTIN", "BUILTIN_REQUIRES", "REGISTRY", "MethodError", "check_method", "make_method", "method_names",
+__all__ = ["BUILTIN", "BUILTIN_REQUIRES", "METHOD_SWITCHES", "REGISTRY", "MethodError", "check_method", "make_method", "method_names",
            "register", "requirement_problems", "resolve_method"]

@@ -118,5 +118,5 @@ def test_update_file_round_trips_exactly(tmp_path: Path) -> None:
     assert [a.dtype for a in got.advantages] == [torch.float32, torch.float64, torch.float32, torch.float32]
     assert all(torch.equal(a, b) for a, b in zip(got.advantages, update.advantages, strict=True))
     assert got.kl_coef == 0.1 + 0.2 and got.versions_behind == [1, 0, 0, 0]
-    assert got.metrics == update.metrics == {"n_groups": 1.0, "zero_var_groups": 0.0}
+    assert got.metrics == update.metrics == {"n_groups": 1.0, "zero_var_groups": 0.0, "dropped_groups": 0.0}
     assert not list((tmp_path / "u").glob(".*.tmp"))  # written atomically

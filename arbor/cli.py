@@ -328,7 +328,7 @@ def _redo(cfg: Any, resume: str | None, spec: str, home: Path) -> None:
     from arbor.tasks.training.checkpoint import discard_from as discard_checkpoints
     from arbor.tasks.training.checkpoint import run_checkpoint_root
 
-    ckpts = discard_checkpoints(run_checkpoint_root(cfg, home), int(step_text))
+    ckpts = discard_checkpoints(run_checkpoint_root(cfg.checkpoint, cfg.run.run_id, home), int(step_text))
     typer.echo(f"redo: discarded {len(gone)} stored stages of run {resume} from step {step_text} "
                f"({stage} on){f' and checkpoints of steps {ckpts}' if ckpts else ''}", err=True)
 
@@ -510,7 +510,7 @@ def guidance_train_cmd(
         # the generator is what this command makes: the profile's guided inference (guidance.mode) is not checked
         unguided = cfg.model_copy(update={"guidance": cfg.guidance.model_copy(update={"mode": "off"})})
         if (run_id is None or run_row(check_run_id(run_id), arbor_home()) is None) and \
-                (missing := check(unguided) + council_problems(cfg)):
+                (missing := check(unguided) + council_problems(cfg.guidance, cfg.judge)):
             raise PreflightError(f"profile '{cfg.run.profile}' cannot start here: {'; '.join(missing)}")
     except (ConfigError, PreflightError, SchemaError, ValueError) as e:
         _fail(e)
@@ -741,7 +741,7 @@ def eval_cmd(
             second_judge_config(cfg.judge, cfg.eval.second_judge_model)
         from arbor.preflight import guidance_problems
 
-        if problems := guidance_problems(cfg):
+        if problems := guidance_problems(cfg.guidance, cfg.judge):
             raise ConfigError("; ".join(problems))
         hub_id = checkpoint is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", checkpoint)  # the loader's to find
         if checkpoint is not None and not hub_id and not Path(checkpoint).expanduser().exists():

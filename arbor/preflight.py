@@ -17,7 +17,17 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from arbor.config import ArborConfig
+from arbor.config import (
+    ArborConfig,
+    ClusterConfig,
+    DataConfig,
+    GuidanceConfig,
+    JudgeConfig,
+    PolicyConfig,
+    RolloutConfig,
+    RunConfig,
+    SFTConfig,
+)
 from arbor.config.inputs import is_named_set
 from arbor.config.rollout import SHIPPED_GGUF
 from arbor.paths import PROJECT_ROOT, resolve_home_path
@@ -62,7 +72,7 @@ def _model_available(model: str) -> bool:
             or (model in SHIPPED_GGUF and _model_problem(model, "") is None) or model_cached(model))
 
 
-def _hub_data_problems(cfg: ArborConfig) -> list[str]:
+def _hub_data_problems(data: DataConfig, run: RunConfig) -> list[str]:
     """Question sets on the Hub (``hf:...``): a malformed spec, one that is not cached while the Hub is offline,
     and, when cached, a malformed row (read with the field mapping, as local files are); one the run will
     download is not fetched here."""
@@ -75,7 +85,7 @@ def _hub_data_problems(cfg: ArborConfig) -> list[str]:
         parse_dataset_spec,
     )
 
-    sets = [("data.train", cfg.data.train)] + ([("data.eval", cfg.data.eval)] if cfg.run.eval_every else [])
+    sets = [("data.train", data.train)] + ([("data.eval", data.eval)] if run.eval_every else [])
     out: list[str] = []
     for key, spec in sets:
         if not is_hub_spec(spec):
@@ -94,7 +104,7 @@ def _hub_data_problems(cfg: ArborConfig) -> list[str]:
 
         try:
             for f in files:
-                read_questions(f, fields=fields_of(cfg.data))
+                read_questions(f, fields=fields_of(data))
         except DatasetError as e:
             out.append(f"{key}: {spec}: {e}")
     return out
@@ -166,7 +176,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
         sets.append(("data.eval", cfg.data.eval, PROJECT_ROOT))
     if cfg.search.backend == "bm25":  # tasks.env.search: the current directory, then the project root
         sets.append(("search.corpus", cfg.search.corpus, PROJECT_ROOT))
-    if _sft_will_run(cfg):  # flows.sft: the current directory
+    if _sft_will_run(cfg.run, cfg.sft):  # flows.sft: the current directory
         sets.append(("sft.data", cfg.sft.data, cwd))
     for key, value, anchor in sets:
         if value and not is_named_set(value) and not _input_file(value, anchor).exists():
@@ -180,7 +190,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
             except DatasetError as e:
                 missing.append(f"{key}: {e}")
             else:
-                missing += _overlong_questions(cfg, key, questions)
+                missing += _overlong_questions(cfg.rollout, cfg.policy, key, questions)
         elif value and not is_named_set(value) and key == "search.corpus":
             from arbor.tasks.env.search import SearchError, load_corpus
 
@@ -191,16 +201,16 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
     return missing
 
 
-def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str]:
+def _overlong_questions(rollout: RolloutConfig, policy: PolicyConfig, key: str, questions: list) -> list[str]:
     """Questions whose prompt leaves no room for one turn in the context (issue 35 item 8: a 1.1 MB question was
     accepted and the train stage then ran for minutes on a 250k-token prompt). A token is at least one byte, so a
     question short in bytes fits without tokenising; only the long ones are tokenised, with the policy's own
     tokenizer and chat template (for the tiny policy that builds it once, as the run would)."""
     from arbor.format import get_protocol
 
-    turn = min(cfg.rollout.max_new_tokens_per_turn, cfg.rollout.max_response_tokens)
-    room = cfg.rollout.max_context_tokens - turn
-    system = cfg.rollout.system_prompt or get_protocol(cfg.rollout.protocol).system_prompt
+    turn = min(rollout.max_new_tokens_per_turn, rollout.max_response_tokens)
+    room = rollout.max_context_tokens - turn
+    system = rollout.system_prompt or get_protocol(rollout.protocol).system_prompt
     overhead = len(system.encode("utf-8", "surrogatepass")) + 64  # the template's own tokens, generously
     long = [q for q in questions if len(q.question.encode("utf-8", "surrogatepass")) + overhead > room]
     if not long:
@@ -214,7 +224,7 @@ def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the refusal is one line, even when the tiny policy is built first
     try:
-        tokenizer = load_tokenizer(policy_source(cfg.policy, arbor_home()), cfg.policy)
+        tokenizer = load_tokenizer(policy_source(policy, arbor_home()), policy)
     finally:
         if bars:
             hf_logging.enable_progress_bar()
@@ -223,17 +233,17 @@ def _overlong_questions(cfg: ArborConfig, key: str, questions: list) -> list[str
         return []
     qid, n = over[0]
     return [f"{key}: question {qid} has a {n}-token prompt, over the {room} tokens that leave one turn in the "
-            f"context (rollout.max_context_tokens {cfg.rollout.max_context_tokens} minus a turn's {turn})"
+            f"context (rollout.max_context_tokens {rollout.max_context_tokens} minus a turn's {turn})"
             + (f"; {len(over) - 1} more question(s) too long" if len(over) > 1 else "")]
 
 
-def _sft_will_run(cfg: ArborConfig) -> bool:
+def _sft_will_run(run: RunConfig, sft: SFTConfig) -> bool:
     """The SFT warm start trains (and reads sft.data) unless its checkpoint is already there (an existing one of
     another protocol is refused by ``start_protocol_problems``, not trained over)."""
-    start = cfg.run.start_checkpoint
-    if not cfg.run.sft_warm_start or (start and (resolve_home_path(start) / "config.json").exists()):
+    start = run.start_checkpoint
+    if not run.sft_warm_start or (start and (resolve_home_path(start) / "config.json").exists()):
         return False
-    return not (cfg.sft.output and (resolve_home_path(cfg.sft.output) / "arbor_sft.json").exists())
+    return not (sft.output and (resolve_home_path(sft.output) / "arbor_sft.json").exists())
 
 
 def sft_protocol(checkpoint: Path) -> str | None:
@@ -250,27 +260,28 @@ def sft_protocol(checkpoint: Path) -> str | None:
     return str(data.get("protocol", "arbor")) if isinstance(data, dict) else None
 
 
-def start_protocol_problem(cfg: ArborConfig, checkpoint: Path, key: str) -> str | None:
+def start_protocol_problem(protocol: str, checkpoint: Path, key: str) -> str | None:
     """Why the SFT start at ``checkpoint`` (named by config key ``key``) cannot start this run: it was trained in
-    another protocol than ``rollout.protocol`` (a flat start fails RubricEM's staged format check and scores 0 in
-    every stage; a staged one writes tags the arbor checker refuses). None: it may."""
+    another protocol than ``protocol`` (``rollout.protocol``; a flat start fails RubricEM's staged format check and
+    scores 0 in every stage; a staged one writes tags the arbor checker refuses). None: it may."""
     made_in = sft_protocol(checkpoint)
-    if made_in is None or made_in == cfg.rollout.protocol:
+    if made_in is None or made_in == protocol:
         return None
     return (f"{key}: {checkpoint} is an SFT start trained in protocol {made_in!r} (its arbor_sft.json), but "
-            f"rollout.protocol={cfg.rollout.protocol}; point run.start_checkpoint and sft.output at a start of this "
+            f"rollout.protocol={protocol}; point run.start_checkpoint and sft.output at a start of this "
             f"protocol (e.g. sft/qwen3-8b-rubricem for RubricEM's staged start, docs/sft.md), or unset "
             "run.start_checkpoint and let arbor-sft make one")
 
 
-def start_protocol_problems(cfg: ArborConfig) -> list[str]:
+def start_protocol_problems(run: RunConfig, sft: SFTConfig, protocol: str) -> list[str]:
     """The start point the run will take (``flows.train.start_checkpoint``: ``run.start_checkpoint`` when it holds a
-    model, else with ``run.sft_warm_start`` an existing ``sft.output``), checked against ``rollout.protocol``."""
-    start = cfg.run.start_checkpoint
+    model, else with ``run.sft_warm_start`` an existing ``sft.output``), checked against ``protocol``
+    (``rollout.protocol``)."""
+    start = run.start_checkpoint
     if start and (resolve_home_path(start) / "config.json").exists():
-        problem = start_protocol_problem(cfg, resolve_home_path(start), "run.start_checkpoint")
-    elif cfg.run.sft_warm_start and cfg.sft.output:
-        problem = start_protocol_problem(cfg, resolve_home_path(cfg.sft.output), "sft.output")
+        problem = start_protocol_problem(protocol, resolve_home_path(start), "run.start_checkpoint")
+    elif run.sft_warm_start and sft.output:
+        problem = start_protocol_problem(protocol, resolve_home_path(sft.output), "sft.output")
     else:
         problem = None
     return [problem] if problem else []
@@ -295,15 +306,15 @@ def _embedder_problems(cfg: ArborConfig) -> list[str]:
     return [f"{problem} (run.method={cfg.run.method} embeds with it; or --set memory.embedder=/path)"] if problem else []
 
 
-def _judge_role_problems(cfg: ArborConfig, env: dict[str, str]) -> list[str]:
+def _judge_role_problems(judge: JudgeConfig, env: dict[str, str]) -> list[str]:
     """Roles sent to an endpoint or with a key of their own (``judge.roles.<role>.base_url`` / ``api_key_env``,
     e.g. a profile's local verifier or teacher): the openai judge reads every role's key when it is built."""
-    if cfg.judge.backend != "openai":
+    if judge.backend != "openai":
         return []
     out: list[str] = []
-    seen_urls = {cfg.judge.base_url}
-    for role, over in cfg.judge.roles:
-        if over.api_key_env and over.api_key_env != cfg.judge.api_key_env and not env.get(over.api_key_env):
+    seen_urls = {judge.base_url}
+    for role, over in judge.roles:
+        if over.api_key_env and over.api_key_env != judge.api_key_env and not env.get(over.api_key_env):
             out.append(f"judge.roles.{role}.api_key_env: environment variable {over.api_key_env} is not set")
         if over.base_url and over.base_url not in seen_urls:
             seen_urls.add(over.base_url)
@@ -317,11 +328,11 @@ def _judge_role_problems(cfg: ArborConfig, env: dict[str, str]) -> list[str]:
 PROMPT_TEXT_ALLOWANCE = 2048
 
 
-def judge_shares(cfg: ArborConfig) -> dict[str, tuple[int, int, int]]:
-    """The judge prompts of ``run.method`` that show trajectories (ARBOR: E.1's two contrast pairs, four slots, and
-    A.1's unlabeled group of up to K; E.3's two responses; RaR: one), each as (trajectories shown, the equal
-    share of ``judge.context_tokens`` each keeps when all are as long as they can be, the reply's tokens). Empty
-    without a window. The prompt's own words are measured by rendering it with empty trajectories, plus
+def judge_shares(judge: JudgeConfig, rollout: RolloutConfig, method: str) -> dict[str, tuple[int, int, int]]:
+    """The judge prompts of ``method`` (``run.method``) that show trajectories (ARBOR: E.1's two contrast pairs,
+    four slots, and A.1's unlabeled group of up to K; E.3's two responses; RaR: one), each as (trajectories shown,
+    the equal share of ``judge.context_tokens`` each keeps when all are as long as they can be, the reply's tokens).
+    Empty without a window. The prompt's own words are measured by rendering it with empty trajectories, plus
     ``PROMPT_TEXT_ALLOWANCE``."""
     # the roles whose prompts are sized (their packages load the method itself lazily: no torch here)
     from arbor.llm.text import WHOLE, shared_budget
@@ -329,46 +340,46 @@ def judge_shares(cfg: ArborConfig) -> dict[str, tuple[int, int, int]]:
     from arbor.tasks.methods.rar.roles import RAR_RATE
     from arbor.types import Rubric, Trajectory
 
-    window = cfg.judge.context_tokens
+    window = judge.context_tokens
     if window is None:
         return {}
-    k = cfg.rollout.k
+    k = rollout.k
     blank = [Trajectory("", 0, 0, i, "", "", [], format_valid=True) for i in range(k)]
     rubric = Rubric("", "", "", "")
     asks: dict[str, tuple[Role[Any, Any], int, dict[str, object]]] = {}
-    if cfg.run.method == "arbor":
+    if method == "arbor":
         contrast = {"mode": "contrast", "positive": 0, "worst": 1, "hard": 2}
         asks["pairwise"] = (PAIRWISE, 2, dict(question="", shown_a=blank[0], shown_b=blank[1], rubric=rubric))
         asks["induction"] = (INDUCTION, 4, dict(question="", golds=[""], trajectories=blank[:3],
                                                   anchors=contrast, existing=[]))
         asks["induction (unlabeled)"] = (INDUCTION, k, dict(question="", golds=[""], trajectories=blank,
                                                               anchors={"mode": "unlabeled"}, existing=[]))
-    elif cfg.run.method == "rar":
+    elif method == "rar":
         asks["rar_rate"] = (RAR_RATE, 1, dict(question="", trajectory=blank[0], items=[""]))
     out: dict[str, tuple[int, int, int]] = {}
     for label, (role, texts, fields) in asks.items():
         own = sum(len(m["content"]) for m in role.render(role.request(**fields), WHOLE)[1]) // 4
-        reply = int(cfg.judge.for_role(role.name)["max_tokens"])  # type: ignore[call-overload]
+        reply = int(judge.for_role(role.name)["max_tokens"])  # type: ignore[call-overload]
         out[label] = (texts, shared_budget(window, reply, own + PROMPT_TEXT_ALLOWANCE, texts), reply)
     return out
 
 
-def judge_window_problems(cfg: ArborConfig) -> list[str]:
+def judge_window_problems(judge: JudgeConfig, rollout: RolloutConfig, method: str) -> list[str]:
     """``judge.max_judge_tokens: null`` (trajectories whole, App. E.1 / E.3): the window must at least hold every
     trajectory's own reasoning, queries and answer with its results elided (``llm.text.min_judge_budget``) when
     all that a prompt shows are as long as the rollout allows; otherwise the judge would be shown cut reasoning."""
-    if cfg.judge.backend != "openai" or cfg.judge.max_judge_tokens is not None:
+    if judge.backend != "openai" or judge.max_judge_tokens is not None:
         return []
     from arbor.llm.text import min_judge_budget
 
-    r = cfg.rollout
+    r = rollout
     need = min_judge_budget(r.max_response_tokens, max(r.max_searches, r.max_turns - 1))
-    return [f"judge.context_tokens={cfg.judge.context_tokens}: {role} shows {texts} trajectories, ~{share} tokens "
+    return [f"judge.context_tokens={judge.context_tokens}: {role} shows {texts} trajectories, ~{share} tokens "
             f"each once the prompt and the reply ({reply}) are set aside, less than the {need} that a whole "
             f"response's reasoning, queries and answer need with its results elided (rollout.max_response_tokens "
             f"{r.max_response_tokens}); use a judge with a larger window, or set a cap judge.max_judge_tokens to "
             "accept compaction past the results"
-            for role, (texts, share, reply) in judge_shares(cfg).items() if share < need]
+            for role, (texts, share, reply) in judge_shares(judge, rollout, method).items() if share < need]
 
 
 def _plugin_problems(cfg: ArborConfig) -> list[str]:
@@ -420,12 +431,12 @@ def _teacher_problems(cfg: ArborConfig) -> list[str]:
     return []
 
 
-def guidance_problems(cfg: ArborConfig) -> list[str]:
+def guidance_problems(guidance: GuidanceConfig, judge: JudgeConfig) -> list[str]:
     """Co-ReAct guidance (guidance.mode=co-react): its rubric source must exist, and a plug-in judge must have the
     roles it calls (step_rubric for source=judge, step_verify to verify)."""
     from arbor.plugins import PluginError, is_import_path
 
-    g = cfg.guidance
+    g = guidance
     if g.mode == "off":
         return []
     out = []
@@ -436,32 +447,32 @@ def guidance_problems(cfg: ArborConfig) -> list[str]:
                                                          or _model_available(g.generator))):
         out.append(f"guidance.generator: source=generator needs a generator checkpoint (arbor guidance-train), "
                    f"got {g.generator!r}")
-    if is_import_path(cfg.judge.backend):
+    if is_import_path(judge.backend):
         from arbor.llm import load_judge_plugin
 
         try:
-            cls = load_judge_plugin(cfg.judge.backend)
+            cls = load_judge_plugin(judge.backend)
         except PluginError:
             return out  # reported by _plugin_problems
         needed = (["step_rubric"] if g.source == "judge" else []) + (["step_verify"] if g.verify else [])
-        out += [f"judge.backend: {cfg.judge.backend} has no {role} role, which guidance.mode=co-react calls"
+        out += [f"judge.backend: {judge.backend} has no {role} role, which guidance.mode=co-react calls"
                 for role in needed if not cls.takes(role)]
     return out
 
 
-def council_problems(cfg: ArborConfig, env: dict[str, str] | None = None) -> list[str]:
+def council_problems(guidance: GuidanceConfig, judge: JudgeConfig, env: dict[str, str] | None = None) -> list[str]:
     """``arbor guidance-train``'s ranking council (Co-ReAct §3.1): distinct names, every member's key variable set
     and every member's endpoint answering, checked before the run row is written."""
     from arbor.tasks.methods.coreact.council import council_key_problems, rank_judge_config
 
     env = dict(os.environ) if env is None else env
     try:
-        out = council_key_problems(cfg, env)
+        out = council_key_problems(guidance, judge, env)
     except ValueError as e:  # two members stored under one name
         return [str(e)]
     seen: set[str] = set()
-    for i, entry in enumerate(cfg.guidance.rank_judges):
-        jc = rank_judge_config(cfg.judge, entry)
+    for i, entry in enumerate(guidance.rank_judges):
+        jc = rank_judge_config(judge, entry)
         url = str(jc.for_role("rank_actions")["base_url"] or "") if jc.backend == "openai" else ""
         if url and url not in seen:
             seen.add(url)
@@ -473,7 +484,7 @@ def council_problems(cfg: ArborConfig, env: dict[str, str] | None = None) -> lis
 
 def require_council(cfg: ArborConfig, env: dict[str, str] | None = None) -> None:
     """Raise ``PreflightError`` listing every council problem (``council_problems``)."""
-    if problems := council_problems(cfg, env):
+    if problems := council_problems(cfg.guidance, cfg.judge, env):
         raise PreflightError(f"profile '{cfg.run.profile}': the ranking council cannot start: {'; '.join(problems)}")
 
 
@@ -515,15 +526,15 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         missing.append(str(e))
     missing += _plugin_problems(cfg)
     missing += _teacher_problems(cfg)
-    missing += guidance_problems(cfg)
+    missing += guidance_problems(cfg.guidance, cfg.judge)
     if problem := _model_problem(cfg.policy.model, "policy.model"):
         missing.append(f"{problem} (or --set policy.model=/path/to/the/model)")
-    missing += _hub_data_problems(cfg)
+    missing += _hub_data_problems(cfg.data, cfg.run)
     start = cfg.run.start_checkpoint
     if start and not cfg.run.sft_warm_start and not resolve_home_path(start).exists():
         missing.append(f"run.start_checkpoint: '{start}' does not exist, not as {resolve_home_path(start)} either "
                        "(relative paths are under ARBOR_HOME; run arbor-sft first, or set run.sft_warm_start)")
-    missing += start_protocol_problems(cfg)
+    missing += start_protocol_problems(cfg.run, cfg.sft, cfg.rollout.protocol)
     missing += _embedder_problems(cfg)
     need = len(set(cfg.cluster.rollout_gpus) | set(cfg.cluster.train_gpus))
     have = (_gpu_count() if gpu_count is None else gpu_count) if need else 0  # torch only when GPUs are needed
@@ -540,8 +551,8 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
                            "the URL)")
         if not env.get(cfg.judge.api_key_env):
             missing.append(f"judge.api_key_env: environment variable {cfg.judge.api_key_env} is not set")
-    missing += _judge_role_problems(cfg, env)
-    missing += judge_window_problems(cfg)
+    missing += _judge_role_problems(cfg.judge, env)
+    missing += judge_window_problems(cfg.judge, cfg.rollout, cfg.run.method)
     if cfg.search.backend == "http" and not cfg.search.url:
         missing.append("search.url: the http search backend needs a retriever URL (Search-R1 /retrieve)")
     if cfg.search.backend == "web":
@@ -555,7 +566,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
                            "is not an executable here (make vllm-env, docs/gpu.md)")
         elif cfg.cluster.manage_vllm:
             missing += vllm_version_problems(cfg.cluster.vllm_executable)
-        missing += weight_sync_problems(cfg)
+        missing += weight_sync_problems(cfg.cluster)
         if not cfg.cluster.manage_vllm and not cfg.rollout.base_url:
             missing.append("rollout.base_url: an external completions server URL is needed when cluster.manage_vllm=false")
     return missing
@@ -588,11 +599,11 @@ def vllm_version_problems(executable: str) -> list[str]:
             "(make vllm-env) or point cluster.vllm_executable at it"]
 
 
-def weight_sync_problems(cfg: ArborConfig, torch_version: str | None = None) -> list[str]:
+def weight_sync_problems(cluster: ClusterConfig, torch_version: str | None = None) -> list[str]:
     """What the chosen ``cluster.weight_sync`` needs that is missing here."""
     from arbor.config.cluster import VLLM_PINNED, VLLM_TORCH
 
-    c = cfg.cluster
+    c = cluster
     if c.weight_sync == "restart":
         if not c.manage_vllm:
             return ["cluster.weight_sync=restart restarts the `vllm serve` arbor launches: set cluster.manage_vllm=true "
@@ -609,10 +620,10 @@ def weight_sync_problems(cfg: ArborConfig, torch_version: str | None = None) -> 
     return []
 
 
-def weight_sync_plan(cfg: ArborConfig) -> str:
+def weight_sync_plan(cluster: ClusterConfig, rollout: RolloutConfig) -> str:
     """One line: how new weights reach the rollout engine in this run, and why."""
-    c = cfg.cluster
-    if cfg.rollout.engine != "openai":
+    c = cluster
+    if rollout.engine != "openai":
         return "weight sync: in-process copy into the transformers rollout engine (rollout.engine=transformers)"
     if c.weight_sync == "restart":
         return ("weight sync: save hf/ and restart `vllm serve` on it each step (cluster.weight_sync=restart: needs "

@@ -60,7 +60,8 @@ def run(mode: str, model_dir: Path, home: Path, vocab: int) -> dict[str, float]:
     tr = Trainer(cfg, model_dir, home)
 
     def step(s: int) -> float:
-        return timed(tr.train_step, policy_update(make_batch(vocab, tr.policy_version, s), s, cfg), s)[0]
+        batch = make_batch(vocab, tr.policy_version, s)
+        return timed(tr.train_step, policy_update(batch, s, cfg.train, cfg.run.overlap), s)[0]
 
     step(1)  # warm-up
     alone = step(2)

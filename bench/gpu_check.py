@@ -295,7 +295,7 @@ def part_train(ctx: Ctx, size: str, mode: str) -> None:
         batch = make_batch(shape["vocab_size"], wl, tr.policy_version)
         sync(ctx.device)
         t0 = time.perf_counter()
-        tr.train_step(policy_update(batch, step, cfg), step)
+        tr.train_step(policy_update(batch, step, cfg.train, cfg.run.overlap), step)
         sync(ctx.device)
         walls.append(time.perf_counter() - t0)
     timing = dict(tr.last_timing)
@@ -335,7 +335,7 @@ def part_train(ctx: Ctx, size: str, mode: str) -> None:
     host_gib = (tr.save_timing or {}).get("snapshot_bytes", 0.0) / 2**30
     batch = make_batch(shape["vocab_size"], wl, tr.policy_version)
     t1 = time.perf_counter()
-    tr.train_step(policy_update(batch, 3, cfg), 3)
+    tr.train_step(policy_update(batch, 3, cfg.train, cfg.run.overlap), 3)
     sync(ctx.device)
     t_next = time.perf_counter() - t1
     t_finish = tr.finish_save()

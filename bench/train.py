@@ -293,7 +293,7 @@ def bench_model_mode(model_dir: Path, lora: bool, steps: int, home: Path, micro_
         if name == "arbor":
             obj = Trainer(cfg, model_dir, home)
             info["init"] = time.perf_counter() - t0
-            return obj, lambda batch, step: obj.train_step(policy_update(batch, step, cfg), step)
+            return obj, lambda batch, step: obj.train_step(policy_update(batch, step, cfg.train, cfg.run.overlap), step)
         obj = BareLoop(model_dir, cfg)
         info["params"], info["trainable"] = n_parameters(obj.model), sum(p.numel() for p in obj.params)
         return obj, lambda batch, step: obj.step(batch)
@@ -505,7 +505,7 @@ def main() -> int:
     tokens = old_pass_tokens = 0.0
     for step in range(1, args.steps + 2):
         batch = make_batch(shape["vocab_size"], groups, k, prompt, response, tr.policy_version)
-        tr.train_step(policy_update(batch, step, bench_cfg), step)
+        tr.train_step(policy_update(batch, step, bench_cfg.train, bench_cfg.run.overlap), step)
         t_ref = ref.step()
         if step == 1:
             continue

@@ -25,6 +25,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from arbor.config import GuidanceConfig, JudgeConfig
 from arbor.paths import arbor_home
 
 
@@ -81,7 +82,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     out_dir = generator_dir(rid, home)
     store = StageStore(rid, home)
     # the ranking council (§3.1): built before any rollout, so a missing key stops the run at once, naming its key
-    council = None if store.done(0, "rank") else rank_council(cfg, home)
+    council = None if store.done(0, "rank") else rank_council(cfg.guidance, cfg.judge, home)
 
     def stage(step: int, name: str, table: str, compute: Any) -> list[dict[str, Any]]:
         """The stage's rows, computed and committed once; read back from storage either way, so a resumed run
@@ -95,7 +96,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         policy, tok = load_policy(policy_path, cfg.policy.dtype, home=home)
         engine = make_engine(cfg, policy, tok, search=make_search(cfg.search, home=home, config=cfg), home=home)
         questions = load_questions(cfg.data.train, size=g.branch_questions, seed=cfg.run.seed, config=cfg)
-        return {"branch_points": collect_branch_points(engine, questions[: g.branch_questions], cfg, run_id=rid,
+        return {"branch_points": collect_branch_points(engine, questions[: g.branch_questions], g, run_id=rid,
                                                        seed=cfg.run.seed)}
 
     points = stage(0, "branch", "branch_points", branch)
@@ -156,7 +157,8 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
             return {"generator_samples": rows, "judge_calls": judge.drain_calls()}
 
         rows = stage(u, "sample", "generator_samples", sample)
-        metrics = trainer.train_step(policy_update(update_batch(rows, question_of), u, gcfg), u)  # plain GRPO
+        update = policy_update(update_batch(rows, question_of), u, gcfg.train, gcfg.run.overlap)  # plain GRPO
+        metrics = trainer.train_step(update, u)
         mean_reward = sum(float(r["reward"]) for r in rows) / max(1, len(rows))
         rewards.append(mean_reward)
         store.commit(u, "train", {"steps": [{
@@ -177,7 +179,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     return rid, final, {"points": len(ranked), "kept": len(kept), "updates": n_updates, "rewards": rewards}
 
 
-def rank_council(cfg: Any, home: Path) -> list[tuple[str, Any, bool]]:
+def rank_council(guidance: GuidanceConfig, judge: JudgeConfig, home: Path) -> list[tuple[str, Any, bool]]:
     """(name, judge, rationale) of each judge of ``guidance.rank_judges``. A key variable that is not set is a
     ``JudgeSetupError`` naming the entry's key (``guidance.rank_judges.<i>.api_key_env``); the key itself is only
     ever read from the environment by the client."""
@@ -185,11 +187,11 @@ def rank_council(cfg: Any, home: Path) -> list[tuple[str, Any, bool]]:
     from arbor.llm.openai_backend import JudgeSetupError
     from arbor.tasks.methods.coreact.council import council_key_problems, rank_judge_config, rank_judge_names
 
-    names = rank_judge_names(cfg)
-    if problems := council_key_problems(cfg, os.environ):
+    names = rank_judge_names(guidance, judge)
+    if problems := council_key_problems(guidance, judge, os.environ):
         raise JudgeSetupError(problems[0])
-    return [(name, make_judge(rank_judge_config(cfg.judge, entry), home=home), entry.rationale)
-            for name, entry in zip(names, cfg.guidance.rank_judges, strict=True)]
+    return [(name, make_judge(rank_judge_config(judge, entry), home=home), entry.rationale)
+            for name, entry in zip(names, guidance.rank_judges, strict=True)]
 
 
 @flow(name="arbor-guidance-train", log_prints=True)

@@ -21,7 +21,7 @@ def export_pool(run_id: str, home: Path | None = None, step: int | None = None) 
         raise ValueError(f"no run '{run_id}' in {home}")
     if step is not None and not 1 <= step <= cfg.run.steps:
         raise ValueError(f"step {step} is outside run '{run_id}' (steps 1..{cfg.run.steps})")
-    data = rebuild_memory(cfg, StageStore(run_id, home), step or cfg.run.steps).export_pool()
+    data = rebuild_memory(cfg.memory, StageStore(run_id, home), step or cfg.run.steps).export_pool()
     data["source_run"] = run_id
     if step is not None:
         data["source_step"] = step

@@ -32,7 +32,8 @@ def sft_key(cfg: ArborConfig) -> str:
 
     # how many ranks train and how often state is kept do not change what is trained
     sft = cfg.sft.model_dump(mode="json", exclude={"reflections", "processes", "save_every", "dist_timeout_s"})
-    if share := reflection_share(cfg):  # the share the rows get (unset: the protocol's default); 0 keeps old keys
+    # the share the rows get (unset: the protocol's default); 0 keeps old keys
+    if share := reflection_share(cfg.sft, cfg.rollout.protocol):
         sft["reflections"] = share
     parts = {"sft": sft, "policy": policy,
              "data": cfg.data.model_dump(mode="json"),
@@ -69,12 +70,14 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
         from arbor.format import get_protocol
         from arbor.tasks.env.sft_data import build_user_sft_data, reflection_share
 
-        if not get_protocol(cfg.rollout.protocol).staged and not reflection_share(cfg):
+        if not get_protocol(cfg.rollout.protocol).staged and not reflection_share(cfg.sft, cfg.rollout.protocol):
             return path  # trained as it is
         # staged (and with reflection rows) once per file content: the user's file may change under the same name
         digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
         out = home / "sft" / f"data-{key}-{digest}.jsonl"
-        return out if out.exists() else build_user_sft_data(cfg, path, out, seed=cfg.run.seed)
+        if out.exists():
+            return out
+        return build_user_sft_data(cfg.sft, cfg.rollout.protocol, path, out, seed=cfg.run.seed)
     from arbor.tasks.env.datasets import fields_of, load_questions
     from arbor.tasks.env.sft_data import build_sft_data
 
@@ -112,7 +115,7 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
             print(f"SFT: reusing {out} (sft.output), trained with other settings (key {made.get('key')}, this "
                   f"config's {key})", flush=True)
         return out
-    if warning := reflection_warning(cfg):
+    if warning := reflection_warning(cfg.run.method, cfg.sft, cfg.rollout.protocol):
         print(f"WARNING: {warning}", flush=True)
     base = Path(policy_source(cfg.policy, home))
     data = sft_data_path(cfg, home, key)
@@ -129,9 +132,9 @@ def sft_checkpoint(cfg: ArborConfig, home: Path) -> Path:
             progress.close()
     else:
         summary = launch_sft(cfg, base, data, tmp, state, home)
+    share = reflection_share(cfg.sft, cfg.rollout.protocol)
     (tmp / "arbor_sft.json").write_text(json.dumps({"key": key, "data": str(data), "protocol": cfg.rollout.protocol,
-                                                    "reflections": reflection_share(cfg), **_jsonable(summary)},
-                                                   indent=1))
+                                                    "reflections": share, **_jsonable(summary)}, indent=1))
     try:
         os.replace(tmp, out)  # atomic: a crash never leaves a checkpoint that looks complete
     except OSError:

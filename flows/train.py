@@ -39,7 +39,7 @@ from prefect.context import TaskRunContext
 from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
-from arbor.config import ArborConfig, load_config
+from arbor.config import ArborConfig, JudgeConfig, RolloutConfig, load_config
 from arbor.flows.progress import RunProgress
 from arbor.paths import arbor_home, resolve_home_path
 from arbor.storage.liveness import Heartbeat
@@ -145,7 +145,7 @@ def start_checkpoint(cfg: ArborConfig, home: Path) -> Path:
         from arbor.preflight import PreflightError, start_protocol_problem
 
         start = resolve_home_path(cfg.run.start_checkpoint)
-        if problem := start_protocol_problem(cfg, start, "run.start_checkpoint"):
+        if problem := start_protocol_problem(cfg.rollout.protocol, start, "run.start_checkpoint"):
             raise PreflightError(problem)
         return start
     if cfg.run.sft_warm_start:
@@ -169,7 +169,8 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     from arbor.tasks.methods.coreact.guidance import make_guide
 
     if cfg.rollout.engine == "openai":
-        print(weight_sync_plan(cfg))  # which sync this run uses and why (logged by the flow: log_prints)
+        # which sync this run uses and why (logged by the flow: log_prints)
+        print(weight_sync_plan(cfg.cluster, cfg.rollout))
     run_id = cfg.run.run_id
     assert run_id is not None
     store = StageStore(run_id, home)
@@ -194,7 +195,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
             servers.append(server)
             cfg.rollout.base_url = spec.base_url
         engine = make_engine(cfg, search=search, home=home)
-    servers += watch_dependencies(cfg, servers)
+    servers += watch_dependencies(cfg.judge, cfg.rollout, servers)
     judge = make_judge(cfg.judge, home=home)
     if cfg.run.stream_judging:  # issue 19: a group's judge work starts once its rollouts end
         from arbor.llm.stream import StreamedJudge
@@ -217,7 +218,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     return state
 
 
-def watch_dependencies(cfg: ArborConfig, servers: list[Any]) -> list[Any]:
+def watch_dependencies(judge: JudgeConfig, rollout: RolloutConfig, servers: list[Any]) -> list[Any]:
     """Under ``arbor train`` (its stop path installed), a server the run relies on that dies ends the run naming it
     (issue 49): the `vllm serve` the flow started, by its process; a judge or rollout server on this machine that
     someone else started (``arbor judge serve``), by its port (``arbor.liveness``). Returns the port watches
@@ -231,10 +232,10 @@ def watch_dependencies(cfg: ArborConfig, servers: list[Any]) -> list[Any]:
     for server in servers:
         server.watch("vLLM's server", stop.request)
     watches = []
-    if cfg.judge.backend == "openai" and cfg.judge.base_url and is_local(cfg.judge.base_url):
-        watches.append(watch_endpoint("the judge server", cfg.judge.base_url, stop.request))
-    if cfg.rollout.engine == "openai" and not servers and cfg.rollout.base_url and is_local(cfg.rollout.base_url):
-        watches.append(watch_endpoint("the rollout server", cfg.rollout.base_url, stop.request))
+    if judge.backend == "openai" and judge.base_url and is_local(judge.base_url):
+        watches.append(watch_endpoint("the judge server", judge.base_url, stop.request))
+    if rollout.engine == "openai" and not servers and rollout.base_url and is_local(rollout.base_url):
+        watches.append(watch_endpoint("the rollout server", rollout.base_url, stop.request))
     return watches
 
 

@@ -230,8 +230,8 @@ class RunState:
         the stored ones, so a resumed run replays the same update) and what the method adds
         (``Method.train_batch``), with the method's group choice, per-token advantages and KL coefficient."""
         shaped = self.trajectories(step, "shape", "trajectories") if trajs is None else trajs
-        return policy_update(self.method.train_batch(self, step, shaped), step, self.cfg, self.method,
-                             source=self.cfg.run.method)
+        return policy_update(self.method.train_batch(self, step, shaped), step, self.cfg.train, self.cfg.run.overlap,
+                             self.method, source=self.cfg.run.method)
 
     def train(self, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """One policy update on the shaped batch (plus the method's additions, ``Method.train_batch``); the

@@ -228,12 +228,12 @@ def test_qwen3_profiles_show_whole_trajectories_within_the_judges_window() -> No
         blocks = max(cfg.rollout.max_searches, cfg.rollout.max_turns - 1)
         need = min_judge_budget(cfg.rollout.max_response_tokens, blocks)
         assert need >= cfg.rollout.max_response_tokens + math.ceil(blocks * 28 / 4)
-        shares = judge_shares(cfg)
+        shares = judge_shares(cfg.judge, cfg.rollout, cfg.run.method)
         assert [(r, n) for r, (n, _, _) in shares.items()] == \
             [("pairwise", 2), ("induction", 4), ("induction (unlabeled)", cfg.rollout.k)]
         assert shares["pairwise"][1] >= cfg.rollout.max_context_tokens, profile
         assert min(s for _, s, _ in shares.values()) >= need, profile
-        assert judge_window_problems(cfg) == []
+        assert judge_window_problems(cfg.judge, cfg.rollout, cfg.run.method) == []
 
 
 def test_a_window_too_small_for_whole_reasoning_is_refused() -> None:
@@ -244,12 +244,13 @@ def test_a_window_too_small_for_whole_reasoning_is_refused() -> None:
 
     with pytest.raises(ConfigError, match=r"judge.max_judge_tokens=null .* needs judge.context_tokens"):
         load_config("qwen3-8b", ["judge.context_tokens=null"])
-    problems = judge_window_problems(load_config("qwen3-8b", ["judge.context_tokens=32768"]))
+    small = load_config("qwen3-8b", ["judge.context_tokens=32768"])
+    problems = judge_window_problems(small.judge, small.rollout, small.run.method)
     assert [p.split(" shows ")[0] for p in problems] == \
         ["judge.context_tokens=32768: induction", "judge.context_tokens=32768: induction (unlabeled)"]
     assert "less than the 8272" in problems[0]
-    assert judge_window_problems(load_config("qwen3-8b", ["judge.context_tokens=32768",
-                                                          "judge.max_judge_tokens=8448"])) == []
+    capped = load_config("qwen3-8b", ["judge.context_tokens=32768", "judge.max_judge_tokens=8448"])
+    assert judge_window_problems(capped.judge, capped.rollout, capped.run.method) == []
 
 
 def test_under_budget_is_unchanged_and_markers_are_tag_free() -> None:

@@ -398,19 +398,20 @@ def test_rank_council_gives_each_judge_its_own_endpoint_and_key(tmp_path: Path,
     from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge
     from arbor.tasks.methods.coreact.council import rank_judge_names
 
-    offline = rank_council(load_config("tiny-cpu"), tmp_path)
+    tiny = load_config("tiny-cpu")
+    offline = rank_council(tiny.guidance, tiny.judge, tmp_path)
     assert [n for n, _, _ in offline] == ["rules-1", "rules-2", "rules-3"]
     assert all(isinstance(j, RulesJudge) and why for _, j, why in offline)
     cfg = load_config("tiny-cpu", {"judge.backend": "openai", "judge.base_url": "http://127.0.0.1:9/v1",
                                    "judge.api_key_env": "MAIN_KEY"})
-    assert rank_judge_names(cfg) == ["claude-sonnet-4-5", "gemini-2.5-pro", "gpt-5"]
+    assert rank_judge_names(cfg.guidance, cfg.judge) == ["claude-sonnet-4-5", "gemini-2.5-pro", "gpt-5"]
     for env in ("MAIN_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
         monkeypatch.setenv(env, f"sk-secret-{env}")
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
     with pytest.raises(JudgeSetupError, match=r"guidance\.rank_judges\.1\.api_key_env: .*'GEMINI_API_KEY'"):
-        rank_council(cfg, tmp_path)
+        rank_council(cfg.guidance, cfg.judge, tmp_path)
     monkeypatch.setenv("GEMINI_API_KEY", "sk-secret-GEMINI")
-    council = rank_council(cfg, tmp_path)
+    council = rank_council(cfg.guidance, cfg.judge, tmp_path)
     assert all(isinstance(j, OpenAIJudge) for _, j, _ in council)
     roles = [j.cfg.for_role("rank_actions") for _, j, _ in council]
     assert [(r["model"], r["base_url"], r["api_key_env"]) for r in roles] == [
@@ -420,7 +421,7 @@ def test_rank_council_gives_each_judge_its_own_endpoint_and_key(tmp_path: Path,
     assert "sk-secret" not in cfg.to_json() and "sk-secret" not in str([j.cfg for _, j, _ in council])
     clash = load_config("tiny-cpu", {"judge.backend": "openai", "guidance.rank_judges": [{}, {}]})
     with pytest.raises(ValueError, match="guidance.rank_judges: more than one judge would be stored as"):
-        rank_judge_names(clash)
+        rank_judge_names(clash.guidance, clash.judge)
 
 
 def test_guidance_train_refuses_a_missing_council_key_before_the_run_exists(tmp_path: Path,
@@ -443,13 +444,15 @@ def test_guidance_train_refuses_a_missing_council_key_before_the_run_exists(tmp_
             "guidance.rank_judges": council}
     cfg = load_config("tiny-world", sets)
     keys = {"MAIN_KEY": "k", "A_KEY": "k"}
-    problems = council_problems(cfg, keys)
+    problems = council_problems(cfg.guidance, cfg.judge, keys)
     assert [p.split(":")[0] for p in problems] == ["guidance.rank_judges.1.api_key_env",
                                                    "guidance.rank_judges.0.base_url"]  # one line per dead URL
     assert "'B_KEY' is not set (the key of rank judge 'b'" in problems[0]
-    assert council_problems(load_config("tiny-world", {**sets, "judge.base_url": "http://127.0.0.1:99999/v1"}),
-                            {**keys, "B_KEY": "k"})[0].startswith("guidance.rank_judges.0.base_url")
-    assert council_problems(load_config("tiny-world"), {}) == []  # the offline rules council needs nothing
+    bad_port = load_config("tiny-world", {**sets, "judge.base_url": "http://127.0.0.1:99999/v1"})
+    assert council_problems(bad_port.guidance, bad_port.judge, {**keys, "B_KEY": "k"})[0].startswith(
+        "guidance.rank_judges.0.base_url")
+    offline = load_config("tiny-world")
+    assert council_problems(offline.guidance, offline.judge, {}) == []  # the offline rules council needs nothing
 
     monkeypatch.setenv("ARBOR_HOME", str(tmp_path / "home"))
     for var, value in keys.items():
@@ -476,14 +479,15 @@ def test_preflight_names_a_missing_source_and_a_judge_without_the_roles(tmp_path
 
     cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.source": "memory",
                                    "guidance.memory_pool": str(tmp_path / "nope.json")})
-    assert [p.split(":")[0] for p in guidance_problems(cfg)] == ["guidance.memory_pool"]
+    assert [p.split(":")[0] for p in guidance_problems(cfg.guidance, cfg.judge)] == ["guidance.memory_pool"]
     cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "judge.backend": "test_guidance:NoStepJudge"})
-    problems = guidance_problems(cfg)
+    problems = guidance_problems(cfg.guidance, cfg.judge)
     assert len(problems) == 2 and "no step_rubric role" in problems[0] and "no step_verify role" in problems[1]
     cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.verify": False,
                                    "judge.backend": "test_guidance:NoStepJudge"})
-    assert len(guidance_problems(cfg)) == 1  # inject-only needs no verifier
-    assert guidance_problems(load_config("tiny-cpu", {"judge.backend": "test_guidance:NoStepJudge"})) == []
+    assert len(guidance_problems(cfg.guidance, cfg.judge)) == 1  # inject-only needs no verifier
+    off = load_config("tiny-cpu", {"judge.backend": "test_guidance:NoStepJudge"})
+    assert guidance_problems(off.guidance, off.judge) == []
 
 
 class NoStepJudge(RulesJudge):
@@ -643,13 +647,13 @@ def test_branching_points_are_the_tool_calling_steps_with_the_whole_prefix(tok: 
     over = {"guidance.branch_temperatures": [0.7], "guidance.branch_samples": 4, "guidance.slate_k": 3}
     cfg = load_config("tiny-cpu", over)
     assert cfg.guidance.branch_steps == "tool" and load_config("qwen3-8b-coreact").guidance.branch_steps == "tool"
-    rows = collect_branch_points(_BranchEngine(loop, s), [q], cfg, run_id="g", seed=0)
+    rows = collect_branch_points(_BranchEngine(loop, s), [q], cfg.guidance, run_id="g", seed=0)
     assert [r["turn"] for r in rows] == [0, 1] and [r["tool_calls"] for r in rows] == [0, 1]
     assert all(len(r["candidates"]) == 3 for r in rows)
     assert rows[1]["history"].startswith("<think>find the film first</think><search>Tobara</search>")
     assert len(rows[1]["history"]) < 4000 < len(tok.decode(s.response_ids[:len(s.response_ids)]))
     every = load_config("tiny-cpu", {**over, "guidance.branch_steps": "every"})
-    rows = collect_branch_points(_BranchEngine(loop, s), [q], every, run_id="g", seed=0)
+    rows = collect_branch_points(_BranchEngine(loop, s), [q], every.guidance, run_id="g", seed=0)
     assert [r["turn"] for r in rows] == [0, 1, 2]
     assert "<search>Tobara</search>" in rows[2]["history"] and len(rows[2]["history"]) > 4000  # no tail cut
     # a search the loop would turn into the forced answer (no search left) is no tool-calling step either

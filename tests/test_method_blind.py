@@ -33,7 +33,7 @@ def test_dapo_overlong_punishment_reaches_the_update_before_the_group_filter() -
     # L_max 10, L_cache 4: lengths 6, 7, 8, 9 get 0, -1/4, -2/4, -3/4 (eq. 13), so group 0's rewards differ
     # (1, 0.75, 0.5, 0.25) and dynamic sampling keeps it; group 1 stays homogeneous and is dropped
     cfg = load_config("tiny-cpu", {**OVERLONG, "run.method": "dapo"})
-    u = policy_update(BATCH, 1, cfg, make_method(cfg), source="dapo")
+    u = policy_update(BATCH, 1, cfg.train, cfg.run.overlap, make_method(cfg), source="dapo")
     assert [t.group for t in u.trajectories] == [0, 0, 0, 0]
     assert u.metrics["dropped_groups"] == 1.0 and u.metrics["zero_var_groups"] == 1.0
     # A_i = (R_i - 0.625) / (sample std + 1e-6); sample std = sqrt((2 * 0.375^2 + 2 * 0.125^2) / 3) = 0.3227486
@@ -46,12 +46,12 @@ def test_the_overlong_punishment_is_dapos_alone_and_any_rules_drops_are_counted(
     # plain GRPO under the same settings trains on R_i as shaped (no punishment): both groups homogeneous,
     # advantage 0 everywhere, nothing dropped (GRPO keeps every group)
     cfg = load_config("tiny-cpu", {**OVERLONG, "run.method": "grpo"})
-    u = policy_update(BATCH, 1, cfg, make_method(cfg), source="grpo")
+    u = policy_update(BATCH, 1, cfg.train, cfg.run.overlap, make_method(cfg), source="grpo")
     assert len(u.trajectories) == 8 and u.metrics["dropped_groups"] == 0.0
     assert all(float(a.abs().max()) == 0.0 for a in u.advantages)
     # DAPO without the punishment drops both homogeneous groups, counted by the update, not by DAPO's own metric
     cfg = load_config("tiny-cpu", {"run.run_id": "r", "run.method": "dapo"})
-    u = policy_update(BATCH, 1, cfg, make_method(cfg), source="dapo")
+    u = policy_update(BATCH, 1, cfg.train, cfg.run.overlap, make_method(cfg), source="dapo")
     assert u.trajectories == [] and u.metrics["dropped_groups"] == 2.0
     assert "dapo_dropped_groups" not in u.metrics
 

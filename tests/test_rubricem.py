@@ -252,10 +252,10 @@ def test_trainer_takes_lagged_reflections_and_refuses_stale_rollouts(tiny_dir: P
     assert m["phase0_loss_tokens"] == 3 * 5 and m["phase1_loss_tokens"] == 4 * 5
     from arbor.tasks.training.update import policy_update
 
-    u = policy_update(ok, 2, cfg, tr.method, source="rubricem")
+    u = policy_update(ok, 2, cfg.train, cfg.run.overlap, tr.method, source="rubricem")
     assert u.phases == [1] * 4 + [0] * 3 and u.temperatures == [None] * 4 + [0.7] * 3
     joint = load_config("tiny-cpu", {"run.method": "rubricem", "rubricem.reflection_update": "joint"})
-    u = policy_update(ok, 2, joint, RubricEM(joint), source="rubricem")
+    u = policy_update(ok, 2, joint.train, joint.run.overlap, RubricEM(joint), source="rubricem")
     assert u.phases == [0] * 7 and u.temperatures == [None] * 7
     with pytest.raises(AssertionError, match="policy version"):  # an off-policy task trajectory
         tr.train_step([traj(3, 0, i, 1, float(i % 2)) for i in range(4)], 3)

@@ -147,7 +147,7 @@ def test_arbor_sft_stages_a_flat_jsonl_and_adds_reflection_rows_for_rubricem(set
     reflections = [r for r in rows if r.get("system") == REFLECTION_SYSTEM_PROMPT]
     copies = [r for r in rows if "<reference_examples>" in r["question"]]
     assert 0 < len(reflections) == len(copies) and len(rows) == len(gold) + 2 * len(reflections)
-    assert reflection_share(cfg) == 0.25  # unset: RubricEM's share
+    assert reflection_share(cfg.sft, cfg.rollout.protocol) == 0.25  # unset: RubricEM's share
     for r in reflections:
         assert reflection_blocks(r["response"]) is not None
         assert any(g["response"] in r["question"] for g in gold)  # a reflection on a staged trajectory
@@ -158,7 +158,8 @@ def test_arbor_sft_stages_a_flat_jsonl_and_adds_reflection_rows_for_rubricem(set
     assert sft_data_path(cfg, tmp_path / "home", sft_key(cfg)) != out
     # an arbor run trains the file as it is
     plain = load_config("qwen3-8b", {"sft.data": str(data)})
-    assert sft_data_path(plain, tmp_path / "home", sft_key(plain)) == data and reflection_share(plain) == 0
+    assert sft_data_path(plain, tmp_path / "home", sft_key(plain)) == data
+    assert reflection_share(plain.sft, plain.rollout.protocol) == 0
 
 
 def test_a_file_with_no_stageable_row_is_refused_naming_file_and_line(tmp_path):
@@ -188,12 +189,16 @@ def test_reflection_share_defaults_and_the_rubricem_warning(tmp_path):
 
     data = tmp_path / "d.jsonl"
     unset, none = _rubricem_cfg(data), _rubricem_cfg(data, **{"sft.reflections": 0})
-    assert (reflection_share(unset), reflection_share(none)) == (0.25, 0.0)
-    assert reflection_warning(unset) is None and "sft.reflections=0 with run.method=rubricem" in reflection_warning(none)
+    assert (reflection_share(unset.sft, unset.rollout.protocol), reflection_share(none.sft, none.rollout.protocol)) == \
+        (0.25, 0.0)
+    assert reflection_warning(unset.run.method, unset.sft, unset.rollout.protocol) is None
+    assert "sft.reflections=0 with run.method=rubricem" in reflection_warning(none.run.method, none.sft,
+                                                                              none.rollout.protocol)
     assert sft_key(unset) != sft_key(none)
     assert sft_key(unset) == sft_key(_rubricem_cfg(data, **{"sft.reflections": 0.25}))
     arbor = load_config("tiny-cpu")  # keys of runs without reflections do not move
-    assert reflection_share(arbor) == 0 and sft_key(arbor) == sft_key(load_config("tiny-cpu", {"sft.reflections": 0}))
+    assert reflection_share(arbor.sft, arbor.rollout.protocol) == 0
+    assert sft_key(arbor) == sft_key(load_config("tiny-cpu", {"sft.reflections": 0}))
 
 
 def test_a_fixed_sft_output_holding_a_flat_start_is_not_reused_for_rubricem(tmp_path):

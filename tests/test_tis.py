@@ -61,6 +61,6 @@ def test_first_step_tis_weights_are_one(rollout_and_trainer) -> None:
     rewards = [float(t.sample % 2) for t in trajs]  # mixed groups so the step has a gradient
     for t, r in zip(trajs, rewards, strict=True):
         t.shaped_reward = r
-    m = trainer.train_step(policy_update(trajs, 1, _cfg), 1)
+    m = trainer.train_step(policy_update(trajs, 1, _cfg.train, _cfg.run.overlap), 1)
     assert abs(m["tis_mean"] - 1.0) < 1e-3, m["tis_mean"]
     assert m["tis_clip_frac"] == 0.0

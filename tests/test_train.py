@@ -67,7 +67,8 @@ class Driven:
         self.trainer = Trainer(cfg, model_dir, home, self.method.loss_settings(cfg.train))
 
     def train_step(self, batch: list[Trajectory], step: int) -> dict[str, float]:
-        update = policy_update(batch, step, self.cfg, self.method, source=self.cfg.run.method)
+        update = policy_update(batch, step, self.cfg.train, self.cfg.run.overlap, self.method,
+                               source=self.cfg.run.method)
         return self.trainer.train_step(update, step)
 
     def __getattr__(self, name: str) -> Any:
@@ -259,7 +260,7 @@ def test_two_phases_are_two_updates_in_order(model_dir: Path, tmp_path: Path) ->
 
     a, b = two_phase_batches()
     phased = make_trainer(model_dir, tmp_path / "phased")
-    u = policy_update([*a, *b], 1, phased.cfg)
+    u = policy_update([*a, *b], 1, phased.cfg.train, phased.cfg.run.overlap)
     u.phases = [0] * len(a) + [1] * len(b)
     m = phased.trainer.train_step(u, 1)
     assert m["phase0_loss_tokens"] == sum(sum(t.loss_mask) for t in a)
@@ -267,12 +268,12 @@ def test_two_phases_are_two_updates_in_order(model_dir: Path, tmp_path: Path) ->
     assert m["updates"] == 2.0 and phased.policy_version == 1
 
     seq = make_trainer(model_dir, tmp_path / "seq")
-    seq.trainer.train_step(policy_update(a, 1, seq.cfg), 1)
-    ub = policy_update(b, 2, seq.cfg)
+    seq.trainer.train_step(policy_update(a, 1, seq.cfg.train, seq.cfg.run.overlap), 1)
+    ub = policy_update(b, 2, seq.cfg.train, seq.cfg.run.overlap)
     ub.versions_behind = [1] * len(b)  # sampled before the phase-0 update, as in the step
     seq.trainer.train_step(ub, 2)
     joint = make_trainer(model_dir, tmp_path / "joint")
-    joint.trainer.train_step(policy_update([*a, *b], 1, joint.cfg), 1)
+    joint.trainer.train_step(policy_update([*a, *b], 1, joint.cfg.train, joint.cfg.run.overlap), 1)
 
     pp, ps, pj = params(phased), params(seq), params(joint)
     for k in pp:
@@ -293,14 +294,14 @@ def test_a_phase_scored_at_its_sampling_temperature_has_unit_tis_weights(model_d
     for t, v in zip(cands, lp, strict=True):
         it = iter(v.tolist())
         t.rollout_logprobs = [next(it) if m else 0.0 for m in t.loss_mask]
-    u = policy_update(cands, 1, tr.cfg)
+    u = policy_update(cands, 1, tr.cfg.train, tr.cfg.run.overlap)
     u.temperatures = [0.7] * len(cands)
     m = tr.trainer.train_step(u, 1)
     assert m["tis_mean"] == pytest.approx(1.0, abs=1e-5) and m["tis_clip_frac"] == 0.0
     assert tr.trainer.engine.module.temperature == 1.0  # restored after the phase
 
     other = make_trainer(model_dir, tmp_path / "other", **{"rollout.temperature": 1.0})
-    m1 = other.trainer.train_step(policy_update(cands, 1, other.cfg), 1)
+    m1 = other.trainer.train_step(policy_update(cands, 1, other.cfg.train, other.cfg.run.overlap), 1)
     assert abs(m1["tis_mean"] - 1.0) > 1e-3
 
 

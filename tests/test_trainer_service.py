@@ -22,17 +22,17 @@ from arbor.types import Trajectory
 
 def test_launch_command_cpu_and_gpu() -> None:
     cpu = load_config("tiny-cpu")
-    argv, env = build_launch_command(cpu, "/c", "/m", "/h", python="/py", master_port=29600)
+    argv, env = build_launch_command(cpu.train, cpu.cluster, "/c", "/m", "/h", python="/py", master_port=29600)
     assert argv == ["/py", "-m", "arbor.tasks.training.trainer_service", "--channel", "/c", "--model-path", "/m", "--home", "/h"]
     assert env == dict(MASTER_ADDR="127.0.0.1", MASTER_PORT="29600", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
     gpu = load_config("tiny-cpu", {"train.num_gpus": 8})
-    argv, env = build_launch_command(gpu, "/c", "/m", "/h", master_port=29601)
+    argv, env = build_launch_command(gpu.train, gpu.cluster, "/c", "/m", "/h", master_port=29601)
     assert argv[:8] == ["deepspeed", "--num_gpus", "8", "--master_port", "29601", "--no_local_rank", "--module",
                         "arbor.tasks.training.trainer_service"]
     assert env == {}
     nodes = load_config("tiny-cpu", {"train.hostfile": "/etc/hosts.ds"})
-    argv, _ = build_launch_command(nodes, "/c", "/m", "/h", master_port=29602)
+    argv, _ = build_launch_command(nodes.train, nodes.cluster, "/c", "/m", "/h", master_port=29602)
     assert argv[:3] == ["deepspeed", "--hostfile", "/etc/hosts.ds"] and "--num_gpus" not in argv
 
 
@@ -51,7 +51,8 @@ def _trajectories(step: int, version: int) -> list[Trajectory]:
 
 def write_batch(path: Path, step: int, version: int) -> Path:
     """A plain GRPO update of four trajectories of ``version``, as the controller sends it (``write_update``)."""
-    return write_update(policy_update(_trajectories(step, version), step, load_config("tiny-cpu")), path)
+    tiny = load_config("tiny-cpu")
+    return write_update(policy_update(_trajectories(step, version), step, tiny.train, tiny.run.overlap), path)
 
 
 def test_service_trains_saves_dies_and_resumes(tmp_path: Path) -> None:
@@ -106,7 +107,7 @@ def test_service_trains_saves_dies_and_resumes(tmp_path: Path) -> None:
 def test_update_file_round_trips_exactly(tmp_path: Path) -> None:
     """What the service applies is bit for bit what the controller computed: float32 GRPO advantages and float64
     ones of another estimator keep their values and dtypes; the KL coefficient, lags and metrics come back."""
-    update = policy_update(_trajectories(3, 2), 3, load_config("tiny-cpu"))
+    update = policy_update(_trajectories(3, 2), 3, (tiny := load_config("tiny-cpu")).train, tiny.run.overlap)
     update.advantages[1] = update.advantages[1].double() / 3.0  # a float64 vector with a non-terminating value
     update.kl_coef, update.versions_behind[0] = 0.1 + 0.2, 1
     update.phases, update.temperatures = [1, 0, 1, 1], [None, 0.7, None, None]  # a RubricEM-style two-phase update
@@ -117,5 +118,5 @@ def test_update_file_round_trips_exactly(tmp_path: Path) -> None:
     assert [a.dtype for a in got.advantages] == [torch.float32, torch.float64, torch.float32, torch.float32]
     assert all(torch.equal(a, b) for a, b in zip(got.advantages, update.advantages, strict=True))
     assert got.kl_coef == 0.1 + 0.2 and got.versions_behind == [1, 0, 0, 0]
-    assert got.metrics == update.metrics == {"n_groups": 1.0, "zero_var_groups": 0.0}
+    assert got.metrics == update.metrics == {"n_groups": 1.0, "zero_var_groups": 0.0, "dropped_groups": 0.0}
     assert not list((tmp_path / "u").glob(".*.tmp"))  # written atomically

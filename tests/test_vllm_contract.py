@@ -70,7 +70,7 @@ def train_once(tr: Trainer, cfg) -> None:
                         response_ids=torch.randint(10, 200, (8,), generator=g).tolist(), loss_mask=[1] * 8,
                         rollout_logprobs=[-9.0] * 8, base_reward=float(s % 2), policy_version=tr.policy_version)
              for s in range(4)]
-    tr.train_step(policy_update(trajs, tr.policy_version + 1, cfg), tr.policy_version + 1)
+    tr.train_step(policy_update(trajs, tr.policy_version + 1, cfg.train, cfg.run.overlap), tr.policy_version + 1)
 
 
 def scripted(cfg, *, weights: dict[str, torch.Tensor], env: dict[str, str] | None = None, **kw) -> ScriptedVllm:
@@ -269,13 +269,14 @@ def test_preflight_refuses_a_vllm_arbor_does_not_speak_naming_both_versions(tmp_
 def test_preflight_says_which_sync_a_run_uses_and_what_it_needs() -> None:
     from arbor.preflight import weight_sync_plan, weight_sync_problems
 
-    assert weight_sync_plan(qwen_cfg()).startswith("weight sync: NCCL push over vLLM 0.33's RL routes")
-    assert "restart `vllm serve`" in weight_sync_plan(qwen_cfg(**{"cluster.weight_sync": "restart"}))
-    assert "in-process" in weight_sync_plan(load_config("tiny-cpu"))
-    torch_gap = weight_sync_problems(qwen_cfg(), torch_version="2.13.0+cu128")
+    nccl, restart, tiny = qwen_cfg(), qwen_cfg(**{"cluster.weight_sync": "restart"}), load_config("tiny-cpu")
+    assert weight_sync_plan(nccl.cluster, nccl.rollout).startswith("weight sync: NCCL push over vLLM 0.33's RL routes")
+    assert "restart `vllm serve`" in weight_sync_plan(restart.cluster, restart.rollout)
+    assert "in-process" in weight_sync_plan(tiny.cluster, tiny.rollout)
+    torch_gap = weight_sync_problems(nccl.cluster, torch_version="2.13.0+cu128")
     assert len(torch_gap) == 1 and "torch is 2.13.0+cu128 but vLLM 0.33.0 pins torch==2.14.0" in torch_gap[0]
-    assert weight_sync_problems(qwen_cfg(), torch_version="2.14.0+cu128") == []
-    assert weight_sync_problems(qwen_cfg(**{"cluster.weight_sync": "restart", "cluster.manage_vllm": False}))
+    assert weight_sync_problems(nccl.cluster, torch_version="2.14.0+cu128") == []
+    assert weight_sync_problems(qwen_cfg(**{"cluster.weight_sync": "restart", "cluster.manage_vllm": False}).cluster)
 
 
 # ------------------------------------------------------------------------------------------- the fixture itself

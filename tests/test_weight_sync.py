@@ -44,7 +44,7 @@ def test_sync_into_rollout_engine_tags_the_version(tiny_dir: Path, tmp_path: Pat
     with torch.no_grad():
         before = engine.model(input_ids=ids).logits
 
-    tr.train_step(policy_update(batch(0, vocab), 1, cfg), 1)
+    tr.train_step(policy_update(batch(0, vocab), 1, cfg.train, cfg.run.overlap), 1)
     assert sync_weights(tr, engine) == 1
     assert engine.policy_version == 1
     with torch.no_grad():
@@ -53,16 +53,16 @@ def test_sync_into_rollout_engine_tags_the_version(tiny_dir: Path, tmp_path: Pat
     assert torch.equal(after, want)  # the rollout model now computes exactly the trainer's policy
     assert not torch.equal(before, after)
     # the next step accepts batches tagged with the synced version only
-    tr.train_step(policy_update(batch(1, vocab), 2, cfg), 2)
+    tr.train_step(policy_update(batch(1, vocab), 2, cfg.train, cfg.run.overlap), 2)
     with pytest.raises(AssertionError, match="version 1"):
-        tr.train_step(policy_update(batch(1, vocab), 3, cfg), 3)
+        tr.train_step(policy_update(batch(1, vocab), 3, cfg.train, cfg.run.overlap), 3)
 
 
 def test_sync_into_plain_module(tiny_dir: Path, tmp_path: Path) -> None:
     cfg = load_config("tiny-cpu", {"run.run_id": "w", "train.lr": 1e-3})
     tr = Trainer(cfg, tiny_dir, tmp_path)
     model, _ = load_policy(str(tiny_dir))
-    tr.train_step(policy_update(batch(0, model.config.vocab_size), 1, cfg), 1)
+    tr.train_step(policy_update(batch(0, model.config.vocab_size), 1, cfg.train, cfg.run.overlap), 1)
     assert sync_weights(tr, model) == 1
     for k, v in tr.state_dict_for_sync().items():
         assert torch.equal(model.state_dict()[k], v), k

@@ -516,7 +516,8 @@ class OpenAIEngine(_EngineBase):
         self.url = url.rstrip("/") + "/completions"
         from arbor.tasks.env.serving import served_model_name
 
-        self.served_model = served_model or served_model_name(cfg)  # the name arbor's launch serves it under
+        # the name arbor's launch serves it under
+        self.served_model = served_model or served_model_name(cfg.rollout, cfg.policy)
         self.headers = {}
         if cfg.rollout.api_key_env:
             key = os.environ.get(cfg.rollout.api_key_env)

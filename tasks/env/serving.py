@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from arbor.config import ArborConfig
+from arbor.config import ArborConfig, PolicyConfig, RolloutConfig
 
 
 @dataclass(frozen=True)
@@ -31,16 +31,16 @@ class LaunchSpec:
     base_url: str = ""
 
 
-def served_model_name(cfg: ArborConfig) -> str:
+def served_model_name(rollout: RolloutConfig, policy: PolicyConfig) -> str:
     """The one name the server is launched under and every rollout request names: ``rollout.served_model``, else
     ``policy.model``. vLLM 0.33 serves the model path unless ``--served-model-name`` is given
     (``vllm/entrypoints/launchers/api_server/app_state.py``) and answers 404 to any other name
     (``vllm/entrypoints/serve/engine/serving.py::_check_model``)."""
-    return cfg.rollout.served_model or cfg.policy.model
+    return rollout.served_model or policy.model
 
 
 def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
-    """`vllm serve` (vLLM 0.33) for the rollout GPUs: served under ``served_model_name(cfg)``, bound to 127.0.0.1,
+    """`vllm serve` (vLLM 0.33) for the rollout GPUs: served under ``served_model_name``, bound to 127.0.0.1,
     with the RL weight-transfer routes on (``VLLM_SERVER_DEV_MODE=1``: they are registered only then,
     ``vllm/entrypoints/launchers/api_server/routers.py``; see docs/gpu.md for what that exposes)."""
     c = cfg.cluster
@@ -50,7 +50,7 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
     dp = max(1, len(c.rollout_gpus) // tp)
     argv = [
         c.vllm_executable, "serve", model_path,
-        "--served-model-name", served_model_name(cfg),
+        "--served-model-name", served_model_name(cfg.rollout, cfg.policy),
         "--host", "127.0.0.1", "--port", str(c.vllm_port),
         "--tensor-parallel-size", str(tp),
         "--data-parallel-size", str(dp),

@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arbor.format import (
     ARBOR,
@@ -42,6 +42,9 @@ from arbor.format import (
 )
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import tokenize_trajectory
+
+if TYPE_CHECKING:
+    from arbor.config import SFTConfig
 
 # Thoughts are short on purpose: a ~5M-parameter policy learns the *protocol* (think, search, read, answer) from a
 # few hundred examples in minutes on a CPU; long free-text thoughts would spend its capacity on copying prose.
@@ -160,7 +163,7 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
     rows = synthesize(questions if questions is not None else load_questions(spec), search, seed=seed, top_k=cfg.search.top_k,
                       max_result_chars=cfg.search.max_result_chars, max_searches=max(1, cfg.rollout.max_searches),
                       variants=cfg.sft.variants, protocol=get_protocol(cfg.rollout.protocol))
-    if share := reflection_share(cfg):
+    if share := reflection_share(cfg.sft, cfg.rollout.protocol):
         from arbor.tasks.reflection import reflection_sft_rows
         rows += reflection_sft_rows(rows, share, seed, cfg.rollout.protocol)
     return write_jsonl(rows, out_path)
@@ -172,16 +175,18 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
 RUBRICEM_REFLECTIONS = 0.25
 
 
-def reflection_share(cfg: Any) -> float:
-    """The run's ``sft.reflections``: as set, else ``RUBRICEM_REFLECTIONS`` under a staged protocol, else 0."""
-    if cfg.sft.reflections is not None:
-        return float(cfg.sft.reflections)
-    return RUBRICEM_REFLECTIONS if get_protocol(cfg.rollout.protocol).staged else 0.0
+def reflection_share(sft: SFTConfig, protocol: str) -> float:
+    """The run's ``sft.reflections``: as set, else ``RUBRICEM_REFLECTIONS`` under a staged ``protocol``
+    (``rollout.protocol``), else 0."""
+    if sft.reflections is not None:
+        return float(sft.reflections)
+    return RUBRICEM_REFLECTIONS if get_protocol(protocol).staged else 0.0
 
 
-def reflection_warning(cfg: Any) -> str | None:
-    """Why an SFT start will not suit ``run.method=rubricem`` (None when it will): no reflection rows."""
-    if cfg.run.method == "rubricem" and not reflection_share(cfg):
+def reflection_warning(method: str, sft: SFTConfig, protocol: str) -> str | None:
+    """Why an SFT start will not suit ``method`` (``run.method``) rubricem (None when it will): no reflection
+    rows."""
+    if method == "rubricem" and not reflection_share(sft, protocol):
         return ("sft.reflections=0 with run.method=rubricem: the start never sees a reflection request or a "
                 "<reference_examples> block, so its reflections are invalid and its plans derail once the bank "
                 f"injects one (docs/sft.md); leave sft.reflections unset ({RUBRICEM_REFLECTIONS}) or set a share")
@@ -280,15 +285,17 @@ def stage_sft_rows(numbered: Sequence[tuple[int, dict[str, Any]]], source: str |
     return report
 
 
-def build_user_sft_data(cfg: Any, source: str | Path, out_path: str | Path, *, seed: int = 0) -> Path:
-    """``sft.data`` = a user's JSONL under a staged protocol or with reflection rows: the file's rows staged
-    (``stage_sft_rows``; flat rows in arbor's tags), then reflection rows and reference-block copies for a share
-    ``reflection_share(cfg)`` of its gold rows unless the file brings reflection rows of its own; JSONL at
+def build_user_sft_data(sft: SFTConfig, protocol_name: str, source: str | Path, out_path: str | Path, *,
+                        seed: int = 0) -> Path:
+    """``sft.data`` = a user's JSONL under a staged protocol (``protocol_name``: ``rollout.protocol``) or with
+    reflection rows: the file's rows staged (``stage_sft_rows``; flat rows in arbor's tags), then reflection rows and
+    reference-block copies for a share ``reflection_share`` of its gold rows unless the file brings reflection rows
+    of its own; JSONL at
     ``out_path``. Prints what was staged and dropped; raises when no row is left."""
     from arbor.tasks.env.staging import row_kind
     from arbor.tasks.reflection import reflection_sft_rows
 
-    protocol = get_protocol(cfg.rollout.protocol)
+    protocol = get_protocol(protocol_name)
     numbered = read_numbered(source)
     if protocol.staged:
         report = stage_sft_rows(numbered, source, protocol)
@@ -300,7 +307,7 @@ def build_user_sft_data(cfg: Any, source: str | Path, out_path: str | Path, *, s
     else:
         rows = [row for _, row in numbered]
         own_reflections = sum(row_kind(r["response"]) == "reflection" for r in rows)
-    share = reflection_share(cfg)
+    share = reflection_share(sft, protocol_name)
     if share and not own_reflections:
         gold = [r for r in rows if "<reference_examples>" not in r["question"]]
         rows = rows + reflection_sft_rows(gold, share, seed, protocol.name)

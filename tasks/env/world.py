@@ -601,7 +601,8 @@ def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, se
                             max_result_chars=cfg.search.max_result_chars,
                             max_searches=max(1, cfg.rollout.max_searches), variants=cfg.sft.variants,
                             protocol=get_protocol(cfg.rollout.protocol))
-    if share := reflection_share(cfg):  # sft.reflections, or RubricEM's default share under the staged protocol
+    # sft.reflections, or RubricEM's default share under the staged protocol
+    if share := reflection_share(cfg.sft, cfg.rollout.protocol):
         from arbor.tasks.reflection import reflection_sft_rows
         rows += reflection_sft_rows(rows, share, cfg.run.seed, cfg.rollout.protocol)
     return write_jsonl(rows, out_path)

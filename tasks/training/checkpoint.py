@@ -34,12 +34,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from arbor.tasks.training import lora
+
+if TYPE_CHECKING:
+    from arbor.config import CheckpointConfig
 
 MARKER = "COMPLETE"
 _STEP_RE = re.compile(r"^step_(\d{6})$")
@@ -49,9 +52,9 @@ TOKENIZER_FILES = (
 )
 
 
-def run_checkpoint_root(cfg: Any, home: Path) -> Path:
-    """Where a run's checkpoints live: ``checkpoint.dir`` or ``{home}/checkpoints/{run_id}``."""
-    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(home) / "checkpoints" / (cfg.run.run_id or "default")
+def run_checkpoint_root(checkpoint: CheckpointConfig, run_id: str | None, home: Path) -> Path:
+    """Where a run's checkpoints live: ``checkpoint.dir`` or ``{home}/checkpoints/{run_id}`` (``run.run_id``)."""
+    return Path(checkpoint.dir) if checkpoint.dir else Path(home) / "checkpoints" / (run_id or "default")
 
 
 def checkpoint_due(step: int, every: int, last_step: int) -> bool:

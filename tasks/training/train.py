@@ -538,7 +538,7 @@ class Trainer:
         self.model_path = Path(model_path)
         self.home = Path(home) if home is not None else arbor_home()
         self.run_id = cfg.run.run_id or "default"
-        self.ckpt_root = ckpt.run_checkpoint_root(cfg, self.home)
+        self.ckpt_root = ckpt.run_checkpoint_root(cfg.checkpoint, cfg.run.run_id, self.home)
         self.loss = loss or grpo_loss_settings(self.tc)
         self.eps_low = self.tc.eps_clip_low
         self.eps_high = self.loss.eps_clip_high

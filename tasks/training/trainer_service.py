@@ -45,7 +45,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from arbor.config import ArborConfig
+from arbor.config import ArborConfig, ClusterConfig, TrainConfig
 from arbor.tasks.training.checkpoint import checkpoint_due, complete_steps
 from arbor.tasks.training.update import grpo_loss_settings
 from arbor.types import LossSettings, Trajectory, UpdateBatch
@@ -72,7 +72,7 @@ def free_port() -> int:
 
 
 def build_launch_command(
-    cfg: ArborConfig, channel: str | Path, model_path: str | Path, home: str | Path, *,
+    train: TrainConfig, cluster: ClusterConfig, channel: str | Path, model_path: str | Path, home: str | Path, *,
     python: str = sys.executable, master_port: int | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, extra environment) that start the trainer service.
@@ -82,13 +82,13 @@ def build_launch_command(
     rendezvous variables."""
     port = master_port or free_port()
     args = ["--channel", str(channel), "--model-path", str(model_path), "--home", str(home)]
-    tc = cfg.train
+    tc = train
     if tc.num_gpus > 0 or tc.hostfile:
         cmd = ["deepspeed"]
         if tc.hostfile:
             cmd += ["--hostfile", tc.hostfile]
-        if cfg.cluster.train_gpus and not tc.hostfile:  # the profile's GPU layout (rollouts use the others)
-            cmd += ["--include", "localhost:" + ",".join(str(g) for g in cfg.cluster.train_gpus)]
+        if cluster.train_gpus and not tc.hostfile:  # the profile's GPU layout (rollouts use the others)
+            cmd += ["--include", "localhost:" + ",".join(str(g) for g in cluster.train_gpus)]
         elif tc.num_gpus > 0:
             cmd += ["--num_gpus", str(tc.num_gpus)]
         cmd += ["--master_port", str(port), "--no_local_rank", "--module", "arbor.tasks.training.trainer_service", *args]
@@ -269,7 +269,8 @@ class TrainerService:
         self.seq = 0
 
     def command(self) -> tuple[list[str], dict[str, str]]:
-        return build_launch_command(self.cfg, self.channel, self.model_path, self.home, python=self.python)
+        return build_launch_command(self.cfg.train, self.cfg.cluster, self.channel, self.model_path, self.home,
+                                    python=self.python)
 
     def start(self) -> None:
         """Launch a fresh process group (the channel's command history is cleared)."""

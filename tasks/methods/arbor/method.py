@@ -19,7 +19,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from arbor.config import ArborConfig
+from arbor.config import ArborConfig, MemoryConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext
 from arbor.tasks.methods.arbor.induction import select_anchors
@@ -45,7 +45,7 @@ CONSOLIDATE = Stage("consolidate", ("rubric_events", "rubric_sources", "judge_ca
 MEMORY_STAGES = ("score", "retire", "induce", "consolidate")  # the stages that change the memory, in step order
 
 
-def rebuild_memory(cfg: ArborConfig, store: StageStore, upto_step: int) -> RubricMemory:
+def rebuild_memory(memory: MemoryConfig, store: StageStore, upto_step: int) -> RubricMemory:
     """The rubric memory from the stored events of every completed memory stage (resume, issue 7)."""
     events: Rows = []
     activations: Rows = []
@@ -64,7 +64,7 @@ def rebuild_memory(cfg: ArborConfig, store: StageStore, upto_step: int) -> Rubri
             activations += got["rubric_activations"]
             sources += got["rubric_sources"]
             partial_phase = stage
-    return RubricMemory.from_events(cfg.memory, events, activations, sources, group_info_from_rows(rollouts),
+    return RubricMemory.from_events(memory, events, activations, sources, group_info_from_rows(rollouts),
                                     partial_phase=partial_phase)
 
 
@@ -113,7 +113,7 @@ class Arbor(Method):
         self.memory = RubricMemory(cfg.memory)  # rebuilt from the stored events by ``restore``
 
     def restore(self, run: StepResources) -> None:
-        self.memory = rebuild_memory(self.cfg, run.store, self.cfg.run.steps)
+        self.memory = rebuild_memory(self.cfg.memory, run.store, self.cfg.run.steps)
 
     def loss_settings(self, train: TrainConfig) -> LossSettings:
         """§4.1 / App. B.2: GRPO with TIS in slime, whose default loss averages each sample's tokens, then the

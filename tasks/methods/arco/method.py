@@ -88,7 +88,7 @@ class ARCO(Method):
 
         home = Path(run.home)
         self.mu = RubricModelTrainer(self.cfg, Path(run.trainer.model_path),
-                                     run_checkpoint_root(self.cfg, home) / "mu")
+                                     run_checkpoint_root(self.cfg.checkpoint, self.cfg.run.run_id, home) / "mu")
         step = self.mu.load_latest() + 1
         while run.store.done(step, "mu_update"):
             self._update(run, step)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from arbor.config import ArborConfig
+from arbor.config import ArborConfig, GuidanceConfig
 from arbor.format import turn_spans
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import GenRequest
@@ -73,10 +73,10 @@ def tool_calling_step(loop: Any, turn_text: str, searches_before: int) -> bool:
     return loop.is_search(turn_text) and searches_before < loop.budgets.max_searches
 
 
-def collect_branch_points(engine: Any, questions: Sequence[Any], cfg: ArborConfig, *, run_id: str,
+def collect_branch_points(engine: Any, questions: Sequence[Any], guidance: GuidanceConfig, *, run_id: str,
                           seed: int) -> list[dict[str, Any]]:
     """``branch_points`` rows (not yet ranked) from one rollout per question and sampled slates at its turns."""
-    g = cfg.guidance
+    g = guidance
     loop, tok = engine.loop, engine.tokenizer
     trajs = engine.generate_groups(list(questions), 1, derive_seed(seed, "branch"), 0, run_id=run_id)
     rows: list[dict[str, Any]] = []

@@ -153,46 +153,71 @@ def scripted_server():
         yield srv
 
 
-@pytest.fixture(scope="module", params=["rules", "scripted"])
-def backend(
-    request: pytest.FixtureRequest,
-    scripted_server: OpenAIServer,
-    sft_policy: Path,
-    prefect_harness,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[str, dict[str, Any], Path, Counter[str]]:
-    """(backend, its judge overrides, the uninterrupted run's workspace, the prompts the server got for it)."""
-    judge = {} if request.param == "rules" else openai_judge(scripted_server.base_url)
-    home = tmp_path_factory.mktemp(f"evidence_ref_{request.param}")
-    before = Counter(scripted_server.counts)
-    _train(home, _overrides(sft_policy, judge))
-    return request.param, judge, home, Counter(scripted_server.counts) - before
+def _reference(
+    judge: dict[str, Any], server: OpenAIServer, start: Path, home: Path
+) -> tuple[Path, Counter[str]]:
+    """Two uninterrupted steps: (their workspace, the prompts the server got for them)."""
+    before = Counter(server.counts)
+    _train(home, _overrides(start, judge))
+    return home, Counter(server.counts) - before
+
+
+@pytest.fixture(scope="module")
+def rules_run(
+    scripted_server: OpenAIServer, sft_policy: Path, prefect_harness, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Counter[str]]:
+    return _reference({}, scripted_server, sft_policy, tmp_path_factory.mktemp("evidence_rules"))
+
+
+@pytest.fixture(scope="module")
+def scripted_run(
+    scripted_server: OpenAIServer, sft_policy: Path, prefect_harness, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Counter[str]]:
+    return _reference(
+        openai_judge(scripted_server.base_url),
+        scripted_server,
+        sft_policy,
+        tmp_path_factory.mktemp("evidence_scripted"),
+    )
 
 
 @pytest.mark.slow
-def test_two_steps_store_and_shape_with_evidence(backend) -> None:
-    name, _, home, asked = backend
-    _check_rows(home, rules=name == "rules")
-    if name == "scripted":  # every answered trajectory reached the server (identical prompts once)
-        assert sum(asked.values()) == len({c["cache_key"] for c in table("judge_calls", RUN, home)}) > 0
+def test_two_steps_with_the_rules_judge(rules_run: tuple[Path, Counter[str]]) -> None:
+    home, asked = rules_run
+    _check_rows(home, rules=True)
+    assert not asked  # the rules judge answers in process
+
+
+@pytest.mark.slow
+def test_two_steps_with_the_scripted_server(scripted_run: tuple[Path, Counter[str]]) -> None:
+    home, asked = scripted_run
+    _check_rows(home, rules=False)
+    # every answered trajectory's prompt reached the server, identical prompts once
+    assert sum(asked.values()) == len({c["cache_key"] for c in table("judge_calls", RUN, home)}) > 0
 
 
 @pytest.mark.slow
 def test_sigkill_mid_stage_resumes_exactly(
-    backend, scripted_server: OpenAIServer, sft_policy: Path, tmp_path: Path, prefect_harness
+    scripted_run: tuple[Path, Counter[str]],
+    scripted_server: OpenAIServer,
+    sft_policy: Path,
+    tmp_path: Path,
+    prefect_harness,
 ) -> None:
-    name, judge, ref_home, ref_asked = backend
-    home, o = tmp_path / "home", _overrides(sft_policy, judge)
+    """The drill on the OpenAI-compatible backend, where a repeated call would show: with the server's counts, and
+    with the response cache the killed process filled (the rules judge has neither; it ran the same drill in
+    111 s, see the note of issue 51 item 6, and is left out to keep CI short)."""
+    ref_home, ref_asked = scripted_run
+    home, o = tmp_path / "home", _overrides(sft_policy, openai_judge(scripted_server.base_url))
     before = Counter(scripted_server.counts)
     train_until_killed(home, RUN, o, "2:evidence:kill-mid", tmp_path / "killed.log")
     assert {r["step"] for r in table("evidence_checks", RUN, home)} == {1}  # step 2's stage never committed
     killed = Counter(scripted_server.counts) - before
     _train(home, o, resume=True)
     assert _stored(home) == _stored(ref_home)
-    if name == "scripted":
-        asked = Counter(scripted_server.counts) - before
-        assert max(asked.values()) == 1 and asked.keys() == ref_asked.keys()  # no prompt twice, none missing
-        # step 2's first group was answered before the kill, and the resumed stage read those from the cache
-        step2 = [c for c in table("judge_calls", RUN, home) if (c["step"], c["stage"]) == (2, "evidence")]
-        before_kill = [c for c in step2 if c["cache_key"] in killed]
-        assert before_kill and all(c["cache_hit"] for c in before_kill) and len(before_kill) < len(step2)
+    asked = Counter(scripted_server.counts) - before
+    assert max(asked.values()) == 1 and asked.keys() == ref_asked.keys()  # no prompt twice, none missing
+    # step 2's first group was answered before the kill, and the resumed stage read those from the cache
+    step2 = [c for c in table("judge_calls", RUN, home) if (c["step"], c["stage"]) == (2, "evidence")]
+    before_kill = [c for c in step2 if c["cache_key"] in killed]
+    assert before_kill and all(c["cache_hit"] for c in before_kill) and len(before_kill) < len(step2)

@@ -255,8 +255,8 @@ def test_the_ranking_council_sees_no_gold_answer_by_default(tmp_path: Path) -> N
     DR Tulu's research queries have no answer key, and the agent never has one): the council's requests carry no
     golds and the prompt says none was provided; ``guidance.rank_golds=true`` (arbor's earlier) shows them."""
     from arbor.config.guidance import GuidanceConfig
-    from arbor.llm import prompts
     from arbor.tasks.methods.coreact.generator import rank_points
+    from arbor.tasks.methods.coreact.roles import rank_actions_messages
 
     assert GuidanceConfig().rank_golds is False
     plain, shown = _Replies('Final answer:\n["X", "Y", "Z"]', tmp_path / "a"), _Replies(
@@ -264,7 +264,7 @@ def test_the_ranking_council_sees_no_gold_answer_by_default(tmp_path: Path) -> N
     [kept] = rank_points([POINT], [("a", plain.judge)], min_rankings=1, seed=0)
     assert kept["kept"] and [q.golds for q in plain.judge.seen] == [None]
     q = plain.judge.seen[0]
-    user = prompts.rank_actions_messages(q.question, q.golds, q.history, q.shown, 3000)[1][1]["content"]
+    user = rank_actions_messages(q.question, q.golds, q.history, q.shown, 3000)[1][1]["content"]
     assert "<ground_truth>(not provided)</ground_truth>" in user
     rank_points([POINT], [("b", shown.judge)], min_rankings=1, seed=0, golds=True)
     assert [q.golds for q in shown.judge.seen] == [["Rema"]]

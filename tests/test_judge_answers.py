@@ -19,6 +19,8 @@ from arbor.config.judge import JudgeConfig
 from arbor.llm import make_judge, prompts
 from arbor.llm.answers import answer_problem, template_from_text, template_of
 from arbor.llm.openai_backend import _role_schema
+from arbor.paths import PROJECT_ROOT
+from arbor.tasks.methods import load_roles
 from arbor.tasks.methods.arbor import Arbor
 from arbor.tasks.methods.arbor import roles as arbor_roles
 from arbor.types import Trajectory
@@ -45,9 +47,11 @@ def test_a_template_is_read_from_the_prompt_file() -> None:
 
 def test_the_prompts_own_example_is_never_an_answer() -> None:
     """Every role's prompt that shows a reply with placeholders: that reply, sent back, is rejected."""
+    load_roles()  # every built-in method's prompt files; a user's (an example's) registered here too is left out
+    shipped = {v for v, path in prompts.PROMPT_FILES.items() if Path(path).is_relative_to(PROJECT_ROOT / "tasks")}
     roles = {"induction_unlabeled": "induction"}
     checked = 0
-    for version in sorted(prompts.PROMPT_FILES):  # every method's prompt files (load_roles registers them)
+    for version in sorted(shipped):
         key = version.split(".v")[0]
         example = openai_server.echo_of(prompts.load_prompt(version)[0])
         if '"<' not in example:

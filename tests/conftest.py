@@ -116,8 +116,7 @@ COSTLIEST_FIRST: tuple[str, ...] = (  # the first two build the two longest SFT 
     "test_real_judge.py", "test_learning.py", "test_stop_drill.py", "test_flow_train.py", "test_flow_pipeline.py",
     "test_methods.py", "test_deployment.py", "test_flow_arco.py", "test_flow_guidance.py", "test_flow_rubricem.py",
     "test_bad_input.py", "test_sft.py", "test_example_evidence_check.py", "test_example_diversity.py", "test_smollm2.py",
-    "test_flow_lora.py",
-    "test_install.py")
+    "test_flow_lora.py", "test_install.py")
 ONE_UNIT = {"test_flow_train.py": "reference_run", "test_flow_pipeline.py": "reference_run"}
 # a file whose cases share nothing costly is cut in two units, so the two workers can split it: the stop drill's
 # signal-by-phase table, and its other cases (dead dependencies, the resumes that share one reference run)

@@ -186,6 +186,22 @@ def test_two_steps_with_the_rules_judge(rules_run: tuple[Path, Counter[str]]) ->
     home, asked = rules_run
     _check_rows(home, rules=True)
     assert not asked  # the rules judge answers in process
+    # the example's view, from the workspace catalog: per step, the answers checked and those supported
+    from arbor.storage.sql import query
+
+    checks = table("evidence_checks", RUN, home)
+    want = [
+        {
+            "step": s,
+            "n_checked": sum(r["asked"] for r in checks if r["step"] == s),
+            "n_supported": sum(bool(r["supported"]) for r in checks if r["step"] == s),
+        }
+        for s in (1, 2)
+    ]
+    got = query(
+        "select step, n_checked, n_supported from evidence_by_step order by step", home=home
+    ).to_pylist()
+    assert got == want and sum(w["n_supported"] for w in want) > 0
 
 
 @pytest.mark.slow

@@ -105,6 +105,18 @@ def rows(table: str, run_id: str, home: Path, leave_out: frozenset[str] = frozen
     return sorted(out)
 
 
+def differing_columns(a: list[tuple], b: list[tuple]) -> list[str]:
+    """The columns whose values differ between two sorted row lists (row by row), or that one side lacks, each
+    with its first differing pair of values (reference -> this tree)."""
+    cols: dict[str, str] = {}
+    for ra, rb in zip(a, b, strict=False):
+        da, db = dict(ra), dict(rb)
+        for k in sorted(da.keys() | db.keys()):
+            if da.get(k) != db.get(k) and k not in cols:
+                cols[k] = f"{k} ({da.get(k)} -> {db.get(k)})"
+    return list(cols.values())
+
+
 def tables_of(homes: dict[str, Path]) -> list[str]:
     """TABLES, then every other stored table either run wrote (a method's own: stage scores, reflections, mu's
     labels, guided steps, ...), except the stage log, which holds only times and statuses."""
@@ -165,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                     same = a == b
                     differ += not same
                     print(f"{m:10s} {t:22s} {len(a):4d} rows at {args.ref}, {len(b):4d} here: "
-                          f"{'same' if same else 'DIFFERENT'}", flush=True)
+                          f"{'same' if same else 'DIFFERENT in ' + ', '.join(differing_columns(a, b))}", flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], capture_output=True)
     print("all tables identical" if not differ else f"{differ} table(s) differ")

@@ -302,7 +302,7 @@ class RunState:
             "mean_searches": sum(t.search_calls for t in trajs) / n,
             "mean_response_tokens": sum(t.response_tokens for t in trajs) / n,
             "judge_calls": len(calls),
-            "judge_cost_usd": float(sum(c.get("cost_usd") or 0.0 for c in calls)),
+            "judge_cost_usd": judge_cost(calls),
             "policy_version": self.trainer.policy_version,
             **stream_columns(self.stream_stats),
             "dropped_groups": int(train_metrics.get("dropped_groups", 0)),  # the method's select_groups
@@ -312,6 +312,12 @@ class RunState:
             row[key] = None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
         row.update(self.method.step_metrics(self, step, train_metrics))
         return row
+
+
+def judge_cost(calls: Sequence[dict[str, Any]]) -> float:
+    """The step's judge spend: the calls' ``cost_usd`` summed exactly (``math.fsum``), so that the ledger's row order
+    (the order concurrent calls finished in) cannot change the stored figure in its last bit."""
+    return math.fsum(c.get("cost_usd") or 0.0 for c in calls)
 
 
 def stream_columns(stats: StreamStats | None) -> dict[str, Any]:

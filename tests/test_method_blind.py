@@ -116,3 +116,12 @@ def test_a_switch_only_dapo_reads_is_refused_under_another_method() -> None:
 
 class MyDAPO(DAPO):  # a user's DAPO plug-in, named by import path above
     name = "my-dapo"
+
+
+def test_the_steps_judge_cost_does_not_depend_on_the_ledgers_order() -> None:
+    """Concurrent judge calls finish (and are ledgered) in any order; the steps row's judge_cost_usd must not change
+    with it: sum() gives 0.6000000000000001 for (0.1, 0.2, 0.3) and 0.6 reversed, the exact sum 0.6 for both."""
+    from arbor.tasks.step import judge_cost
+
+    calls = [{"cost_usd": 0.1}, {"cost_usd": 0.2}, {"cost_usd": 0.3}, {"cost_usd": None}]
+    assert judge_cost(calls) == judge_cost(calls[::-1]) == 0.6

@@ -293,5 +293,7 @@ def test_reflection_judge_through_the_openai_server_under_faults(staged_start: P
             assert r["judge_error"] is None
             # the server's grades: diagnosis 0, .5, 1, 0 by candidate index, specificity = scope = .5
             d = (r["sample"] % 3) / 2
-            assert r["utility"] == pytest.approx(0.4 * d + 0.3 if r["format_valid"] else 0.0)
+            # no format gate (F.1.2): a candidate without its blocks keeps the judge's grade; only a valid one
+            # may be banked
+            assert r["utility"] == pytest.approx(0.4 * d + 0.3) and (r["format_valid"] or not r["chosen"])
     assert {b["step"] for b in table("rubric_bank", REM, home)} <= {2}

@@ -96,6 +96,15 @@ def current() -> RunStopped | None:
     return None if _state.cause is None else RunStopped(_state.cause, signalled=_state.signalled, code=_state.code)
 
 
+def raise_pending() -> None:
+    """Raise the stop asked for, if any. The signal handler raises it where the signal lands; landing inside code
+    whose exceptions Python ignores (a finalizer, a garbage-collector callback: "Exception ignored in ...") loses
+    that raise, so the run checks again at each step boundary and before it records itself completed."""
+    pending = current()
+    if pending is not None:
+        raise pending
+
+
 def on_hard_stop(fn: Callable[[RunStopped], None]) -> Callable[[], None]:
     """Run ``fn`` (quick: record the run's end) if the bound forces the exit; returns a function that removes it."""
     _state.on_hard_stop.append(fn)

@@ -503,6 +503,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 call_stage(EVAL, run, 0)
                 tracker.log(0, tracked_metrics(run, 0))
             for step in range(1, cfg.run.steps + 1):
+                stop.raise_pending()  # a stop whose raise was lost (arbor/stop.py) ends the run here
                 t0 = time.perf_counter()
                 m = run_step(run, step)
                 progress.step_done()
@@ -516,6 +517,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                         m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
                         time.perf_counter() - t0,
                     )
+            stop.raise_pending()
     except BaseException as e:
         store.record(0, "run", end_status(e), started, time.time())
         locks.close()

@@ -518,6 +518,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                         time.perf_counter() - t0,
                     )
             stop.raise_pending()
+        stop.raise_pending()  # and one lost while the run closed (the final save, the servers)
     except BaseException as e:
         store.record(0, "run", end_status(e), started, time.time())
         locks.close()

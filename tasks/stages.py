@@ -8,7 +8,8 @@ leaves the stage "not done"; re-running it replaces its files (idempotent, never
 Fault injection for tests and drills (``ARBOR_FAULT=STEP:STAGE[:MODE]``): MODE ``raise`` (default) raises after the
 stage computed but before it committed; ``kill`` SIGKILLs the process there; ``kill-mid`` is honoured by stages that
 call ``fault_point(step, stage, "mid")`` halfway through their work; ``enospc`` / ``erofs`` raise there the
-``OSError`` a full disk / a read-only file system gives a writer.
+``OSError`` a full disk / a read-only file system gives a writer; ``hold-mid`` waits at the "mid" point until the
+run is asked to stop (at most ``HOLD_S``), so a stop drill lands its signal inside that phase every time.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from arbor.storage.parquet import (
 Rows = list[dict[str, Any]]
 
 
+HOLD_S = 300.0
+
+
 class InjectedFault(RuntimeError):
     """Raised by ``ARBOR_FAULT`` (tests and failure drills)."""
 
@@ -49,6 +53,8 @@ def fault_point(step: int, stage: str, where: str) -> None:
         return
     if where == "mid" and mode == "kill-mid":
         os.kill(os.getpid(), signal.SIGKILL)
+    if where == "mid" and mode == "hold-mid":
+        _hold_until_stopped()
     if where == "commit":
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -57,6 +63,16 @@ def fault_point(step: int, stage: str, where: str) -> None:
         if mode in ("enospc", "erofs"):
             code = errno.ENOSPC if mode == "enospc" else errno.EROFS
             raise OSError(code, os.strerror(code), f"<injected at step {step}, stage {stage}>")
+
+
+def _hold_until_stopped() -> None:
+    """Wait until a stop is asked (the main thread's signal handler raises ``RunStopped`` out of the wait)."""
+    from arbor import stop
+
+    deadline = time.monotonic() + HOLD_S
+    while stop.current() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.raise_pending()
 
 
 class StageStore:

@@ -31,6 +31,7 @@ from arbor.config import ArborConfig
 from arbor.config.rollout import LoRAConfig
 from arbor.paths import PROJECT_ROOT, arbor_home
 from arbor.seeding import derive_seed
+from arbor.tasks.stages import fault_point
 from arbor.tasks.training import checkpoint as ckpt
 from arbor.tasks.training.head import chunked_logprobs
 from arbor.tasks.training.lora import add_lora
@@ -874,6 +875,7 @@ class Trainer:
                      metrics=dict(metrics or {}), run_id=self.run_id, world_size=self.world)
         if wait or not ckpt.snapshot_supported(self.engine):
             self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
+            fault_point(step, "checkpoint", "mid")  # the stop drill holds here (ARBOR_FAULT=S:checkpoint:hold-mid)
             ckpt.save_hf(self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
                          adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
             torch.save(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")

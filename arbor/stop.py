@@ -168,5 +168,5 @@ def hard_stop() -> None:
     os._exit(stopped.code)
 
 
-__all__ = ["RunStopped", "install", "uninstall", "installed", "rearm", "request", "report", "current", "on_hard_stop",
-           "set_run", "run_id", "hard_stop"]
+__all__ = ["RunStopped", "install", "uninstall", "installed", "rearm", "request", "report", "current", "raise_pending",
+           "on_hard_stop", "set_run", "run_id", "hard_stop"]

@@ -117,7 +117,7 @@ class RunState:
         from arbor.storage.parquet import read_table
 
         t = read_table("judge_calls", run_id=self.run_id, home=self.home)
-        return float(sum(c or 0.0 for c in t.column("cost_usd").to_pylist())) if t.num_rows else 0.0
+        return judge_cost(t.select(["cost_usd"]).to_pylist()) if t.num_rows else 0.0
 
     def judge_capped(self) -> bool:
         cap = self.cfg.judge.cost_cap_usd

@@ -113,7 +113,6 @@ def test_a_switch_only_dapo_reads_is_refused_under_another_method() -> None:
     assert requirement_problems(ArborConfig.model_validate(plugin)) == []
 
 
-
 class MyDAPO(DAPO):  # a user's DAPO plug-in, named by import path above
     name = "my-dapo"
 
@@ -126,3 +125,17 @@ def test_the_steps_judge_cost_does_not_depend_on_the_ledgers_order() -> None:
     calls = [{"cost_usd": 0.1}, {"cost_usd": 0.2}, {"cost_usd": 0.3}, {"cost_usd": None}]
     assert judge_cost(calls) == judge_cost(calls[::-1]) == 0.6
 
+
+def test_the_cost_cap_reads_the_stored_ledger_summed_exactly(tmp_path) -> None:
+    """``judge.cost_cap_usd`` compares the run's stored spend (every committed stage's ledger) with the cap: the same
+    exact sum as the steps row's, so (0.1, 0.2, 0.3) over two stages is 0.6, not sum()'s 0.6000000000000001."""
+    from types import SimpleNamespace
+
+    from arbor.storage.parquet import write_stage
+    from arbor.tasks.step import RunState
+
+    write_stage("judge_calls", [{"role": "pairwise", "cost_usd": 0.1}, {"role": "pairwise", "cost_usd": 0.2}],
+                run_id="r", step=1, stage="score", home=tmp_path)
+    write_stage("judge_calls", [{"role": "induction", "cost_usd": 0.3}, {"role": "induction", "cost_usd": None}],
+                run_id="r", step=2, stage="induce", home=tmp_path)
+    assert RunState.judge_cost_so_far(SimpleNamespace(run_id="r", home=tmp_path)) == 0.6  # type: ignore[arg-type]

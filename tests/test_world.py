@@ -325,3 +325,19 @@ def test_world_that_cannot_be_generated_is_refused_naming_its_key() -> None:
         build_world(WorldConfig(cities=4, eval_share=0.1))
     with pytest.raises(WorldError, match="world.people"):
         build_world(WorldConfig(people=1500))
+
+
+def test_kind_splits_keep_one_kind_with_the_same_ids_and_order() -> None:
+    from arbor.tasks.env.world import WorldError, load_world_questions
+
+    full = world_questions(SMALL, "train")
+    bridge = world_questions(SMALL, "train-bridge")
+    assert bridge and all(q.kind == "bridge" for q in bridge)
+    assert bridge == [q for q in full if q.kind == "bridge"]  # same questions, ids and order as in world:train
+    parts = [world_questions(SMALL, f"train-{k}") for k in ("one_hop", "bridge", "comparison")]
+    assert sorted(q.question_id for p in parts for q in p) == sorted(q.question_id for q in full)
+    assert [q.question_id for q in load_world_questions("eval-comparison", SMALL)] == \
+        [q.question_id for q in world_questions(SMALL, "eval") if q.kind == "comparison"]
+    for bad in ("train-bridges", "dev-bridge", "train-"):
+        with pytest.raises(WorldError, match="unknown world split"):
+            world_questions(SMALL, bad)

@@ -415,10 +415,16 @@ def _make_question(world: World, kind: str, item: tuple, rng: random.Random, qid
 
 
 def world_questions(cfg: WorldConfig, split: str) -> list[WorldQuestion]:
-    """The questions of ``world:<split>`` (``train_questions`` / ``eval_questions`` of them), cached."""
-    if split not in SPLITS:
-        raise WorldError(f"unknown world split {split!r} (known: world:train, world:eval)")
-    return list(_world_questions(cfg.model_dump_json(), split))
+    """The questions of ``world:<split>`` (``train_questions`` / ``eval_questions`` of them), cached.
+
+    ``<split>-<kind>`` (``train-bridge``, ``eval-comparison``, ...) keeps one kind of the split's questions, same ids
+    and order: a harder RL set from the same world and SFT start (issue 63's pre-registered setting)."""
+    base, dash, kind = split.partition("-")
+    if base not in SPLITS or (dash and kind not in KINDS):
+        known = ", ".join(f"world:{s}" for s in SPLITS) + ", " + ", ".join(f"world:{s}-{k}" for s in SPLITS for k in KINDS)
+        raise WorldError(f"unknown world split {split!r} (known: {known})")
+    qs = _world_questions(cfg.model_dump_json(), base)
+    return [q for q in qs if q.kind == kind] if kind else list(qs)
 
 
 @functools.lru_cache(maxsize=16)

@@ -109,3 +109,37 @@ def table2_fractions(classes: Sequence[GroupClass]) -> dict[str, float]:
         out["other" if b == "mixed" else b] += 1.0 / n
         out["total"] += 1.0 / n
     return out
+
+
+# ---- is the judge helping? (issue 63 item 4; the SQL of the same figures: ARBOR's judge_signal_quality view) ------
+def verdict_agreement(verdicts: Sequence[tuple[float | None, float, float]]) -> tuple[int, int, int]:
+    """(agree, disagree, tie) over judged edges ``(outcome, base_i, base_j)`` whose base rewards differ: agree when
+    the trajectory with the higher base reward wins (outcome 1: i wins, 0: j wins, 0.5 tie); failed edges (None)
+    and edges between equal base rewards are not counted."""
+    agree = disagree = tie = 0
+    for o, bi, bj in verdicts:
+        if o is None or abs(bi - bj) <= EPS:
+            continue
+        if o == 0.5:
+            tie += 1
+        elif (o == 1.0) == (bi > bj):
+            agree += 1
+        else:
+            disagree += 1
+    return agree, disagree, tie
+
+
+def zero_var_shaping(groups: Sequence[tuple[Sequence[float], Sequence[float]]]) -> tuple[int, int, float | None]:
+    """Over groups ``(base rewards, total rewards)``: (zero-variance groups under the base reward, those whose total
+    reward varies, mean |A_total - A_base| over their trajectories with A = reward minus its group mean: A_base is
+    0 there, so the mean |total - mean(total)|)."""
+    n = shaped = 0
+    shifts: list[float] = []
+    for base, total in groups:
+        if not all_equal(base):
+            continue
+        n += 1
+        shaped += not all_equal(total)
+        m = mean(total)
+        shifts += [abs(t - m) for t in total]
+    return n, shaped, (sum(shifts) / len(shifts) if shifts else None)

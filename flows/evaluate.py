@@ -31,6 +31,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     from arbor.tasks.env.policy import load_policy, policy_source
     from arbor.tasks.env.rollout import make_engine
     from arbor.tasks.env.search import make_search
+    from arbor.tasks.methods import load_judges
     from arbor.tasks.methods.coreact.guidance import guidance_tag, make_guide
     from arbor.tasks.reporting.evaluate import (
         SECOND_JUDGE_STAGE,
@@ -51,7 +52,8 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     model = checkpoint or cfg.run.start_checkpoint or cfg.policy.model
     rid = run_id or f"eval-{cfg.run.profile}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg.run.run_id = rid
-    judge = make_judge(cfg.judge, home=home)
+    load_judges()  # judge.backend=world | random: registered by ARBOR's package
+    judge = make_judge(cfg.judge, home=home, config=cfg)
     second_judge = make_judge(second_cfg, home=home) if second_cfg is not None else None
     write_stage("runs", [{"run_id": rid, "profile": cfg.run.profile, "method": "eval", "seed": cfg.run.seed,
                           "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": None}],

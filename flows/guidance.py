@@ -47,6 +47,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     from arbor.tasks.env.rollout import make_engine
     from arbor.tasks.env.search import make_search
     from arbor.tasks.env.sft_data import write_jsonl
+    from arbor.tasks.methods import load_judges
     from arbor.tasks.methods.coreact.generator import (
         collect_branch_points,
         generator_config,
@@ -78,7 +79,8 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         write_stage("runs", [{**(run_row(rid, home) or {}), "method": "co-react-generator"}], run_id=rid, step=0,
                     stage="run", home=home)
     declare_tables(TABLES, home)  # branch_points, generator_samples: Co-ReAct's, known to the workspace's readers
-    judge = make_judge(cfg.judge, home=home)
+    load_judges()  # judge.backend=world | random: registered by ARBOR's package
+    judge = make_judge(cfg.judge, home=home, config=cfg)
     out_dir = generator_dir(rid, home)
     store = StageStore(rid, home)
     # the ranking council (§3.1): built before any rollout, so a missing key stops the run at once, naming its key

@@ -166,6 +166,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     from arbor.tasks.env.policy import load_policy
     from arbor.tasks.env.rollout import make_engine
     from arbor.tasks.env.search import make_search
+    from arbor.tasks.methods import load_judges
     from arbor.tasks.methods.coreact.guidance import make_guide
 
     if cfg.rollout.engine == "openai":
@@ -196,7 +197,8 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
             cfg.rollout.base_url = spec.base_url
         engine = make_engine(cfg, search=search, home=home)
     servers += watch_dependencies(cfg.judge, cfg.rollout, servers)
-    judge = make_judge(cfg.judge, home=home)
+    load_judges()  # judge.backend=world | random: registered by ARBOR's package
+    judge = make_judge(cfg.judge, home=home, config=cfg)
     if cfg.run.stream_judging:  # issue 19: a group's judge work starts once its rollouts end
         from arbor.llm.stream import StreamedJudge
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any
 
-from arbor.config.judge import JudgeConfig
+from arbor.config.judge import JUDGE_BACKENDS, JudgeConfig
 from arbor.llm.base import (
+    BACKENDS,
     JUDGE_CALL_COLUMNS,
     REGISTRY,
     CallContext,
@@ -19,17 +21,21 @@ from arbor.llm.base import (
     Refusal,
     Role,
     register,
+    register_backend,
     role_of,
 )
 from arbor.paths import arbor_home
 from arbor.plugins import PluginError, load_plugin
 
 __all__ = ["make_judge", "Judge", "JudgeOutcome", "CallContext", "JUDGE_CALL_COLUMNS", "REGISTRY", "Refusal", "Role",
-           "register", "role_of"]
+           "register", "role_of", "BACKENDS", "register_backend"]
 
 
-def make_judge(cfg: JudgeConfig, *, home: Path | str | None = None) -> Judge:
-    """The configured judge backend; the response cache lives in ``{home}/cache/judge`` (home: ``arbor_home()``)."""
+def make_judge(cfg: JudgeConfig, *, home: Path | str | None = None, config: Any = None) -> Judge:
+    """The configured judge backend; the response cache lives in ``{home}/cache/judge`` (home: ``arbor_home()``).
+
+    A backend registered by name (``BACKENDS``: a package's ``register_backend``) is built with the run's whole
+    ``config`` too (``ArborConfig``; the ``world`` judge reads its ``world`` section, ``random`` its seed)."""
     root = Path(home) if home is not None else arbor_home()
     if cfg.backend == "openai":
         from arbor.llm.openai_backend import OpenAIJudge
@@ -39,6 +45,11 @@ def make_judge(cfg: JudgeConfig, *, home: Path | str | None = None) -> Judge:
         from arbor.llm.rules import RulesJudge
 
         return RulesJudge(cfg, home=root)
+    if cfg.backend in BACKENDS:
+        return BACKENDS[cfg.backend](cfg, home=root, config=config)  # type: ignore[call-arg]
+    if cfg.backend in JUDGE_BACKENDS:
+        raise PluginError(f"judge.backend={cfg.backend}: no backend of that name is registered in this process; "
+                          "its package registers it on import (arbor.tasks.methods.load_judges())")
     return load_judge_plugin(cfg.backend)(cfg, home=root)
 
 

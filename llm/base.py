@@ -120,6 +120,22 @@ def role_of(name: str) -> Role[Any, Any]:
         raise KeyError(f"no judge role {name!r}; registered: {', '.join(sorted(REGISTRY))}") from None
 
 
+BACKENDS: dict[str, type[Judge]] = {}
+"""Judge backends known by a short name (``judge.backend``) beside ``openai`` and ``rules``, registered by the package
+that defines them (``register_backend``); e.g. ARBOR's ``world`` and ``random`` judges, which a flow loads with
+``arbor.tasks.methods.load_judges()``. The machinery knows none of them by name."""
+
+
+def register_backend(cls: type[Judge]) -> type[Judge]:
+    """Class decorator: make ``cls`` the judge backend named ``cls.backend`` (built as ``cls(cfg, home=, config=)``)."""
+    if not cls.backend or cls.backend in ("openai", "rules"):
+        raise ValueError(f"{cls.__qualname__}: a registered judge backend needs a new, non-empty `backend` name")
+    if BACKENDS.get(cls.backend, cls) is not cls:
+        raise ValueError(f"judge backend {cls.backend!r} is already registered")
+    BACKENDS[cls.backend] = cls
+    return cls
+
+
 class Judge(ABC):
     """One object per run; roles are coroutines, safe to gather concurrently.
 

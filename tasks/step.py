@@ -352,12 +352,39 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
         for kind in ("induced", "admitted", "consolidated", "retired"):
             out[f"rubric/{kind}"] = float(sum(e["event"] == kind for e in events))
         out |= {k: float(v) for k, v in state.method.summary().items() if isinstance(v, int | float)}
+        out |= judge_signal_metrics(read_stage_rows(state, step, "rubric_verdicts"),
+                                    read_stage_rows(state, step, "trajectories"))
     evals = read_stage("eval_results", run_id=state.run_id, step=step, stage="eval", home=state.home) or []
     for split in sorted({r["split"] for r in evals}):
         m = split_metrics([r for r in evals if r["split"] == split], split)  # strict pass@1, as `arbor eval` prints
         name = re.sub(r"[^A-Za-z0-9_.\- ]", "_", split)
         out |= {f"eval/{name}/strict_f1": m.f1, f"eval/{name}/strict_em": m.em,
                 f"eval/{name}/format_valid_rate": m.valid_rate}
+    return out
+
+
+def judge_signal_metrics(verdicts: Rows, trajectories: Rows) -> dict[str, float | None]:
+    """Is the judge helping (issue 63 item 4; ``judge_signal_quality`` in SQL): the step's pairwise verdicts against
+    the outcome order (``signal/``: agreement over decisive edges, ties) when a method stored ``rubric_verdicts``,
+    and in zero-variance groups the share shaping gave a signal and the mean |A_total - A_base|."""
+    from arbor.group_stats import verdict_agreement, zero_var_shaping
+
+    out: dict[str, float | None] = {}
+    if verdicts:
+        agree, disagree, tie = verdict_agreement([(v["outcome"], v["base_i"], v["base_j"]) for v in verdicts])
+        out["signal/agree_edges"] = float(agree)
+        out["signal/disagree_edges"] = float(disagree)
+        out["signal/tie_edges"] = float(tie)
+        out["signal/agreement"] = agree / (agree + disagree) if agree + disagree else None
+    groups: dict[int, tuple[list[float], list[float]]] = {}
+    for t in trajectories:
+        base, total = groups.setdefault(t["group"], ([], []))
+        base.append(t["base_reward"])
+        total.append(t["base_reward"] if t["shaped_reward"] is None else t["shaped_reward"])
+    if verdicts and groups:
+        n, shaped, shift = zero_var_shaping(list(groups.values()))
+        out["signal/zero_var_shaped_share"] = shaped / n if n else None
+        out["signal/zero_var_abs_shift"] = shift
     return out
 
 

@@ -8,7 +8,9 @@ from pydantic import Field, field_validator, model_validator
 
 from arbor.config.base import Section, builtin_or_plugin
 
-JUDGE_BACKENDS = ("rules", "openai")
+# world / random: ARBOR's judge that reads the synthetic world's facts and its seeded-coin control (issue 63 item 2,
+# tasks/methods/arbor/world_judge.py), registered by their package (llm.register_backend)
+JUDGE_BACKENDS = ("rules", "openai", "world", "random")
 
 
 class JudgeRoleConfig(Section):
@@ -50,7 +52,8 @@ class JudgeRoles(Section):
 
 class JudgeConfig(Section):
     backend: str = Field("rules", description="rules (offline heuristics), openai (any OpenAI-compatible endpoint), "
-                         "or a plug-in subclass of arbor.llm.Judge as 'pkg.module:Class' (docs/plugins.md)")
+                         "world (ARBOR's roles from the synthetic world's facts, never the gold answer), random (ARBOR's "
+                         "roles by seeded coin flips: the control admission must filter), or a plug-in subclass of arbor.llm.Judge as 'pkg.module:Class' (docs/plugins.md)")
     model: str = "qwen-plus-2025-04-28"
     base_url: str | None = None
     api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key")

@@ -52,6 +52,10 @@ METHOD_SWITCHES: dict[str, str] = {"train.overlong_penalty": "dapo"}
 ROLE_MODULES = ("arbor.tasks.methods.arbor.roles", "arbor.tasks.methods.rar.roles", "arbor.tasks.methods.ss_grpo.roles",
                 "arbor.tasks.methods.rubricem.roles", "arbor.tasks.methods.arco.roles",
                 "arbor.tasks.methods.coreact.roles", "arbor.tasks.reporting.accuracy")
+# The modules that register judge backends by name (``arbor.llm.register_backend``): ARBOR's ``world`` and ``random``
+# judges (issue 63 item 2). A flow that builds a judge calls ``load_judges`` first, so ``judge.backend=world`` resolves
+# whatever the method.
+JUDGE_MODULES = ("arbor.tasks.methods.arbor.world_judge",)
 REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
 
 
@@ -62,6 +66,12 @@ class MethodError(ValueError):
 def load_roles() -> None:
     """Register every built-in judge role (``ROLE_MODULES``)."""
     for module in ROLE_MODULES:
+        importlib.import_module(module)
+
+
+def load_judges() -> None:
+    """Register the judge backends the methods define (``JUDGE_MODULES``)."""
+    for module in JUDGE_MODULES:
         importlib.import_module(module)
 
 

@@ -173,7 +173,7 @@ def second_judge_config(judge_cfg: Any, model: str) -> Any:
     The endpoint, key, sampling and prompt are the main accuracy judge's; only the model name changes. The rules
     (offline) backend has no model to swap and is refused, as is the main judge's own model (its rows could not be
     told apart in ``eval_results``)."""
-    if judge_cfg.backend == "rules":
+    if judge_cfg.backend in ("rules", "world", "random"):  # world / random answer accuracy as rules does
         raise EvalError(f"eval.second_judge_model={model!r} needs an LLM judge (judge.backend=openai); "
                         f"the rules (offline) judge has no model to swap")
     main = str(judge_cfg.for_role("accuracy")["model"])

@@ -336,6 +336,36 @@ def _plot_advantages(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def _num(v: Any, fmt: str = "{:.3f}") -> str:
+    return "" if v is None else fmt.format(v)
+
+
+def judge_signal_panel(run_id: str, home: Any, queries: list[str]) -> list[str]:
+    """Is my judge helping? (issue 63 item 4): the ``judge_signal_quality`` view of an ARBOR run, one row per step
+    and active rubric; nothing for a run (or workspace) without ARBOR's verdicts."""
+    from arbor.storage.sql import has_relation
+
+    if not has_relation("judge_signal_quality", home=home):
+        return []
+    rows, sql = _query("judge_signal_quality_of_run", home, run_id=run_id)
+    if not rows:
+        return []
+    queries.append(sql)
+    return ["## Is the judge helping? Verdicts against the outcome, shaping in zero-variance groups", "",
+            "Agreement: in mixed groups, the share of the rubric's decisive verdicts on edges whose base rewards differ "
+            "that prefer the higher-reward trajectory (ties and failed calls apart). Zero-variance groups: the share "
+            "that shaping gave a signal and the mean |A_total - A_base| there (A: reward minus group mean).", "",
+            _md_table(["Step", "Rubric", "Mixed groups", "Agree / disagree / tie", "Agreement", "Zero-var groups",
+                       "Shaped share", "Mean |dA|", "Drafts admitted / rejected (variance, Pearson, other)"],
+                      [[str(x["step"]), x["rubric_id"] or "(none active)", _num(x["mixed_groups"], "{}"),
+                        f"{x['agree']} / {x['disagree']} / {x['ties']}", _num(x["agreement_rate"], "{:.1%}"),
+                        str(x["zero_var_groups"]), _num(x["zero_var_shaped_share"], "{:.1%}"),
+                        _num(x["zero_var_mean_abs_shift"]),
+                        f"{x['drafts_admitted']} / {x['drafts_rejected']} ({x['rejected_variance']}, "
+                        f"{x['rejected_pearson']}, {x['rejected_other']})"] for x in rows]), "",
+            _sql_block(sql), ""]
+
+
 def _known_run(run_id: str, home: Any) -> bool:
     rows, _ = _query("run_row_count", home, run_id=run_id)
     return bool(rows[0]["n"])
@@ -458,6 +488,8 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
 
     # ARCO (its view exists in a workspace where an ARCO run declared its tables)
     from arbor.storage.sql import has_relation
+
+    md += judge_signal_panel(run_id, home_p, queries)
 
     calib, sql_cal = (_query("mu_calibration_of_run", home_p, run_id=run_id)
                       if has_relation("mu_calibration", home=home_p) else ([], ""))

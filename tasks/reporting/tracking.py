@@ -77,6 +77,22 @@ SUMMARY_ROWS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 )
 
 
+def signal_line(metrics: Mapping[str, float]) -> str | None:
+    """Is the judge helping (issue 63 item 4): the step's verdict agreement with the outcome order in mixed groups
+    and what shaping moved in zero-variance groups; None when the step judged no edge."""
+    if "signal/agreement" not in metrics and "signal/agree_edges" not in metrics:
+        return None
+    agree, disagree = metrics.get("signal/agree_edges", 0.0), metrics.get("signal/disagree_edges", 0.0)
+    rate = metrics.get("signal/agreement")
+    cells = [f"agree {'-' if rate is None else _short(rate)} ({agree:.0f}/{agree + disagree:.0f} edges, "
+             f"{metrics.get('signal/tie_edges', 0.0):.0f} ties)"]
+    if "signal/zero_var_shaped_share" in metrics:
+        cells.append(f"zero-var shaped {_short(metrics['signal/zero_var_shaped_share'])}")
+    if "signal/zero_var_abs_shift" in metrics:
+        cells.append(f"|dA| {_short(metrics['signal/zero_var_abs_shift'])}")
+    return f"  {'signal':<8} " + "   ".join(cells)
+
+
 def step_summary(step: int, metrics: Mapping[str, float]) -> str:
     """The console's few lines for a step: a header with its seconds, then one row per group of headline
     figures it has (``SUMMARY_ROWS``), then held-out F1 per split when the step evaluated."""
@@ -86,6 +102,8 @@ def step_summary(step: int, metrics: Mapping[str, float]) -> str:
         shown = [f"{name} {_short(metrics[key])}" for name, key in cells if key in metrics]
         if shown:
             lines.append(f"  {label:<8} " + "   ".join(shown))
+    if (signal := signal_line(metrics)) is not None:
+        lines.append(signal)
     f1 = {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/strict_f1")}
     if f1:
         lines.append(f"  {'eval F1':<8} " + "   ".join(f"{split} {_short(v)}" for split, v in sorted(f1.items())))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from arbor.seeding import coin
 
@@ -100,6 +100,10 @@ class GroupScoring:
     scores: list[float | None] | None  # None when judge_error
     n_edges: int
     n_failed_edges: int
+    # the sparse graph's edges and each edge's outcome (1 first wins, 0.5 tie, 0 second wins, None failed), kept
+    # for the per-edge verdict rows (``rubric_verdicts``, issue 63 item 4); not part of the scoring's value
+    edges: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    outcomes: tuple[float | None, ...] = field(default=(), compare=False)
 
     @property
     def judge_error(self) -> bool:
@@ -116,8 +120,10 @@ def score_group(n: int, edges: Sequence[tuple[int, int]], outcomes: Sequence[flo
     if len(edges) != len(outcomes):
         raise ValueError(f"score_group: {len(edges)} edges vs {len(outcomes)} outcomes")
     if 2 * failed > len(edges):
-        return GroupScoring(scores=None, n_edges=len(edges), n_failed_edges=failed)
+        return GroupScoring(scores=None, n_edges=len(edges), n_failed_edges=failed, edges=tuple(edges),
+                            outcomes=tuple(outcomes))
     raw = edge_scores(n, edges, outcomes)
     return GroupScoring(
-        scores=[None if math.isnan(s) else s for s in raw], n_edges=len(edges), n_failed_edges=failed
+        scores=[None if math.isnan(s) else s for s in raw], n_edges=len(edges), n_failed_edges=failed,
+        edges=tuple(edges), outcomes=tuple(outcomes),
     )

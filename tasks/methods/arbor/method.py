@@ -34,11 +34,12 @@ from arbor.tasks.methods.arbor.memory import (
 )
 from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
+from arbor.tasks.methods.arbor.tables import TABLES, verdict_rows
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
 from arbor.tasks.stages import StageStore, fault_point
 from arbor.types import LossSettings, Rubric, Trajectory
 
-SCORE = Stage("score", ("rubric_events", "rubric_activations", "judge_calls"))
+SCORE = Stage("score", ("rubric_events", "rubric_activations", "judge_calls", "rubric_verdicts"))
 RETIRE = Stage("retire", ("rubric_events",))
 INDUCE = Stage("induce", ("rubric_events", "judge_calls", "draft_scores"))
 CONSOLIDATE = Stage("consolidate", ("rubric_events", "rubric_sources", "judge_calls"))
@@ -107,6 +108,7 @@ async def induce_group(run: StepResources, step: int, g: list[Trajectory], exist
 class Arbor(Method):
     name = "arbor"
     stages = (ROLLOUT, SCORE, RETIRE, INDUCE, SHAPE, CONSOLIDATE, TRAIN)
+    tables = TABLES
 
     def __init__(self, cfg: ArborConfig) -> None:
         super().__init__(cfg)
@@ -160,7 +162,11 @@ class Arbor(Method):
         acts = [Activation(j.rubric.rubric_id, j.group, res, [t.f1 for t in j.trajectories])
                 for j, res in zip(jobs, results, strict=True)]
         rec.extend(self.memory.apply_activations(step, acts))
-        return {"rubric_events": rec.events, "rubric_activations": rec.activations, "judge_calls": run.judge_rows()}
+        verdicts = [row for j, res in zip(jobs, results, strict=True)
+                    for row in verdict_rows(j.group, j.rubric.rubric_id, [t.base_reward for t in j.trajectories],
+                                            res.edges, res.outcomes)]
+        return {"rubric_events": rec.events, "rubric_activations": rec.activations, "judge_calls": run.judge_rows(),
+                "rubric_verdicts": verdicts}
 
     def retire(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """End of the step's scoring: retire rubrics with n_r > kappa or rho_r < rho_min (§3.3)."""

@@ -14,7 +14,7 @@ from huggingface_hub import constants
 
 from arbor.config import load_config
 from arbor.config.show import config_sources, render_config
-from arbor.preflight import check, data_sets
+from arbor.preflight import check
 from arbor.tasks.env.datasets import fields_of, load_questions, split_spec
 
 ARBOR = ("qwen3-4b", "qwen3-8b", "qwen3-14b")
@@ -165,6 +165,8 @@ def test_config_show_marks_the_data_keys() -> None:
 
 def test_single_eval_set_keeps_its_form() -> None:
     """The tiny and smol profiles keep one string: the same one set, reported under the same name as before."""
+    from arbor.preflight import data_sets
+
     for profile, spec in (("tiny-cpu", "offline:eval"), ("tiny-world", "world:eval"), ("smol-world", "world:eval")):
         cfg = load_config(profile, {"run.eval_every": "5"})
         assert cfg.data.eval == spec and cfg.data.eval_sets() == [spec]

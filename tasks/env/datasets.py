@@ -27,6 +27,10 @@ dots and ``[i]``, e.g. ``extra_info.question``, ``prompt[-1].content``):
   last user message's content the same way (``data.question_field=prompt``, verl's ``data.prompt_key``).
 - answers: exactly one of ``answer | answers | golden_answers`` (Search-R1 / FlashRAG), else verl's
   ``reward_model.ground_truth``; a string, a list of strings, or a mapping with a ``target`` (list or string).
+  With ``data.require_answers=false`` a row with none is a question without golds (DR Tulu's research queries:
+  ``messages`` holds the query, ``ground_truth`` its rubrics, no answer key; EM / F1 score 0 on them).
+
+``data.eval`` may list several sets (``DataConfig.eval_sets()``): each is loaded and reported on its own.
 - id: ``question_id``, else ``id``, else verl's ``extra_info.index``; else ``<file stem>-<line or row>``.
 """
 

@@ -72,6 +72,12 @@ def _model_available(model: str) -> bool:
             or (model in SHIPPED_GGUF and _model_problem(model, "") is None) or model_cached(model))
 
 
+def data_sets(data: DataConfig, run: RunConfig) -> list[tuple[str, str]]:
+    """(config key, spec) of every question set the run reads: ``data.train``, and each set of ``data.eval`` when
+    the run evaluates (``run.eval_every``)."""
+    return [("data.train", data.train)] + ([("data.eval", s) for s in data.eval_sets()] if run.eval_every else [])
+
+
 def _hub_data_problems(data: DataConfig, run: RunConfig) -> list[str]:
     """Question sets on the Hub (``hf:...``): a malformed spec, one that is not cached while the Hub is offline,
     and, when cached, a malformed row (read with the field mapping, as local files are); one the run will
@@ -85,9 +91,8 @@ def _hub_data_problems(data: DataConfig, run: RunConfig) -> list[str]:
         parse_dataset_spec,
     )
 
-    sets = [("data.train", data.train)] + ([("data.eval", data.eval)] if run.eval_every else [])
     out: list[str] = []
-    for key, spec in sets:
+    for key, spec in data_sets(data, run):
         if not is_hub_spec(spec):
             continue
         try:
@@ -98,7 +103,8 @@ def _hub_data_problems(data: DataConfig, run: RunConfig) -> list[str]:
             continue
         if files is None:
             if var := offline_variable():
-                out.append(f"{key}: {spec}: {offline_fix(var, ds.download_command())}")
+                out.append(f"{key}: {spec}: {offline_fix(var, ds.download_command())}; or give the questions as "
+                           f"a file of your own: {key}=path/to/questions.jsonl")
             continue
         from arbor.tasks.env.datasets import DatasetError, fields_of, read_questions
 
@@ -171,9 +177,8 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
     if cfg.train.hostfile and not Path(cfg.train.hostfile).expanduser().exists():
         missing.append(f"train.hostfile: no such file {Path(cfg.train.hostfile).expanduser().resolve()}")
     cwd = Path.cwd()
-    sets = [("data.train", cfg.data.train, PROJECT_ROOT)]  # tasks.env.datasets: the current directory, then the root
-    if cfg.run.eval_every:
-        sets.append(("data.eval", cfg.data.eval, PROJECT_ROOT))
+    # tasks.env.datasets: the current directory, then the root
+    sets = [(key, spec, PROJECT_ROOT) for key, spec in data_sets(cfg.data, cfg.run)]
     if cfg.search.backend == "bm25":  # tasks.env.search: the current directory, then the project root
         sets.append(("search.corpus", cfg.search.corpus, PROJECT_ROOT))
     if _sft_will_run(cfg.run, cfg.sft):  # flows.sft: the current directory
@@ -400,7 +405,8 @@ def _plugin_problems(cfg: ArborConfig) -> list[str]:
         from arbor.llm import load_judge_plugin
 
         checks.append(lambda: load_judge_plugin(cfg.judge.backend))
-    named = [s for s in (cfg.data.train, cfg.data.eval, cfg.search.corpus, cfg.sft.data) if s and is_named_set(s)]
+    named = [s for s in (cfg.data.train, *cfg.data.eval_sets(), cfg.search.corpus, cfg.sft.data)
+             if s and is_named_set(s)]
     if named:  # a data source's module (tasks.env.sources), imported as the run will
         from arbor.tasks.env.sources import find_source
 

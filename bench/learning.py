@@ -128,7 +128,7 @@ def final_exam(checkpoint: Path, exam_id: str, sets: dict[str, Any], home: Path,
     overrides = {**{k: v for k, v in sets.items() if not k.startswith("run.")}, **METHOD_SETS.get(method, {}),
                  "run.seed": EXAM_SEED}
     cfg = load_config(profile, {**sets, **overrides})
-    arbor_eval(checkpoint=str(checkpoint), profile=profile, overrides=overrides, splits=[cfg.data.eval],
+    arbor_eval(checkpoint=str(checkpoint), profile=profile, overrides=overrides, splits=cfg.data.eval_sets(),
                runs=cfg.run.eval_runs, run_id=exam_id)
     return exam_id
 

@@ -42,7 +42,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     from arbor.storage.catalog import declare_tables
     from arbor.storage.parquet import write_stage
     from arbor.storage.runs import run_row
-    from arbor.tasks.env.datasets import load_questions
+    from arbor.tasks.env.datasets import fields_of, load_questions
     from arbor.tasks.env.policy import load_policy
     from arbor.tasks.env.rollout import make_engine
     from arbor.tasks.env.search import make_search
@@ -97,8 +97,9 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         policy_path = Path(checkpoint) if checkpoint else start_checkpoint(cfg, home)
         policy, tok = load_policy(policy_path, cfg.policy.dtype, home=home)
         engine = make_engine(cfg, policy, tok, search=make_search(cfg.search, home=home, config=cfg), home=home)
-        questions = load_questions(cfg.data.train, size=g.branch_questions, seed=cfg.run.seed, config=cfg)
-        return {"branch_points": collect_branch_points(engine, questions[: g.branch_questions], g, run_id=rid,
+        questions = load_questions(cfg.data.train, size=g.branch_questions, seed=cfg.run.seed, config=cfg,
+                                   fields=fields_of(cfg.data))
+        return {"branch_points": collect_branch_points(engine, questions, g, run_id=rid,
                                                        seed=cfg.run.seed)}
 
     points = stage(0, "branch", "branch_points", branch)

@@ -56,6 +56,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         # the process that owns the run (its latest attempt; storage/liveness.py): host, pid and the pid's start
         # time (against pid reuse), a heartbeat rewritten while the flow runs, and when the flow ended
         _f("host", STR), _f("pid", I64), _f("pid_start", STR), _f("heartbeat_at", TS), _f("flow_ended_at", TS),
+        # the question sets it trains and evaluates on (data.train, data.eval as a list; issue 56)
+        _f("train_set", STR), _f("eval_sets", pa.list_(STR)),
     ]),
     "steps": pa.schema(
         [_key("run_id"), _key("step", I64), _f("completed_at", TS), _f("wall_seconds", F64)]

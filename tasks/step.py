@@ -254,17 +254,19 @@ class RunState:
         self.sync_weights()
 
     def evaluate(self, step: int) -> dict[str, Rows]:
-        """Held-out evaluation every ``run.eval_every`` steps on a fixed small split (issue 8 item 2)."""
+        """Held-out evaluation every ``run.eval_every`` steps on the first ``run.eval_size`` questions of each set
+        of ``data.eval`` (issue 8 item 2), each set's rows under its own split name (ARBOR B.1's per-benchmark table)."""
         from arbor.tasks.env.datasets import fields_of, load_questions
         from arbor.tasks.reporting.evaluate import evaluate_questions
 
-        questions = load_questions(self.cfg.data.eval, config=self.cfg,
-                                   fields=fields_of(self.cfg.data))[: self.cfg.run.eval_size]
-        rows = evaluate_questions(self.engine, self.judge, {self.cfg.data.eval: questions},
+        by_set = {spec: load_questions(spec, config=self.cfg, fields=fields_of(self.cfg.data))[: self.cfg.run.eval_size]
+                  for spec in self.cfg.data.eval_sets()}
+        answers = sum(len(qs) for qs in by_set.values()) * self.cfg.run.eval_runs
+        rows = evaluate_questions(self.engine, self.judge, by_set,
                                   runs=self.cfg.run.eval_runs, seed=self.seed, run_id=self.run_id, step=step,
                                   checkpoint=f"policy-v{self.trainer.policy_version}",
                                   temperature=self.cfg.eval.temperature,
-                                  on_group=self._reporter(None, len(questions) * self.cfg.run.eval_runs, "answers"))
+                                  on_group=self._reporter(None, answers, "answers"))
         return {"eval_results": rows, "judge_calls": self.judge_rows()}
 
     def sync_weights(self) -> None:

@@ -102,7 +102,8 @@ class GuidanceConfig(Section):
     memory_items: int = Field(4, ge=1, le=8, description="source=memory: items per step rubric (3-5 in the paper); "
                               "weights are proportional to max(rho_r, 0.1), summing to 1")
     # ---- generator training (§3.1, §3.2, App. A)
-    branch_questions: int = Field(64, ge=1, description="training questions whose trajectories give branching points")
+    branch_questions: int | None = Field(64, ge=1, description="training questions whose trajectories give "
+                                         "branching points (a seeded sample of data.train; None: all of it)")
     branch_steps: Literal["tool", "every"] = Field(
         "tool", description="which turns of a branching trajectory are branching points. tool (the paper's, §3.1: "
         "'at every tool-calling step'; App. A discards points that have emitted a final answer): a turn whose own "

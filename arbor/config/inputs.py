@@ -44,6 +44,11 @@ def resolve_override_paths(overrides: dict[str, Any], cwd: Path | None = None) -
     out = dict(overrides)
     for key, raw in overrides.items():
         value = _parse_value(raw) if isinstance(raw, str) else raw
+        if key in DATA_SPECS and isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+            # several sets (data.eval: [bench:hotpotqa, my/dev.jsonl]): each as a single one would be
+            out[key] = json.dumps([json.loads(resolve_override_paths({key: v}, cwd)[key]) if not is_named_set(v)
+                                   else v for v in value])
+            continue
         if not isinstance(value, str) or not value:
             continue
         path = Path(value).expanduser()

@@ -27,6 +27,10 @@ dots and ``[i]``, e.g. ``extra_info.question``, ``prompt[-1].content``):
   last user message's content the same way (``data.question_field=prompt``, verl's ``data.prompt_key``).
 - answers: exactly one of ``answer | answers | golden_answers`` (Search-R1 / FlashRAG), else verl's
   ``reward_model.ground_truth``; a string, a list of strings, or a mapping with a ``target`` (list or string).
+  With ``data.require_answers=false`` a row with none is a question without golds (DR Tulu's research queries:
+  ``messages`` holds the query, ``ground_truth`` its rubrics, no answer key; EM / F1 score 0 on them).
+
+``data.eval`` may list several sets (``DataConfig.eval_sets()``): each is loaded and reported on its own.
 - id: ``question_id``, else ``id``, else verl's ``extra_info.index``; else ``<file stem>-<line or row>``.
 """
 
@@ -110,6 +114,7 @@ class Fields:
     question: str | None = None
     answer: str | None = None
     id: str | None = None
+    answer_required: bool = True  # False (data.require_answers): a row with no answer field has no golds
 
 
 def field_path(path: str) -> list[str | int]:
@@ -184,12 +189,27 @@ def _row_to_question(row: Any, where: str, default_id: str, fields: Fields = Fie
         raise DatasetError(f"{where}: expected an object with a question and an answer field, got "
                            f"{type(row).__name__}")
     q = _question(row, where, fields)
+    golds = _golds(row, where, fields)
+    qid = _question_id(row, default_id, where, fields)
+    for text in (q, *golds, qid):
+        try:  # JSON can spell a lone surrogate (\\ud800), which no tokenizer or Parquet file takes
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise DatasetError(f"{where}: {text[max(0, e.start - 20):e.start]!r}... holds a lone surrogate "
+                               f"(\\u{ord(text[e.start]):04x}), which is not text") from e
+    return Question(qid, q.strip(), [g.strip() for g in golds])
+
+
+def _golds(row: dict[str, Any], where: str, fields: Fields) -> list[str]:
+    """A row's gold answers (``Fields``); [] for a row with none when answers are not required."""
     if fields.answer is not None:
         name, raw = fields.answer, field_value(row, fields.answer)
         if raw is _MISSING:
             raise DatasetError(f"{where}: field '{name}' (data.answer_field) is missing")
     else:
         present = [k for k in ANSWER_FIELDS if row.get(k) is not None]
+        if not present and not fields.answer_required and field_value(row, VERL_ANSWER) in (_MISSING, None):
+            return []
         if len(present) > 1 or (not present and field_value(row, VERL_ANSWER) in (_MISSING, None)):
             raise DatasetError(f"{where}: exactly one of {', '.join(repr(k) for k in ANSWER_FIELDS)} is required "
                                f"(found {len(present) or 'none'}{'' if present else f', nor {VERL_ANSWER!r}'}; "
@@ -201,17 +221,15 @@ def _row_to_question(row: Any, where: str, default_id: str, fields: Fields = Fie
     golds = [raw] if isinstance(raw, str) else raw
     if not isinstance(golds, list) or not golds or not all(isinstance(g, str) and g.strip() for g in golds):
         raise DatasetError(f"{where}: field '{name}' must be a non-empty string or a non-empty list of them")
+    return golds
+
+
+def _question_id(row: dict[str, Any], default_id: str, where: str, fields: Fields) -> str:
     ids = [fields.id] if fields.id is not None else list(ID_FIELDS)
     qid = next((v for k in ids if (v := field_value(row, k)) is not _MISSING and v is not None), default_id)
     if not isinstance(qid, (str, int)) or isinstance(qid, bool):
         raise DatasetError(f"{where}: field '{'/'.join(ids)}' (the id) must be a string or integer")
-    for text in (q, *golds, str(qid)):
-        try:  # JSON can spell a lone surrogate (\\ud800), which no tokenizer or Parquet file takes
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise DatasetError(f"{where}: {text[max(0, e.start - 20):e.start]!r}... holds a lone surrogate "
-                               f"(\\u{ord(text[e.start]):04x}), which is not text") from e
-    return Question(str(qid), q.strip(), [g.strip() for g in golds])
+    return str(qid)
 
 
 def _hf_rows(path: Path) -> list[dict[str, Any]]:
@@ -486,7 +504,7 @@ def _shipped_or_file(spec: str, fields: Fields) -> list[Question]:
 
 def fields_of(data: DataConfig) -> Fields:
     """The ``data`` section's field mapping."""
-    return Fields(data.question_field, data.answer_field, data.id_field)
+    return Fields(data.question_field, data.answer_field, data.id_field, data.require_answers)
 
 
 def sample_questions(questions: Sequence[Question], n: int, seed: int) -> list[Question]:

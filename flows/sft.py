@@ -36,7 +36,8 @@ def sft_key(cfg: ArborConfig) -> str:
     if share := reflection_share(cfg.sft, cfg.rollout.protocol):
         sft["reflections"] = share
     parts = {"sft": sft, "policy": policy,
-             "data": cfg.data.model_dump(mode="json"),
+             # require_answers at its default keeps the earlier keys (issue 56 added it)
+             "data": cfg.data.model_dump(mode="json", exclude={"require_answers"} if cfg.data.require_answers else None),
              "search": cfg.search.model_dump(mode="json"), "seed": cfg.run.seed,
              "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens}
     if cfg.rollout.system_prompt:  # SFT tokenises with the run's prompt; unset keeps the earlier keys

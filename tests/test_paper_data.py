@@ -173,3 +173,15 @@ def test_single_eval_set_keeps_its_form() -> None:
         assert data_sets(cfg.data, cfg.run) == [("data.train", cfg.data.train), ("data.eval", spec)]
     with pytest.raises(Exception, match="named twice"):
         load_config("tiny-cpu", {"data.eval": "[bench:2wiki, bench:2wiki]"})
+
+
+def test_require_answers_at_its_default_keeps_the_sft_keys_of_before_issue_56() -> None:
+    """An SFT start's key hashes ``data``; the field added for DR Tulu's rows must not re-key every start (the
+    records' and the benches' starts, e.g. tiny-world's 9878cb976951, stay found), while turning it off re-keys."""
+    from arbor.flows.sft import sft_key
+
+    cfg = load_config("tiny-world")
+    before = cfg.data.model_dump(mode="json", exclude={"require_answers"})
+    assert "require_answers" not in before and sft_key(cfg) != sft_key(load_config("tiny-world", {"data.require_answers": False}))
+    # the key fff8a44 computed (the start of docs/decisions.md's tiny-world records); a WORLD_VERSION bump moves it
+    assert sft_key(cfg) == "9878cb976951"

@@ -41,9 +41,10 @@ def call_outcome(row: Mapping[str, Any]) -> str:
     error = row.get("error")
     if error is None or error == "":
         return "cache_hit" if row.get("cache_hit") else "answered"
-    if error in REFUSED_ERRORS or row.get("backend") == "rules":
+    kind = str(error).split(":", 1)[0]  # "InvalidOutput: not a permutation" (a plug-in's detail) is InvalidOutput
+    if kind in REFUSED_ERRORS or row.get("backend") == "rules":
         return "refused"
-    if error in SKIPPED_ERRORS:
+    if kind in SKIPPED_ERRORS:
         return "skipped"
     return "failed"
 
@@ -54,7 +55,7 @@ def refusal_reason(row: Mapping[str, Any]) -> str:
     if reason:
         return str(reason)
     error = str(row.get("error") or "")
-    return REFUSED_ERRORS.get(error, error)
+    return REFUSED_ERRORS.get(error.split(":", 1)[0], error)
 
 
 def short_reason(message: str) -> str:

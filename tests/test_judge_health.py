@@ -55,6 +55,9 @@ LEDGER = [
 def test_call_outcomes_and_role_health_by_hand() -> None:
     assert [call_outcome(r) for r in LEDGER[:8]] == ["answered"] * 3 + ["cache_hit"] + ["refused"] * 4
     assert [call_outcome(r) for r in LEDGER[8:]] == ["failed"] * 3 + ["answered"] * 2 + ["skipped", "refused"]
+    # a plug-in's detail after the class; an error status that no retry fixes is no answer either
+    assert call_outcome(_call("x", "InvalidOutput: not a permutation")) == "refused"
+    assert call_outcome(_call("x", "APIStatusError:401")) == "failed"
     h = role_health(LEDGER)
     ind, pw = h["induction"], h["pairwise"]
     assert (ind.calls, ind.sent, ind.counts["answered"], ind.counts["cache_hit"], ind.counts["refused"]) == (8, 8, 3, 1, 4)

@@ -12,10 +12,11 @@ with calls as (
     select run_id, step, coalesce(role, '?') as role, "group", error,
            case when error is null or error = '' then
                     case when coalesce(cache_hit, false) then 'cache_hit' else 'answered' end
-                when error in ('InvalidAnswer', 'InvalidOutput', 'Truncated') or backend = 'rules' then 'refused'
-                when error = 'CostCapExceeded' then 'skipped'
+                when split_part(error, ':', 1) in ('InvalidAnswer', 'InvalidOutput', 'Truncated')
+                     or backend = 'rules' then 'refused'
+                when split_part(error, ':', 1) = 'CostCapExceeded' then 'skipped'
                 else 'failed' end as outcome,
-           coalesce(nullif(refusal, ''), case error when 'InvalidAnswer' then 'hollow'
+           coalesce(nullif(refusal, ''), case split_part(error, ':', 1) when 'InvalidAnswer' then 'hollow'
                                                     when 'InvalidOutput' then 'unparseable'
                                                     when 'Truncated' then 'truncated'
                                                     else error end) as reason

@@ -114,6 +114,17 @@ def test_runs_and_compare_carry_the_degraded_mark(tmp_path: Path) -> None:
     assert table == {"sick": "degraded 1/2 steps", "well": None}
 
 
+def test_the_steps_row_health_columns_reach_the_trackers() -> None:
+    """The degraded roles' names (a string) go to the loggers as a 0/1 figure; the counts under judge/."""
+    from arbor.tasks.reporting.tracking import clean_metrics, grouped_metrics
+
+    row = {"step": 1, "judge_calls": 4, "judge_calls_failed": 1, "judge_calls_refused": 2, "judged_groups": 1}
+    assert clean_metrics(grouped_metrics({**row, "judge_degraded": "rar_rubrics"})) == {
+        "judge/calls": 4.0, "judge/calls_failed": 1.0, "judge/calls_refused": 2.0, "judge/judged_groups": 1.0,
+        "judge/degraded": 1.0}
+    assert clean_metrics(grouped_metrics({**row, "judge_degraded": None}))["judge/degraded"] == 0.0
+
+
 def test_public_url_drops_credentials() -> None:
     assert public_url("http://user:s3cret@127.0.0.1:8000/v1?api_key=sk-abc#x") == "http://127.0.0.1:8000/v1"
     assert public_url("https://KEY@judge.example.com/v1") == "https://judge.example.com/v1"

@@ -278,8 +278,11 @@ def test_hollow_rubric_replies_degrade_the_run_visibly(workspace) -> None:
     assert rc == 0, "\n".join(lines[-30:])
     calls = read_table("judge_calls", run_id=rid, home=home).to_pylist()
     rubric = [c for c in calls if c["role"] == "rar_rubrics"]
-    assert [c["error"] for c in rubric] == ["InvalidAnswer"] * 2
+    # the prompt's reply example echoed: three "<item n>" placeholders, fewer items than the schema's five, so
+    # the reply does not even validate (InvalidOutput, "unparseable"); refused either way
+    assert [c["error"] for c in rubric] == ["InvalidOutput"] * 2
     reason = rubric[0]["refusal"]
+    assert reason == "unparseable"
     assert reason and all(c["refusal"] == reason for c in rubric)
     steps = read_table("steps", run_id=rid, home=home).to_pylist()
     assert steps[0]["judge_degraded"] == "rar_rubrics" and steps[0]["judge_calls_refused"] == 2

@@ -359,8 +359,17 @@ STAGE_CACHE = CachePolicy.from_cache_key_fn(stage_cache_key)
 def _stage(run: RunState, step: int, stage: Stage, compute: Callable[[], dict[str, Any]]) -> StageRef:
     if run.progress is not None:
         run.progress.stage_started(step, stage.name)
-    run.store.run(step, stage.name, stage.tables, timed_stage(run, step, stage.name, compute))
+    judged = lambda: run.check_judge(step, stage.name, compute())  # noqa: E731 - a judge that answered nothing: no commit
+    run.store.run(step, stage.name, stage.tables, timed_stage(run, step, stage.name, judged))
     return StageRef(run.run_id, step, stage.name, stage.tables)
+
+
+def retry_unless_judge_down(_task: Any, _task_run: Any, state: State) -> bool:
+    """A stage's retries (``Stage.retries``) are not spent on a judge that answered nothing (issue 62): the same
+    calls would wait out the same timeouts again before the run ends."""
+    from arbor.llm.health import JudgeUnreachable
+
+    return not isinstance(state.data, JudgeUnreachable)
 
 
 def _rows(run: RunState, ref: StageRef, table: str) -> list[dict[str, Any]]:
@@ -396,7 +405,8 @@ def _configured(t: Task[..., StageRef], stage: Stage, run: RunState, step: int) 
     fresh = not run.store.done(step, stage.name)
     keys = STAGE_CACHE.configure(key_storage=str(run.home / "prefect" / "stage-cache"))
     return t.with_options(name=stage.name, task_run_name=f"{stage.name}-step{step}", cache_policy=keys,
-                          refresh_cache=fresh, retries=stage.retries, retry_delay_seconds=2 if stage.retries else 0)
+                          refresh_cache=fresh, retries=stage.retries, retry_delay_seconds=2 if stage.retries else 0,
+                          retry_condition_fn=retry_unless_judge_down)
 
 
 def run_step(run: RunState, step: int) -> dict[str, Any]:
@@ -452,6 +462,20 @@ def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
         create_table_artifact(key=f"metrics-{key}", table=[row])
     except Exception as e:  # noqa: BLE001 - artifacts are a view; never fail a step for them
         get_run_logger().warning("could not publish artifacts for step %s: %s", step, e)
+
+
+def report_judge_health(state: RunState, step: int, metrics: dict[str, Any], logger: Any) -> None:
+    """The step's judge-health lines under its summary whenever a judge call failed or was refused, and a WARNING
+    for each role whose answers were mostly refused (issue 62; ``tasks.reporting.judge_health``)."""
+    from arbor.tasks.reporting.judge_health import health_lines, refusal_warnings
+    from arbor.tasks.step import read_stage_rows
+
+    calls = read_stage_rows(state, step, "judge_calls")
+    lines = health_lines(calls, int(metrics.get("n_groups") or 0), int(metrics.get("judged_groups") or 0))
+    if lines:
+        print("\n".join(lines), flush=True)
+    for line in refusal_warnings(calls, state.cfg.judge.warn_refused_share):
+        logger.warning(line)
 
 
 def tag_flow_run(*new: str) -> None:
@@ -527,6 +551,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 m = run_step(run, step)
                 progress.step_done()
                 tracker.log(step, {**grouped_metrics(m), **tracked_metrics(run, step)})
+                report_judge_health(run, step, m, logger)
                 tracker.log_samples(step, sample_rows(run, step, cfg.tracking.samples_per_step))
                 pool = run.method.summary().get("rubric/pool_size")
                 if "console" not in cfg.tracking.loggers:  # the console tracker prints the step's summary itself

@@ -26,6 +26,7 @@ from arbor.llm import prompts
 from arbor.llm.answers import check_reply
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
+from arbor.llm.health import REFUSED_ERRORS, short_reason
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.llm.text import WHOLE, shared_budget
 from arbor.retry_after import requested_wait_s
@@ -254,6 +255,7 @@ class OpenAIJudge(Judge):
         assert self._sem is not None
         p_tok = c_tok = 0
         error: str | None = None
+        refusal: str | None = None  # the last attempt's refusal reason (a reply that was no answer)
         attempts = 0
         errors: list[str | None] = []  # the ledger's attempt_errors
         sent = messages  # after an unusable reply: the reply and what was wrong with it (prompts.retry_messages)
@@ -271,15 +273,17 @@ class OpenAIJudge(Judge):
                 value = parse(content)
             except InvalidAnswer as e:  # parsed, but no answer (issue 50 item 9): retried with the reason
                 error = "InvalidAnswer"
+                refusal = getattr(e, "reason", None) or short_reason(str(e))  # issue 62: kept in the ledger
                 sent = prompts.retry_messages(messages, content, str(e), False)
             except InvalidOutput as e:  # a cut-off reply that still parses is used; one that does not is "Truncated"
                 error = "Truncated" if truncated else "InvalidOutput"
+                refusal = REFUSED_ERRORS[error]
                 sent = prompts.retry_messages(messages, content, str(e), truncated)
             except _RETRYABLE as e:
-                error = type(e).__name__
+                error, refusal = type(e).__name__, None
                 delay = _retry_after(e)
             except (openai.APIStatusError, FormatRefused) as e:  # 4xx other than 429: retrying will not help
-                error = f"{type(e).__name__}:{e.status_code}"
+                error, refusal = f"{type(e).__name__}:{e.status_code}", None
                 errors.append(error)
                 log.warning("judge %s call %s failed: %s (not retried)", role, key[:12], error)
                 break
@@ -307,7 +311,8 @@ class OpenAIJudge(Judge):
         self.total_cost_usd += cost
         log.warning("judge %s call %s failed after %d attempts: %s", role, key[:12], attempts, error)
         self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok, completion_tokens=c_tok,
-                     cost_usd=cost, cache_hit=False, attempts=attempts, error=error, attempt_errors=errors)
+                     cost_usd=cost, cache_hit=False, attempts=attempts, error=error, attempt_errors=errors,
+                     refusal=refusal)
         return JudgeOutcome(None, error, attempts, False)
 
     async def _post(self, client: openai.AsyncOpenAI, role: str, rc: Mapping[str, object], model: str,

@@ -37,5 +37,6 @@ class RulesJudge(Judge):
             value, error = None, str(e)
         self._record(ctx, role=role.name, model="rules", prompt_version=PROMPT_VERSION, cache_key=key,
                      prompt_hash=key[:16], latency_s=time.perf_counter() - t0, prompt_tokens=0, completion_tokens=0,
-                     cost_usd=0.0, cache_hit=False, attempts=1, error=error, attempt_errors=[error])
+                     cost_usd=0.0, cache_hit=False, attempts=1, error=error, attempt_errors=[error],
+                     refusal=error)
         return JudgeOutcome(value, error, 1, False)

@@ -65,7 +65,12 @@ SCHEMAS: dict[str, pa.Schema] = {
         + [_f("n_groups", I64), _f("judge_calls", I64), _f("policy_version", I64), _f("dropped_groups", I64),
            # streamed judging (issue 19): judge calls made ahead of their stage, those never claimed (a wrong
            # guess: not in judge_calls) and what they cost; null when the step's judging was not streamed
-           _f("prefetched_calls", I64), _f("prefetch_wasted_calls", I64), _f("prefetch_wasted_cost_usd", F64)]
+           _f("prefetched_calls", I64), _f("prefetch_wasted_calls", I64), _f("prefetch_wasted_cost_usd", F64),
+           # judge health (issue 62, llm/health.py): the step's calls that failed in transport and that were
+           # refused (no answer in the reply), the rollout groups the judge answered about, and the roles whose
+           # refused share passed judge.warn_refused_share (comma-separated; null: the step is not degraded)
+           _f("judge_calls_failed", I64), _f("judge_calls_refused", I64), _f("judged_groups", I64),
+           _f("judge_degraded", STR)]
     ),
     "stage_runs": pa.schema([
         _key("run_id"), _key("step", I64), _key("stage"), _f("started_at", TS), _f("finished_at", TS),
@@ -110,6 +115,9 @@ SCHEMAS: dict[str, pa.Schema] = {
         # (InvalidOutput, InvalidAnswer, Truncated, RateLimitError, ...); [] for a cache hit (issue 31 item 2);
         # InvalidAnswer: a reply that validated but echoed the prompt's template or looped (issue 50 item 9)
         _f("attempt_errors", pa.list_(STR)),
+        # why a call that ended refused was refused (issue 62): the answer filter's short reason (hollow,
+        # placeholder, echo, loop, ...), unparseable, truncated, or the rules heuristic's Refusal; else null
+        _f("refusal", STR),
     ]),
     "eval_results": pa.schema([
         _key("run_id"), _key("step", I64), _f("checkpoint", STR), _f("split", STR), _key("question_id"),

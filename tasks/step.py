@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from arbor.config import ArborConfig
 from arbor.group_stats import classify_group
 from arbor.llm.base import Judge
+from arbor.llm.health import check_outage, degraded_roles, judged_groups, public_url, role_health
 from arbor.llm.stream import StreamedJudge, StreamStats
 from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import read_stage
@@ -118,6 +119,25 @@ class RunState:
 
         t = read_table("judge_calls", run_id=self.run_id, home=self.home)
         return judge_cost(t.select(["cost_usd"]).to_pylist()) if t.num_rows else 0.0
+
+    def judge_url(self, role: str) -> str:
+        """Where role ``role``'s judge is, as it may be shown (no credentials; issue 62)."""
+        jc = self.cfg.judge
+        if jc.backend != "openai":
+            return f"judge.backend={jc.backend}"
+        return public_url(jc.for_role(role)["base_url"])  # type: ignore[arg-type]
+
+    def check_judge(self, step: int, stage: str, out: dict[str, Rows]) -> dict[str, Rows]:
+        """``out`` (a stage's rows, before they commit) unless a judge role answered nothing: when a role's calls
+        of the step so far (the stages committed before this one and this stage's) failed in transport at
+        ``judge.max_failed_share`` or more, ``llm.health.JudgeUnreachable`` names the role, its URL and the last
+        error, and the stage, hence the step, is not committed (issue 62). Every method's roles, one rule."""
+        rows = out.get("judge_calls") or []
+        if rows:
+            earlier = [r for s in self.stage_names() if s != stage and self.store.done(step, s)
+                       for r in read_stage("judge_calls", run_id=self.run_id, step=step, stage=s, home=self.home) or []]
+            check_outage([*earlier, *rows], self.cfg.judge.max_failed_share, self.judge_url, step, stage)
+        return out
 
     def judge_capped(self) -> bool:
         cap = self.cfg.judge.cost_cap_usd
@@ -305,6 +325,7 @@ class RunState:
             "mean_response_tokens": sum(t.response_tokens for t in trajs) / n,
             "judge_calls": len(calls),
             "judge_cost_usd": judge_cost(calls),
+            **judge_health_columns(calls, [g[0].group for g in groups], self.cfg.judge.warn_refused_share),
             "policy_version": self.trainer.policy_version,
             **stream_columns(self.stream_stats),
             "dropped_groups": int(train_metrics.get("dropped_groups", 0)),  # the method's select_groups
@@ -320,6 +341,18 @@ def judge_cost(calls: Sequence[dict[str, Any]]) -> float:
     """The step's judge spend: the calls' ``cost_usd`` summed exactly (``math.fsum``), so that the ledger's row order
     (the order concurrent calls finished in) cannot change the stored figure in its last bit."""
     return math.fsum(c.get("cost_usd") or 0.0 for c in calls)
+
+
+def judge_health_columns(calls: Rows, groups: Sequence[int], warn_refused_share: float) -> dict[str, Any]:
+    """The ``steps`` columns of judge health (issue 62; ``llm.health``): calls that failed in transport, calls
+    refused, the rollout groups the judge answered about, and the roles whose refused share passed
+    ``judge.warn_refused_share`` (null: none, the step is not degraded)."""
+    health = role_health(calls)
+    degraded = degraded_roles(health, warn_refused_share)
+    return {"judge_calls_failed": sum(h.counts["failed"] for h in health.values()),
+            "judge_calls_refused": sum(h.counts["refused"] for h in health.values()),
+            "judged_groups": judged_groups(calls, groups),
+            "judge_degraded": ",".join(h.role for h in degraded) or None}
 
 
 def stream_columns(stats: StreamStats | None) -> dict[str, Any]:

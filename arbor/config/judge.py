@@ -83,6 +83,13 @@ class JudgeConfig(Section):
                                        "fit it (a local 135M judge: its server's n_ctx; qwen-plus: 129,024 input "
                                        "tokens)")
     cost_cap_usd: float | None = Field(None, ge=0, description="per-run judge cost cap; past it: base reward only")
+    max_failed_share: float = Field(
+        1.0, ge=0.0, le=1.0, description="a judge role whose calls of one step failed in transport (timeout, stall, "
+        "connection, an error status after the retries) at this share or more ends the run before the step commits, "
+        "naming the role, its URL and the last error; resumable (default 1.0: when every call failed)")
+    warn_refused_share: float = Field(
+        0.5, ge=0.0, le=1.0, description="a judge role whose answers of one step were refused (unparseable, cut off, "
+        "hollow) above this share marks the step degraded and prints a WARNING naming the commonest reason")
     price_in_per_mtok: float = Field(0.4, ge=0.0, description="USD per million prompt tokens")
     price_out_per_mtok: float = Field(1.2, ge=0.0, description="USD per million completion tokens")
     cache: bool = Field(True, description="content-hash response cache under {home}/cache/judge")

@@ -24,6 +24,7 @@ SAFE_ON_RESUME: frozenset[str] = frozenset({
     "judge.timeout_s", "judge.max_retries", "judge.backoff_base_s", "judge.backoff_max_s",
     "judge.concurrency", "rollout.concurrency",                           # concurrency
     "judge.cost_cap_usd",                                                 # cost cap
+    "judge.max_failed_share", "judge.warn_refused_share",                 # judge health thresholds (issue 62)
     "rollout.request_timeout_s", "cluster.startup_timeout_s",             # transport
     "checkpoint.every", "checkpoint.keep_last",                           # bookkeeping (replay makes it exact)
     "checkpoint.async_save",                                              # when the same files are written

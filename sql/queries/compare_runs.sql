@@ -1,5 +1,6 @@
 -- compare_runs: for each run in the list $run_ids, its method, mean training rewards, format-valid rate,
--- zero-variance fractions, judge calls and held-out EM / F1 / judge accuracy (arbor compare; paper Tables 1, 2, 7)?
+-- zero-variance fractions, judge calls, whether it ran degraded (steps whose judge answers were mostly refused,
+-- issue 62) and held-out EM / F1 / judge accuracy (arbor compare; paper Tables 1, 2, 7)?
 select r.method,
        r.run_id,
        avg(s.mean_base_reward)  as base_reward,
@@ -8,6 +9,8 @@ select r.method,
        avg(s.zero_var_base)     as zero_var_base,
        avg(s.zero_var_total)    as zero_var_total,
        sum(s.judge_calls)       as judge_calls,
+       case when count(s.judge_degraded) > 0
+            then 'degraded ' || count(s.judge_degraded) || '/' || count(*) || ' steps' end as degraded,
        (select avg(e.em) from eval_results e where e.run_id = r.run_id and e.guidance is null)  as heldout_em,
        (select avg(e.f1) from eval_results e where e.run_id = r.run_id and e.guidance is null)  as heldout_f1,
        (select avg(case when e.judge_correct then 1.0 else 0.0 end) from eval_results e

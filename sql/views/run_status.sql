@@ -8,9 +8,13 @@
 -- (runs.flow_ended_at) without recording an end; else 'running'. A run recorded before owners were recorded has
 -- none and shows 'running'. `arbor runs` refines this for runs owned by a process of this host: 'crashed' as soon
 -- as that pid is gone (or reused by another process), 'running' while it lives (storage/liveness.py).
+-- degraded: 'degraded N/M steps' when N of its M completed steps had a judge role whose answers were mostly refused
+-- (steps.judge_degraded, judge.warn_refused_share; issue 62): the run ran partly without its judge. Null otherwise.
 create or replace view run_status as
 with last_step as (
-    select run_id, max(step) as last_completed_step, max(completed_at) as last_step_at from steps group by run_id
+    select run_id, max(step) as last_completed_step, max(completed_at) as last_step_at,
+           count(*) filter (where judge_degraded is not null) as degraded_steps, count(*) as n_steps
+    from steps group by run_id
 ),
 stage as (
     select run_id,
@@ -29,7 +33,9 @@ select r.run_id, r.profile, r.method, r.created_at, l.last_completed_step,
             when r.flow_ended_at is not null or r.heartbeat_at < now() - interval 120 second then 'crashed'
             else 'running' end as status,
        greatest(l.last_step_at, s.last_activity_at) as last_activity_at,
-       r.host, r.pid, r.heartbeat_at
+       r.host, r.pid, r.heartbeat_at,
+       case when l.degraded_steps > 0 then 'degraded ' || l.degraded_steps || '/' || l.n_steps || ' steps' end
+           as degraded
 from runs r
 left join last_step l using (run_id)
 left join stage s using (run_id);

@@ -366,6 +366,30 @@ def judge_signal_panel(run_id: str, home: Any, queries: list[str]) -> list[str]:
             _sql_block(sql), ""]
 
 
+def judge_health_section(run_id: str, home: Any) -> tuple[list[str], str]:
+    """The report's judge-health panel (issue 62; view ``judge_health``): per step and role, the calls answered,
+    cached, failed and refused, the commonest failure and refusal, and the groups the judge answered about. Empty
+    when no judge call was recorded."""
+    rows, sql = _query("judge_health_of_run", home, run_id=run_id)
+    if not rows:
+        return [], sql
+    degraded = sorted({r["step"] for r in rows if r["degraded"]})
+    note = (f"Degraded steps (a role's answers mostly refused): {', '.join(map(str, degraded))}." if degraded
+            else "No step degraded.")
+
+    def share(v: float | None) -> str:
+        return "" if v is None else f"{v:.0%}"
+
+    body = [[str(r["step"]), r["role"], str(r["calls"]), str(r["answered"]), str(r["cache_hits"]),
+             f"{r['failed']} {share(r['failed_share'])}".strip(), f"{r['refused']} {share(r['refused_share'])}".strip(),
+             r["top_error"] or "", r["top_refusal"] or "",
+             f"{r['judged_groups']}/{r['n_groups']}" if r["n_groups"] is not None else str(r["judged_groups"]),
+             "yes" if r["degraded"] else ""] for r in rows]
+    return ["## Judge health: answered, failed, refused per step and role", "", note, "",
+            _md_table(["Step", "Role", "Calls", "Answered", "Cached", "Failed", "Refused", "Commonest error",
+                       "Commonest refusal", "Groups judged", "Degraded"], body), "", _sql_block(sql), ""], sql
+
+
 def _known_run(run_id: str, home: Any) -> bool:
     rows, _ = _query("run_row_count", home, run_id=run_id)
     return bool(rows[0]["n"])
@@ -485,6 +509,11 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
                          [[x["role"], str(x["calls"]), f"{x['valid_rate']:.1%}", str(x["first_attempt_valid"]),
                            f"{x['mean_attempts']:.2f}", str(x["invalid_attempts"]), str(x["truncated_attempts"]),
                            str(x["other_failed_attempts"])] for x in tries]), "", _sql_block(sql_t), ""]
+
+    health_md, sql_h = judge_health_section(run_id, home_p)
+    if health_md:
+        queries.append(sql_h)
+        md += health_md
 
     # ARCO (its view exists in a workspace where an ARCO run declared its tables)
     from arbor.storage.sql import has_relation

@@ -45,6 +45,8 @@ METRIC_NAMES: dict[str, str] = {
     "n_groups": "rollout/groups", "dropped_groups": "rollout/dapo_dropped_groups",
     "dapo_shortfall": "rollout/dapo_shortfall",
     "judge_calls": "judge/calls", "judge_cost_usd": "judge/cost_usd",
+    "judge_calls_failed": "judge/calls_failed", "judge_calls_refused": "judge/calls_refused",
+    "judged_groups": "judge/judged_groups",
     "wall_seconds": "timing_s/step",
 }
 SAMPLE_COLUMNS = ("step", "group", "sample", "question", "gold", "answer", "format_valid", "base_reward",
@@ -57,6 +59,9 @@ def grouped_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in row.items():
         if k in STEP_KEYS or k == "step":
+            continue
+        if k == "judge_degraded":  # the degraded roles' names (issue 62): a logger plots whether there were any
+            out["judge/degraded"] = float(v is not None)
             continue
         out[METRIC_NAMES.get(k, k if "/" in k else f"misc/{k}")] = v
     return out

@@ -36,6 +36,7 @@ from arbor.llm.health import check_outage, degraded_roles, judged_groups, public
 from arbor.llm.stream import StreamedJudge, StreamStats
 from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import read_stage
+from arbor.storage.schemas import tables as known_tables
 from arbor.tasks.env.datasets import Question
 from arbor.tasks.methods import make_method
 from arbor.tasks.methods.base import Method, check_stages
@@ -387,8 +388,9 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
         for kind in ("induced", "admitted", "consolidated", "retired"):
             out[f"rubric/{kind}"] = float(sum(e["event"] == kind for e in events))
         out |= {k: float(v) for k, v in state.method.summary().items() if isinstance(v, int | float)}
-        out |= judge_signal_metrics(read_stage_rows(state, step, "rubric_verdicts"),
-                                    read_stage_rows(state, step, "trajectories"))
+        # a table only the methods that judge pairwise declare (ARBOR's); unknown to a GRPO run's store
+        verdicts = read_stage_rows(state, step, "rubric_verdicts") if "rubric_verdicts" in known_tables() else []
+        out |= judge_signal_metrics(verdicts, read_stage_rows(state, step, "trajectories"))
     evals = read_stage("eval_results", run_id=state.run_id, step=step, stage="eval", home=state.home) or []
     for split in sorted({r["split"] for r in evals}):
         m = split_metrics([r for r in evals if r["split"] == split], split)  # strict pass@1, as `arbor eval` prints

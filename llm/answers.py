@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from functools import cache
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from arbor.llm import prompts
 from arbor.llm.parse import InvalidAnswer, InvalidOutput, extract_json
@@ -183,16 +183,16 @@ def near_copy(words: tuple[str, ...], sentences: Sequence[tuple[str, ...]]) -> f
     return max((SequenceMatcher(None, words, s, autojunk=False).ratio() for s in sentences), default=0.0)
 
 
+Reason = Literal["placeholder", "empty", "placeholder_words", "near_placeholder", "angle_brackets",
+                 "instruction_copy", "instruction_near_copy", "loop", "same_text"]
+
+
 class Problem(NamedTuple):
-    """Why a reply is no answer: a short ``reason`` (one of ``REASONS``, for the ledger) and the ``message`` sent
-    back to the judge with its retry."""
+    """Why a reply is no answer: a short ``reason`` (for the ledger) and the ``message`` sent back to the judge with
+    its retry."""
 
-    reason: str
+    reason: Reason
     message: str
-
-
-REASONS = ("placeholder", "empty", "placeholder_words", "near_placeholder", "angle_brackets", "instruction_copy",
-           "instruction_near_copy", "loop", "same_text")
 
 
 def find_problem(reply: Any, template: Template, schema: Mapping[str, Any] | None = None) -> Problem | None:

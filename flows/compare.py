@@ -1,7 +1,12 @@
 """``arbor compare``: the paper's comparisons (Tables 1, 2, 7) on the same data and seeds (issue 8 item 1).
 
 Every method runs the same profile, seed, batches and overrides; only ``run.method`` differs. Each run ends with a
-held-out evaluation (``run.eval_every`` = the last step), and the table reads everything back through SQL.
+held-out evaluation (``run.eval_every`` = the last step), and the table reads everything back through SQL, with the
+trajectories each method rolled out per step beside it (``rollouts_per_step``: DAPO's own refill samples more).
+
+The baselines run as ARBOR's paper ran them (``PAPER_BASELINES``, issue 56 item 5) unless ``--set`` says otherwise:
+DAPO drops outcome-homogeneous groups without refill or clip-higher (§4.1, B.2), RaR adds its centred rating with
+lambda alone (App. C.3). ``arbor train`` keeps each method's own default (the tiny profiles' rows unchanged).
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ from typing import Any
 
 from arbor.paths import arbor_home
 
+# ARBOR's comparison (Tables 1, 7): its DAPO (§4.1: "discards outcome-homogeneous query-groups from policy
+# updates", under B.2's symmetric clip) and its RaR-style (C.3: "the same shaping coefficient as ARBOR")
+PAPER_BASELINES: dict[str, Any] = {"train.dapo_variant": "arbor-paper", "memory.rar_attenuate": False}
+
 
 class CompareError(ValueError):
     """Bad ``arbor compare`` input (methods), named."""
@@ -18,7 +27,8 @@ class CompareError(ValueError):
 
 def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None
                  ) -> dict[str, dict[str, Any]]:
-    """Each method's overrides, every method's config validated and preflighted before any run starts.
+    """Each method's overrides (``PAPER_BASELINES`` under the caller's), every method's config validated and
+    preflighted before any run starts.
 
     Raises ``CompareError``, ``ConfigError`` or ``PreflightError`` (each naming the method, key or file)."""
     from arbor.config import ConfigError, load_config
@@ -39,7 +49,7 @@ def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[
     base = load_config(profile, overrides)
     plan: dict[str, dict[str, Any]] = {}
     for m in dict.fromkeys(methods):
-        sets: dict[str, Any] = {**(overrides or {}), "run.method": m}
+        sets: dict[str, Any] = {**PAPER_BASELINES, **(overrides or {}), "run.method": m}
         if base.run.eval_every is None and base.run.steps:
             sets["run.eval_every"] = base.run.steps
         try:

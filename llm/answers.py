@@ -5,8 +5,13 @@ own placeholders (a rubric titled ``<short label>``), its instructions copied ba
 field. Such a reply is an *invalid answer*: the OpenAI-compatible backend treats it like a reply that does not
 parse (retried with the reason, then the role's neutral fallback) and records it in the ledger as
 ``InvalidAnswer``. What counts as the template is read from the prompt file the call was rendered from
-(``tasks/methods/<m>/prompts/<version>.md``, ``llm.prompts.register_prompts``), never typed per role: its placeholders are the strings of its reply example that
-are written ``"<...>"`` or ``"..."``, its instructions are the rest of its words.
+(``tasks/methods/<m>/prompts/<version>.md``, ``llm.prompts.register_prompts``), never typed per role. A prompt holds
+three kinds of text (issue 56 item 4):
+- its *placeholders*: the strings of its reply example written ``"<...>"`` or ``"..."`` (what a field stands for);
+- its *worked examples*: strings it quotes in its prose (``"distinguishes ... (e.g., variant forms)" is general``),
+  model answers the prompt holds up, which a reply may reuse;
+- its *instructions*: every other word (the reply format's lines included), which a reply must not copy back,
+  verbatim or with a few words changed.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ import re
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from functools import cache
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from arbor.llm import prompts
 from arbor.llm.parse import InvalidAnswer, InvalidOutput, extract_json
@@ -29,33 +35,66 @@ LOOP_DISTINCT = 0.5  # ... of which fewer than this share of its word trigrams a
 LOOP_MIN_CHARS = 64  # a field of at least this many characters ...
 LOOP_COMPRESSED = 0.25  # ... that zlib shrinks below this share of its length is a loop (character repeats)
 SAME_MIN_WORDS = 3  # two fields of one object with the same text of this many words say one thing twice
+NEAR_COPY = 0.8  # a field this similar (word-sequence ratio) to one instruction sentence is that sentence edited
+# (one word in five changed); the closest legitimate answer measured is 0.667, the rules judge's "Precise
+# Entity-Anchored Queries" written after the prompt's picture of precise searching (bench/answer_filter.py)
 
 _EXAMPLE_PLACEHOLDER = re.compile(r'"(<[^"<>]+>|\.\.\.|…)"')  # a string of a reply example that stands for text
+_QUOTED = re.compile(r'"([^"\n]+)"')  # a string the prompt's prose quotes: a worked example (not on a reply-format line)
+_SENTENCE_END = re.compile(r"[.;:!?]\s|\n")  # where an instruction sentence ends
+CUT = "\x00"  # where split_prompt cut a worked example or a slot out of the instructions
 _TEMPLATE_SLOT = re.compile(r"\{\{\w+\}\}")  # where the data goes: not the prompt's words
 _WORD = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True)
 class Template:
-    """What a reply must not echo: the prompt's placeholders (as written, and their words) and the word runs
-    (``ECHO_NGRAM`` long) of its instructions."""
+    """What a reply must not echo: the prompt's placeholders (as written, and their words), the word runs
+    (``ECHO_NGRAM`` long) and the sentences of its instructions, and what it may: its worked examples."""
 
     placeholders: tuple[str, ...]
     placeholder_words: frozenset[tuple[str, ...]]
     ngrams: frozenset[tuple[str, ...]]
+    sentences: tuple[tuple[str, ...], ...] = ()
+    examples: tuple[str, ...] = ()
 
 
 def _words(text: str) -> tuple[str, ...]:
     return tuple(_WORD.findall(text.lower()))
 
 
+def _reply_format_line(line: str) -> bool:
+    """A line that shows the reply's JSON (``{"rubrics": [...]}``): its strings are keys and placeholders."""
+    return '{"' in line or line.lstrip().startswith(("{", "["))
+
+
+def split_prompt(text: str) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """A prompt's (placeholders, worked examples, instructions): the reply example's ``"<...>"``/``"..."`` strings;
+    the other strings its prose lines quote; and its text with the examples and ``{{slots}}`` cut out (each cut
+    marked ``CUT``: no word run spans one)."""
+    text = _TEMPLATE_SLOT.sub(CUT, text)
+    shown = tuple(dict.fromkeys(_EXAMPLE_PLACEHOLDER.findall(text)))
+    examples: list[str] = []
+    lines = []
+    for line in text.splitlines():
+        if not _reply_format_line(line):
+            examples += [q for q in _QUOTED.findall(line) if q not in shown]
+            line = _QUOTED.sub(CUT, line)
+        lines.append(line)
+    return shown, tuple(dict.fromkeys(examples)), "\n".join(lines)
+
+
 def template_from_text(text: str) -> Template:
     """A prompt's ``Template`` from its text (both sections, the ``{{slots}}`` left out)."""
-    text = _TEMPLATE_SLOT.sub(" ", text)
-    shown = tuple(dict.fromkeys(_EXAMPLE_PLACEHOLDER.findall(text)))
-    words = _words(text)
-    return Template(shown, frozenset(w for p in shown if (w := _words(p))),
-                    frozenset(words[i:i + ECHO_NGRAM] for i in range(len(words) - ECHO_NGRAM + 1)))
+    shown, examples, instructions = split_prompt(text)
+    ngrams: set[tuple[str, ...]] = set()
+    sentences = []
+    for piece in instructions.split(CUT):
+        words = _words(piece)
+        ngrams.update(words[i:i + ECHO_NGRAM] for i in range(len(words) - ECHO_NGRAM + 1))
+        sentences += [w for part in _SENTENCE_END.split(piece) if len(w := _words(part)) >= ECHO_MIN_WORDS]
+    return Template(shown, frozenset(w for p in shown if (w := _words(p))), frozenset(ngrams),
+                    tuple(dict.fromkeys(sentences)), examples)
 
 
 @cache
@@ -121,18 +160,56 @@ def _looped(text: str, words: tuple[str, ...]) -> bool:
     return len(raw) >= LOOP_MIN_CHARS and len(zlib.compress(raw, 9)) < LOOP_COMPRESSED * len(raw)
 
 
-def answer_problem(reply: Any, template: Template, schema: Mapping[str, Any] | None = None) -> str | None:
+def _near_placeholder(words: tuple[str, ...], placeholder: tuple[str, ...]) -> bool:
+    """``words`` are a placeholder of at least two words with one word changed, added or dropped, its last word
+    kept; numbers index a slot and are left out (``criterion 3`` is ``<criterion 1>``). A placeholder names what a field stands
+    for by its last word (``label``, ``item``, ``does``); a field that keeps it and changes one modifier still names
+    the slot (``concise label``, ``what a high-scoring response does``), one that changes it says something of its
+    own (``short queries``)."""
+    a, b = (tuple(w for w in x if not w.isdigit()) for x in (words, placeholder))
+    if a == b and a:
+        return True
+    if len(b) < 2 or not a or a[-1] != b[-1] or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) <= 1
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
+
+
+def near_copy(words: tuple[str, ...], sentences: Sequence[tuple[str, ...]]) -> float:
+    """How close ``words`` come to one instruction sentence: the highest word-sequence similarity
+    (``difflib.SequenceMatcher.ratio``, 2·matched / total words) to any of them, 0.0 when there is none."""
+    return max((SequenceMatcher(None, words, s, autojunk=False).ratio() for s in sentences), default=0.0)
+
+
+Reason = Literal["placeholder", "empty", "placeholder_words", "near_placeholder", "angle_brackets",
+                 "instruction_copy", "instruction_near_copy", "loop", "same_text"]
+
+
+class Problem(NamedTuple):
+    """Why a reply is no answer: a short ``reason`` (for the ledger) and the ``message`` sent back to the judge with
+    its retry."""
+
+    reason: Reason
+    message: str
+
+
+def find_problem(reply: Any, template: Template, schema: Mapping[str, Any] | None = None) -> Problem | None:
     """Why a reply that validates against its role's schema is still not an answer, or None when it is one
-    (issue 50 item 9). ``reply`` is the decoded JSON of the reply, ``template`` the prompt it answers
-    (``template_of``), ``schema`` the role's reply schema (which strings are read and which must hold text).
+    (issue 50 item 9, issue 56 item 4). ``reply`` is the decoded JSON of the reply, ``template`` the prompt it
+    answers (``template_of``), ``schema`` the role's reply schema (which strings are read and which must hold text).
 
     A reply is not an answer when one of its text fields
     - holds no words where the schema asks for text, or as an entry of a list;
     - is one of the prompt's placeholders, as written (``<short label>``, ``...``) or in its words alone
       (``short label``), whichever field's placeholder it is, or holds one;
+    - is a placeholder with one word changed, added or dropped, its last word kept (``_near_placeholder``);
     - is a whole field in angle brackets (a placeholder of the judge's own making, or a bare tag: ``<answer>``);
     - copies the instructions: at least ``ECHO_MIN_WORDS`` words, ``ECHO_SHARE`` of them in runs of ``ECHO_NGRAM``
-      words that the prompt contains (a rubric that shares a few words with the instructions is an answer);
+      words that the prompt contains (a rubric that shares a few words with the instructions is an answer), or a
+      word sequence within ``NEAR_COPY`` of one instruction sentence (``near_copy``: the sentence with a few words
+      edited); the prompt's worked examples are not instructions, and a reply may reuse them;
     - loops (``_looped``);
     or when two fields of one object, or two entries of one list, hold the same text of ``SAME_MIN_WORDS`` words
     or more. Pure: no I/O, the same answer for the same inputs."""
@@ -142,28 +219,43 @@ def answer_problem(reply: Any, template: Template, schema: Mapping[str, Any] | N
         words = _words(stripped)
         for shown in template.placeholders:  # "..." only as the whole field: "e.g., ..." is an answer
             if stripped.lower() == shown.lower() or (shown.startswith("<") and shown.lower() in stripped.lower()):
-                return (f"{path} is the prompt's placeholder {shown!r}: write your own words about these inputs "
-                        "where the format shows <...>")
+                return Problem("placeholder", f"{path} is the prompt's placeholder {shown!r}: write your own words "
+                                              "about these inputs where the format shows <...>")
         if not words:
             if required:
-                return f"{path} is empty: write the text it asks for"
+                return Problem("empty", f"{path} is empty: write the text it asks for")
             continue
         if words in template.placeholder_words:
-            return f"{path} repeats the words of a placeholder of the prompt: write your own words"
+            return Problem("placeholder_words",
+                           f"{path} repeats the words of a placeholder of the prompt: write your own words")
+        if any(_near_placeholder(words, p) for p in template.placeholder_words):
+            return Problem("near_placeholder", f"{path} rewords a placeholder of the prompt: write what it stands "
+                                               "for, in your own words about these inputs")
         if re.fullmatch(r"<[^<>]*[^\W\d_][^<>]*>", stripped):
-            return f"{path} is a placeholder in angle brackets, not an answer: write your own words"
-        if len(words) >= ECHO_MIN_WORDS and _copied_share(words, template.ngrams) >= ECHO_SHARE:
-            return (f"{path} copies the instructions instead of answering: describe what you observe in the "
-                    "inputs, in your own words")
+            return Problem("angle_brackets",
+                           f"{path} is a placeholder in angle brackets, not an answer: write your own words")
+        if len(words) >= ECHO_MIN_WORDS and (_copied_share(words, template.ngrams) >= ECHO_SHARE
+                                             or near_copy(words, template.sentences) >= NEAR_COPY):
+            copied = _copied_share(words, template.ngrams) >= ECHO_SHARE
+            return Problem("instruction_copy" if copied else "instruction_near_copy",
+                           f"{path} copies the instructions{'' if copied else ' with a few words changed'} instead "
+                           "of answering: describe what you observe in the inputs, in your own words")
         if _looped(stripped, words):
-            return f"{path} repeats itself in a loop: write one short, plain statement"
+            return Problem("loop", f"{path} repeats itself in a loop: write one short, plain statement")
         if len(words) >= SAME_MIN_WORDS:
             group = re.sub(r"\[\d+\]$", "", path) if path.endswith("]") else parent
             other = seen.get((group, words))
             if other is not None:
-                return f"{path} says the same as {other}: each field and each entry must say something of its own"
+                return Problem("same_text", f"{path} says the same as {other}: each field and each entry must say "
+                                            "something of its own")
             seen[(group, words)] = path
     return None
+
+
+def answer_problem(reply: Any, template: Template, schema: Mapping[str, Any] | None = None) -> str | None:
+    """``find_problem``'s message, or None when the reply is an answer."""
+    problem = find_problem(reply, template, schema)
+    return None if problem is None else problem.message
 
 
 def _has_file(version: str) -> bool:
@@ -173,7 +265,7 @@ def _has_file(version: str) -> bool:
 def check_reply(text: str, version: str, schema: Mapping[str, Any] | None,
                 messages: Sequence[Mapping[str, str]] = ()) -> None:
     """``InvalidAnswer`` with the reason when ``text``, a reply to prompt ``version`` that its role's parser has
-    accepted, is not an answer (``answer_problem``). The template is the prompt file ``version``; a role that
+    accepted, is not an answer (``find_problem``; the short reason on ``InvalidAnswer.reason``). The template is the prompt file ``version``; a role that
     renders its own prompt (one without a registered prompt file) is held to the system
     messages it sent. A reply without a JSON object (a free-text verdict) has no fields to read and passes."""
     try:
@@ -182,6 +274,6 @@ def check_reply(text: str, version: str, schema: Mapping[str, Any] | None,
         return
     template = template_of(version) if _has_file(version) else template_from_text(
         "\n".join(m["content"] for m in messages if m.get("role") == "system"))
-    problem = answer_problem(reply, template, schema)
+    problem = find_problem(reply, template, schema)
     if problem is not None:
-        raise InvalidAnswer(problem)
+        raise InvalidAnswer(problem.message, reason=problem.reason)

@@ -20,7 +20,12 @@ class InvalidOutput(ValueError):
 class InvalidAnswer(InvalidOutput):
     """The reply validates but is no answer: the prompt's placeholders or instructions echoed, a loop, an empty
     field (``llm.answers.answer_problem``; issue 50 item 9). Retried with the reason like any invalid output, and
-    recorded in the ledger as ``InvalidAnswer``."""
+    recorded in the ledger as ``InvalidAnswer``. ``reason`` is the short cause (``llm.answers.Reason``: a
+    placeholder, an instruction copied, a loop, ...; issue 56 item 4), the message what the judge is told."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Strict(BaseModel):

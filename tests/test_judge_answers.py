@@ -17,11 +17,21 @@ from openai_server import FaultPlan, OpenAIServer
 from arbor.config import ArborConfig
 from arbor.config.judge import JudgeConfig
 from arbor.llm import make_judge, prompts
-from arbor.llm.answers import answer_problem, template_from_text, template_of
+from arbor.llm.answers import (
+    NEAR_COPY,
+    _words,
+    answer_problem,
+    check_reply,
+    find_problem,
+    near_copy,
+    template_from_text,
+    template_of,
+)
 from arbor.llm.openai_backend import _role_schema
+from arbor.llm.parse import InvalidAnswer
 from arbor.paths import PROJECT_ROOT
 from arbor.tasks.methods import load_roles
-from arbor.tasks.methods.arbor import Arbor
+from arbor.tasks.methods.arbor import Arbor, heuristics
 from arbor.tasks.methods.arbor import roles as arbor_roles
 from arbor.types import Trajectory
 
@@ -192,3 +202,70 @@ def test_when_every_attempt_is_a_placeholder_nothing_is_admitted(server: OpenAIS
         assert events == [] and rows["draft_scores"] == [] and not method.memory.D
     else:
         assert call["error"] is None and "induced" in events and len(rows["draft_scores"]) == 1
+
+
+# ---- issue 56 item 4: near-placeholders and near-copies rejected, the prompt's worked examples accepted ----------
+CONSOLIDATION = template_of("consolidation.v1")
+EDITED = ("Writes focused queries naming the specific entities and relations it needs, so the right page comes back "
+          "quickly.")  # the induction prompt's "Searches with precision" sentence, three words edited
+
+
+@pytest.mark.parametrize(("reply", "reason"), [
+    (rubric("Entity queries", "What a high-scoring response does.", "Vague queries."), "near_placeholder"),
+    (rubric("Concise label", "Names the tower's country before the capital.", "Vague queries."), "near_placeholder"),
+    (rubric("Precision", EDITED, "Vague queries."), "instruction_near_copy"),
+])
+def test_a_reworded_placeholder_or_an_edited_instruction_is_rejected(reply: dict[str, Any], reason: str) -> None:
+    """Each passed today's filter (issue 56 item 4); the reason travels on the exception the backend counts."""
+    problem = find_problem(reply, INDUCTION, SCHEMA)
+    assert problem is not None and problem.reason == reason
+    with pytest.raises(InvalidAnswer) as e:
+        check_reply(json.dumps(reply), "induction.v1", SCHEMA)
+    assert e.value.reason == reason and str(e.value) == problem.message
+
+
+def test_near_copy_is_the_word_sequence_ratio() -> None:
+    """difflib's ratio on words, hand-counted: the sentence has 19 words, the edit 18, and they share 16 in order
+    ("writes focused queries", "the specific ... it needs so the right page comes back"): 2 * 16 / 37."""
+    assert near_copy(_words(EDITED), INDUCTION.sentences) == pytest.approx(32 / 37)
+    assert 32 / 37 >= NEAR_COPY
+
+
+def test_the_prompts_worked_examples_are_answers() -> None:
+    """The consolidation prompt's own examples of a general standard, reused in a consolidated one, are model
+    answers (today rejected as a copy of the instructions); its instructions copied are still a copy."""
+    assert ("distinguishes functional or contextual differences between closely related entities (e.g., variant "
+            "forms, sub-categories, similarly named concepts)") in CONSOLIDATION.examples
+    standard = {"new_common_rubrics": [{
+        "title": "Distinguishing related entities",
+        "description": "Distinguishes functional or contextual differences between closely related entities (e.g., "
+                       "variant forms, sub-categories, similarly named concepts).",
+        "counter_description": "Does not cross-check key factual claims against the retrieved evidence before "
+                               "concluding."}]}
+    schema = _role_schema("consolidation")
+    assert answer_problem(standard, CONSOLIDATION, schema) is None
+    standard["new_common_rubrics"][0]["description"] = ("The description must apply to any question, not to the "
+                                                        "questions the candidates came from.")
+    problem = find_problem(standard, CONSOLIDATION, schema)
+    assert problem is not None and problem.reason == "instruction_copy"
+
+
+@pytest.mark.parametrize("reply", [
+    rubric("Short queries", "Keeps each query to the entity it needs.", "Writes long queries."),  # the head changed
+    rubric("Step 2 evidence", "Finds the country in step 2 before the capital.", "Vague queries."),
+])
+def test_a_title_sharing_a_placeholders_modifier_is_an_answer(reply: dict[str, Any]) -> None:
+    assert answer_problem(reply, INDUCTION, SCHEMA) is None
+
+
+def test_the_rules_judges_rubrics_stay_clear_of_the_thresholds() -> None:
+    """Every rubric the offline judge writes (ARBOR's heuristics' texts, as drafts and as common standards)
+    passes the induction and consolidation filters, its closest field below ``NEAR_COPY`` (measured 0.667:
+    bench/answer_filter.py)."""
+    closest = 0.0
+    for title, desc, counter in heuristics._TEXT.values():
+        assert answer_problem(rubric(title, desc, counter), INDUCTION, SCHEMA) is None, title
+        consolidated = {"new_common_rubrics": rubric(title, desc, counter)["rubrics"]}
+        assert answer_problem(consolidated, CONSOLIDATION, _role_schema("consolidation")) is None, title
+        closest = max(closest, *(near_copy(_words(t), INDUCTION.sentences) for t in (desc, counter)))
+    assert closest == pytest.approx(2 * 12 / 36)

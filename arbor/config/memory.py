@@ -24,6 +24,10 @@ class MemoryConfig(Section):
         "group) scoring in group order, so a rubric can retire within one step; step, each step the rubric scored, "
         "low-variance when the mean of its groups' variances is at most delta_v")
     alpha: float = Field(0.25, ge=0.0, le=1.0, description="attenuation of negative centred scores")
+    rar_attenuate: bool = Field(
+        True, description="run.method=rar: attenuate RaR's negative centred ratings by alpha like ARBOR's rubric "
+        "term (true), or add them with lambda alone (false: App. C.3, 'the same shaping coefficient as ARBOR'; the "
+        "qwen3 ARBOR profiles and arbor compare)")
     pool_max: int = Field(6, ge=1, description="|P|_max, capacity of the common pool")
     n_active: int = Field(2, ge=0, description="active common rubrics per step")
     dedup_threshold: float = Field(0.9, ge=0.0, le=1.0, description="embedding cosine above which a rubric is a duplicate")

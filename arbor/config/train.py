@@ -57,6 +57,11 @@ class TrainConfig(Section):
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="linear warm-up share of the updates, in [0, 1)")
     overlong_penalty: bool = False
     overlong_buffer: int = Field(4096, ge=0, description="DAPO soft overlong buffer L_cache (tokens)")
+    dapo_variant: Literal["dapo-paper", "arbor-paper"] = Field(
+        "dapo-paper", description="which DAPO run.method=dapo runs: dapo-paper (Yu et al. 2025: clip-higher "
+        "dapo_eps_clip_high, dynamic sampling's refill dapo_oversample, zero-variance groups dropped) or arbor-paper "
+        "(ARBOR §4.1's baseline: zero-variance groups dropped from the update, nothing refilled, the symmetric clip "
+        "of B.2; the qwen3 ARBOR profiles and arbor compare)")
     dapo_eps_clip_high: float = Field(0.28, gt=0, lt=1, description="DAPO clip-higher eps_high (used when run.method=dapo)")
     dapo_oversample: bool = Field(True, description="DAPO dynamic sampling: roll out more prompts until the batch "
                                   "holds rollout.batch_size groups with reward variance (run.method=dapo)")

@@ -1,8 +1,11 @@
--- compare_runs: for each run in the list $run_ids, its method, mean training rewards, format-valid rate,
--- zero-variance fractions, judge calls, whether it ran degraded (steps whose judge answers were mostly refused,
--- issue 62) and held-out EM / F1 / judge accuracy (arbor compare; paper Tables 1, 2, 7)?
+-- compare_runs: for each run in the list $run_ids, its method, the trajectories it rolled out per step (its stored
+-- trajectories of its completed steps over those steps: DAPO's refill samples more), mean training rewards,
+-- format-valid rate, zero-variance fractions, judge calls, whether it ran degraded (steps whose judge answers were
+-- mostly refused, issue 62) and held-out EM / F1 / judge accuracy (arbor compare; paper Tables 1, 2, 7)?
 select r.method,
        r.run_id,
+       (select count(*) from trajectories t join steps d on d.run_id = t.run_id and d.step = t.step
+         where t.run_id = r.run_id) / count(*) as rollouts_per_step,
        avg(s.mean_base_reward)  as base_reward,
        avg(s.mean_total_reward) as total_reward,
        avg(s.format_valid_rate) as valid_rate,

@@ -128,13 +128,15 @@ def check_stages(stages: Sequence[Stage], method: str) -> None:
 @dataclass
 class RubricScores:
     """``rubric_scores``' answer: per group id, one score vector per rubric (None: that rubric failed for the
-    group), the judge calls and audit rows (``draft_scores``) the shape stage stores, and the shaping variance
-    filter's delta_v (None: ``memory.delta_v``; RaR: 0, no filter)."""
+    group), the judge calls and audit rows (``draft_scores``) the shape stage stores, the shaping variance
+    filter's delta_v (None: ``memory.delta_v``; RaR: 0, no filter) and the attenuation of negative centred scores
+    (None: ``memory.alpha``; RaR with ``memory.rar_attenuate`` off: 1, none)."""
 
     per_group: dict[int, list[Sequence[float | None] | None]] = field(default_factory=dict)
     judge_calls: Rows = field(default_factory=list)
     draft_scores: Rows = field(default_factory=list)
     delta_v: float | None = None
+    alpha: float | None = None
 
 
 class Method(GRPORule):
@@ -186,11 +188,12 @@ class Method(GRPORule):
         m = self.cfg.memory
         got = self.rubric_scores(run, step, trajs)
         delta_v = m.delta_v if got.delta_v is None else got.delta_v
+        alpha = m.alpha if got.alpha is None else got.alpha
         out: Rows = []
         for g in run.groups(trajs):
             scores = got.per_group.get(g[0].group, [])
             shaped = shape_group([t.base_reward for t in g], scores, [t.format_valid for t in g],
-                                 lambda_=m.lambda_, alpha=m.alpha, delta_v=delta_v)
+                                 lambda_=m.lambda_, alpha=alpha, delta_v=delta_v)
             for t, total in zip(g, shaped.total, strict=True):
                 t.shaped_reward = total
                 out.append(t.to_row())

@@ -1,10 +1,14 @@
-"""DAPO (Yu et al., 2025) as the paper's baseline: clip-higher and dynamic sampling on the outcome reward.
+"""DAPO (Yu et al., 2025) as a baseline, in two variants (``train.dapo_variant``; issue 56 item 5).
 
+dapo-paper, DAPO's own (the method's default): clip-higher and dynamic sampling on the outcome reward.
     eps_high = train.dapo_eps_clip_high (0.28)                       (§3.1, clip-higher: ``loss_settings``)
     drop groups with max R - min R <= tol from the update            (§3.2, dynamic sampling: ``select_groups``)
     optionally re-sample fresh prompts until batch_size groups have variance (train.dapo_oversample:
                                                                       ``extra_rollouts``)
     R_i + R_length(|o_i|) when train.overlong_penalty is on          (§3.4, eq. 13: ``update_rewards``)
+arbor-paper, the baseline of ARBOR §4.1 ("DAPO ..., which discards outcome-homogeneous query-groups from policy
+updates"): the same drop, no refill (the step trains on what its batch rolled out, as GRPO and ARBOR do) and the
+run's clip (B.2: "symmetric clipping with eps_clip = 0.2"); the overlong punishment only when configured.
 
 The equations are ``equations.py``'s; this class only wires them into the method hooks (``tasks.methods.base``).
 """
@@ -37,7 +41,7 @@ class DAPO(Method):
         as many fresh prompts as are missing, for at most ``train.dapo_max_resample_rounds`` rounds. Every sampled
         group is stored (Table 2 counts them); the trainer drops the zero-variance ones and the step row records
         the shortfall. The extra groups are numbered after the batch's."""
-        if not self.cfg.train.dapo_oversample:
+        if not self.cfg.train.dapo_oversample or self.arbor_paper:
             return []
         k = self.cfg.rollout.k
         extra: list[Trajectory] = []
@@ -57,7 +61,15 @@ class DAPO(Method):
                                 max_rounds=self.cfg.train.dapo_max_resample_rounds)
         return extra
 
+    @property
+    def arbor_paper(self) -> bool:
+        """ARBOR §4.1's DAPO: drop, no refill, no clip-higher (``train.dapo_variant``)."""
+        return self.cfg.train.dapo_variant == "arbor-paper"
+
     def loss_settings(self, train: TrainConfig) -> LossSettings:
+        """Clip-higher (§3.1) under dapo-paper; the run's clip under arbor-paper."""
+        if train.dapo_variant == "arbor-paper":
+            return super().loss_settings(train)
         return replace(super().loss_settings(train), eps_clip_high=train.dapo_eps_clip_high)
 
     def update_rewards(self, batch: Sequence[Trajectory], train: TrainConfig) -> list[float]:

@@ -1,6 +1,10 @@
 """RaR-style rubrics (Gunjal et al., 2025; paper App. C.3): query-specific items written from the question and its
 gold answer only, a holistic 1-10 rating of each trajectory against them, mapped to (r - 1) / 9, then centred and
 added with the same lambda as ARBOR (eq. 3/4) but without the variance filter. The items are never reused.
+
+Negative centred ratings: attenuated by ARBOR's alpha (``memory.rar_attenuate`` true, the method's default) or not
+(false: C.3 names only "the same shaping coefficient as ARBOR", lambda; the qwen3 ARBOR profiles and arbor compare):
+    R_total_i = R_base_i + lambda * (s_i - mean_j s_j)          (issue 56 item 5)
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ class RaR(Method):
 
     def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory]) -> RubricScores:
         """Items from the question and gold answer, a 1-10 rating of each trajectory, (r - 1) / 9; no variance
-        filter (App. C.3: delta_v 0)."""
+        filter (App. C.3: delta_v 0); alpha 1 (no attenuation) when ``memory.rar_attenuate`` is off."""
+        alpha = None if self.cfg.memory.rar_attenuate else 1.0
         if run.judge_capped():
-            return RubricScores(delta_v=0.0)
+            return RubricScores(delta_v=0.0, alpha=alpha)
         groups = run.groups(trajs)
 
         async def rate_all() -> tuple[list[list[float | None]], list[list[str]]]:
@@ -55,4 +60,4 @@ class RaR(Method):
             for g, s, it in zip(groups, scores, items, strict=True)
         ]
         return RubricScores({g[0].group: [s] for g, s in zip(groups, scores, strict=True)}, run.judge_rows(), rows,
-                            delta_v=0.0)
+                            delta_v=0.0, alpha=alpha)

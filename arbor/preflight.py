@@ -312,7 +312,7 @@ def _judge_role_problems(judge: JudgeConfig, env: dict[str, str]) -> list[str]:
     if judge.backend != "openai":
         return []
     out: list[str] = []
-    seen_urls = {judge.base_url}
+    seen_urls = {judge_endpoint(judge.base_url, env)}
     for role, over in judge.roles:
         if over.api_key_env and over.api_key_env != judge.api_key_env and not env.get(over.api_key_env):
             out.append(f"judge.roles.{role}.api_key_env: environment variable {over.api_key_env} is not set")
@@ -488,6 +488,17 @@ def require_council(cfg: ArborConfig, env: dict[str, str] | None = None) -> None
         raise PreflightError(f"profile '{cfg.run.profile}': the ranking council cannot start: {'; '.join(problems)}")
 
 
+# The OpenAI client's own endpoint when it is given none and OPENAI_BASE_URL is unset (openai 3.54,
+# lib/_client_auth.py: ``base_url = os.environ.get("OPENAI_BASE_URL")``, then ``"https://api.openai.com/v1"``)
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+def judge_endpoint(base_url: str | None, env: dict[str, str]) -> str:
+    """Where an openai judge with ``judge.base_url`` = ``base_url`` sends its requests: the URL when set, else
+    what the OpenAI client itself falls back to (``OPENAI_BASE_URL``, then OpenAI's API)."""
+    return base_url or env.get("OPENAI_BASE_URL") or OPENAI_DEFAULT_BASE_URL
+
+
 def endpoint_problem(url: str, timeout_s: float = 5.0) -> str | None:
     """Why nothing can answer at ``url`` (no host and port, a name that does not resolve, a refused or timed-out
     TCP connection), or None. Only the connection is tried: what the server says is the judge's business (issue 35
@@ -544,11 +555,12 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
             f"{cfg.cluster.train_gpus} ({need} GPUs) but this machine has {have}"
         )
     if cfg.judge.backend == "openai":
-        if not cfg.judge.base_url:
-            missing.append("judge.base_url: the openai judge needs an OpenAI-compatible endpoint URL")
-        elif problem := endpoint_problem(cfg.judge.base_url):
-            missing.append(f"judge.base_url: {problem} (start the judge's server, e.g. `arbor judge serve`, or fix "
-                           "the URL)")
+        url = judge_endpoint(cfg.judge.base_url, env)
+        if problem := endpoint_problem(url):
+            unset = "" if cfg.judge.base_url else (" (judge.base_url is unset: OPENAI_BASE_URL, else the OpenAI "
+                                                   "client's default)")
+            missing.append(f"judge.base_url: {problem}{unset} (start the judge's server, e.g. `arbor judge serve`, "
+                           "or fix the URL)")
         if not env.get(cfg.judge.api_key_env):
             missing.append(f"judge.api_key_env: environment variable {cfg.judge.api_key_env} is not set")
     missing += _judge_role_problems(cfg.judge, env)

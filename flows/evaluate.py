@@ -17,6 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from arbor.config import load_config
+from arbor.config.inputs import workspace_inputs
 from arbor.paths import arbor_home
 
 
@@ -45,6 +46,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
 
     home = arbor_home()
     cfg = load_config(profile, overrides)
+    workspace_inputs(cfg)  # relative input paths: the current directory's, else ARBOR_HOME's
     second_model = cfg.eval.second_judge_model
     second_cfg = second_judge_config(cfg.judge, second_model) if second_model else None  # refused up front
     splits = splits or list(cfg.eval.splits)

@@ -21,6 +21,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from arbor.config import ArborConfig, load_config
+from arbor.config.inputs import workspace_inputs
 from arbor.paths import arbor_home, resolve_home_path
 from arbor.tasks.env.sources import spec_source
 
@@ -227,6 +228,7 @@ def arbor_sft(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None
 
     quiet()  # a worker's flow run has no CLI to do it
     cfg = load_config(profile, overrides)
+    workspace_inputs(cfg)  # relative input paths: the current directory's, else ARBOR_HOME's
     out = sft_checkpoint(cfg, arbor_home())
     get_run_logger().info("SFT checkpoint: %s", out)
     return str(out)

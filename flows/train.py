@@ -40,6 +40,7 @@ from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from arbor.config import ArborConfig, JudgeConfig, RolloutConfig, load_config
+from arbor.config.inputs import workspace_inputs
 from arbor.flows.progress import RunProgress
 from arbor.paths import arbor_home, resolve_home_path
 from arbor.storage.liveness import Heartbeat
@@ -105,6 +106,7 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
         if resume:
             raise ValueError(f"cannot resume run '{run_id}': no such run in {home}")
     cfg = load_config(profile, overrides)
+    workspace_inputs(cfg)  # relative input paths: the current directory's, else ARBOR_HOME's
     require(cfg)  # a run that cannot start leaves nothing behind (issue 47: a deployment run on the wrong machine)
     rid = run_id or cfg.run.run_id or new_run_id(cfg.run.profile)
     cfg.run.run_id = rid

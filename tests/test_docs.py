@@ -187,3 +187,228 @@ def test_config_show_cites_no_work_tracking(profile: str) -> None:
     assert res.exit_code == 0, res.output
     hits = [m.group(0) for m in TRACKING_REF.finditer(res.output)]
     assert not hits, (profile, hits)
+
+
+# ---- what a user types works: GPU set-up, install and make lines, commands, documented defaults -------------------
+INSTALL_TEXTS = [*DOCS, ROOT / "prefect.yaml"]
+
+
+def _spans(path: Path) -> list[str]:
+    """Code spans and fenced blocks of a markdown file; comment lines of a YAML file."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".yaml":
+        return [line for line in text.splitlines() if line.lstrip().startswith("#")]
+    return [m.group(0).strip("`") for m in CODE.finditer(text)]
+
+
+def test_gpu_torch_spec_is_the_torch_preflight_accepts_for_nccl_sync() -> None:
+    """README and docs/gpu.md name the trainer's torch on a GPU node; preflight (weight_sync_problems, reading
+    arbor.config.cluster.VLLM_TORCH) must accept it with the default cluster.weight_sync=nccl."""
+    from arbor.config import ClusterConfig
+    from arbor.config.cluster import VLLM_TORCH
+    from arbor.preflight import weight_sync_problems
+
+    nccl = ClusterConfig(weight_sync="nccl")
+    specs = {(p.name, m) for p in (README, ROOT / "docs" / "gpu.md")
+             for m in re.findall(r"TORCH_SPEC=torch==([0-9][\w.+]*)", p.read_text(encoding="utf-8"))}
+    assert {name for name, _ in specs} == {"README.md", "gpu.md"}, specs
+    bad = {(name, v): weight_sync_problems(nccl, torch_version=v) for name, v in specs
+           if weight_sync_problems(nccl, torch_version=v)}
+    assert not bad, bad
+    gpu_comment = (ROOT / "pyproject.toml").read_text(encoding="utf-8").split("gpu = [", 1)[0].rsplit("\n\n", 1)[-1]
+    pinned = re.findall(r"pins torch==([0-9.]+)", gpu_comment)
+    assert pinned == [VLLM_TORCH], gpu_comment
+
+
+def makefile_targets() -> set[str]:
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([A-Za-z][\w.-]*)\s*:(?!=)", text, re.M))
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def _known_distributions() -> set[str]:
+    """Names we can vouch for offline: pinned in constraints files or named by pyproject."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    names: set[str] = set()
+    for f in ROOT.glob("constraints*.txt"):
+        for line in f.read_text().splitlines():
+            if line and not line.startswith("#") and "==" in line:
+                names.add(canonicalize_name(line.split("==")[0]))
+    project = _pyproject()["project"]
+    for req in [*project["dependencies"], *(r for rs in project["optional-dependencies"].values() for r in rs)]:
+        names.add(canonicalize_name(Requirement(req).name))
+    names.discard(canonicalize_name(project["name"]))  # arbor-rl itself is on no index
+    return names
+
+
+def install_problem(args: list[str]) -> str | None:
+    """None if every requirement of a `pip install ARGS` line names something that exists, else why not."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    extras = set(_pyproject()["project"]["optional-dependencies"])
+    args = re.sub(r"\$\(ls ([^)]*)\)", r"\1", " ".join(args)).split()  # "$(ls dist/x-*.whl)[e]": the wheel's path
+    skip_next = False
+    for arg in args:
+        if skip_next:
+            skip_next = False
+            continue
+        if arg in ("-c", "-r", "--index-url", "--extra-index-url", "-i"):
+            skip_next = True
+            continue
+        if arg.startswith("-"):
+            continue
+        target, extra = (re.match(r"^(.*?)(?:\[([\w,-]+)\])?$", arg.strip("'\"")) or re.match("(.*)()", arg)).groups()
+        if extra and not set(extra.split(",")) <= extras:
+            return f"{arg}: no such extra in pyproject.toml"
+        if target.startswith(("$(ls dist/", "dist/")):  # make dist's wheel
+            if "dist" not in makefile_targets():
+                return f"{arg}: no `make dist` target"
+            continue
+        if target in (".", "./") or "/" in target:
+            if not (ROOT / target).exists():
+                return f"{arg}: no such path in the repository"
+            continue
+        try:
+            name = canonicalize_name(Requirement(target).name)
+        except InvalidRequirement:
+            return f"{arg}: not a requirement"
+        if name not in _known_distributions():
+            return f"{arg}: {name} is not a distribution arbor pins or depends on (is it on a package index?)"
+    return None
+
+
+def test_install_checker_accepts_and_refuses() -> None:
+    assert install_problem(["-c", "constraints.txt", "'.[tracking]'"]) is None
+    assert install_problem(['"$(ls', 'dist/arbor_rl-*.whl)[tracking]"']) is None
+    assert install_problem(["'wandb>=0.31,<0.32'"]) is None
+    assert install_problem(["arbor-rl"]) is not None
+    assert install_problem(["'arbor-rl[tracking]'"]) is not None
+    assert install_problem(["'.[nonsense]'"]) is not None
+
+
+@pytest.mark.parametrize("doc", INSTALL_TEXTS, ids=doc_ids(INSTALL_TEXTS))
+def test_every_pip_install_and_make_line_names_something_that_exists(doc: Path) -> None:
+    bad = []
+    targets = makefile_targets()
+    for span in _spans(doc):
+        for cmd in re.findall(r"\bpip install ([^`\n;|&)]*(?:\)[^`\n;|&]*)?)", span):
+            words = cmd.split("#", 1)[0].split()
+            if problem := install_problem(words):
+                bad.append(problem)
+        for m in re.finditer(r"(?<![\w-])make((?: [A-Z_]+=\S+)*) ([a-z][\w-]*)", span):
+            if m.group(2) not in targets:
+                bad.append(f"make {m.group(2)}: no such Makefile target")
+        for var in re.findall(r"\bmake(?: [a-z][\w-]*)* ([A-Z_]+)=", span):
+            if not re.search(rf"^{var}\s*\?=", (ROOT / "Makefile").read_text(), re.M):
+                bad.append(f"make {var}=: the Makefile has no such variable")
+    assert not bad, f"{doc.relative_to(ROOT)}: {bad}"
+
+
+def test_the_missing_logger_error_names_a_command_that_installs_something() -> None:
+    from arbor.tasks.reporting.tracking import install_hint
+
+    for logger in ("wandb", "mlflow"):
+        hint = install_hint(logger)
+        cmds = re.findall(r"pip install ((?:-c \S+ )?'[^']+')", hint)
+        assert cmds, hint
+        for cmd in cmds:
+            assert install_problem(cmd.split()) is None, (logger, cmd)
+
+
+def test_makefile_installs_cpu_torch_from_the_cpu_index_with_a_fallback() -> None:
+    """`make -n` (nothing runs): torch from PyTorch's CPU wheel index, and the configured index when that one does
+    not answer (CI reaches only the package registries); TORCH_INDEX= (empty) asks only the configured index."""
+    import subprocess
+
+    def torch_line(*args: str) -> str:
+        out = subprocess.run(["make", "-n", "-B", ".venv/bin/.installed", "VENV=.venv", *args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        [line] = [ln for ln in out.splitlines() if "pip install" in ln and "torch==" in ln and "-c" not in ln.split()]
+        return line
+
+    default = torch_line()
+    first, _, fallback = default.partition("||")
+    assert '--index-url "https://download.pytorch.org/whl/cpu" "torch==2.13.0"' in first, default
+    assert re.search(r'pip install -q "torch==2\.13\.0"', fallback), default
+    gpu = torch_line("TORCH_SPEC=torch==2.14.0", "TORCH_INDEX=https://download.pytorch.org/whl/cu128")
+    assert '--index-url "https://download.pytorch.org/whl/cu128" "torch==2.14.0"' in gpu, gpu
+    plain = torch_line("TORCH_INDEX=")
+    assert "--index-url" not in plain and plain.endswith('pip install -q "torch==2.13.0"'), plain
+
+
+def readme_commands() -> list[str]:
+    """The `arbor ...` lines of the README's command block, comments removed."""
+    block = readme().split("## Commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.startswith("arbor ")]
+
+
+@pytest.mark.parametrize("line", readme_commands())
+def test_each_readme_command_and_its_options_exist(line: str) -> None:
+    """Each README command answers --help, and every option the line uses is one that command takes."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from arbor.cli import app
+
+    words = shlex.split(line)[1:]
+    commands = set(cli_commands())
+    path = next(p for p in (words[:2], words[:1]) if " ".join(p) in commands)
+    res = CliRunner().invoke(app, [*path, "--help"], terminal_width=200)
+    assert res.exit_code == 0, res.output
+    options = [w.split("=", 1)[0] for w in words if w.startswith("-")]
+    missing = [o for o in options if o not in res.output]
+    assert not missing, f"`{line}`: options not in `arbor {' '.join(path)} --help`: {missing}"
+
+
+def test_readme_commands_that_are_cheap_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-only README commands run as written on a fresh workspace."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from arbor.cli import app
+
+    monkeypatch.setenv("ARBOR_HOME", str(tmp_path / "home"))
+    cheap = [c for c in readme_commands() if c.startswith(("arbor config show", "arbor runs"))]
+    assert len(cheap) == 2, cheap
+    for line in cheap:
+        res = CliRunner().invoke(app, shlex.split(line)[1:])
+        assert res.exit_code == 0, (line, res.output)
+
+
+def test_documented_defaults_are_the_code_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each default the README states, read back from the code that sets it."""
+    from arbor.config import ArborConfig
+    from arbor.flows.progress import PROGRESS_EVERY_S
+    from arbor.paths import arbor_home
+
+    text = readme()
+    cfg = ArborConfig()
+
+    def said(pattern: str) -> str:
+        m = re.search(pattern, text, re.S)
+        assert m, pattern
+        return m.group(1)
+
+    assert said(r"`judge\.model` is `([^`]+)`") == cfg.judge.model
+    assert said(r"`judge\.api_key_env` \(default `([^`]+)`\)") == cfg.judge.api_key_env
+    assert said(r"`judge\.backend=(\w+)` \(offline heuristics\) in the CPU profiles") == cfg.judge.backend
+    assert said(r"# run the arbor-train flow \(default profile: ([\w-]+)\)") == "tiny-cpu" == cfg.run.profile
+    monkeypatch.delenv("ARBOR_HOME", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert said(r"under `ARBOR_HOME` \(default `([^`]+)`\)") == "./.arbor"
+    assert arbor_home() == (tmp_path / ".arbor").resolve()
+    assert float(said(r"every `ARBOR_PROGRESS_SECONDS`\s+\(default (\d+)\)")) == PROGRESS_EVERY_S
+    assert said(r"`TORCH_SPEC` \(default `([^`]+)`") == re.search(
+        r"^TORCH_SPEC \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert said(r"from\s+`(TORCH_INDEX)`, PyTorch's CPU wheel index") and "whl/cpu" in re.search(
+        r"^TORCH_INDEX \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)

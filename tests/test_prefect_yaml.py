@@ -109,3 +109,25 @@ def test_no_secret_is_resolved_into_a_deployment() -> None:
     pools = [*spec()["definitions"]["work_pools"].values(), *(d["work_pool"] for d in spec()["deployments"])]
     text = yaml.safe_dump(pools)
     assert "{{" not in text and "key" not in text.lower(), text
+
+
+def test_documented_flow_parameters_match_the_flows() -> None:
+    """prefect.yaml's header lists each flow's parameters (`prefect deployment run ... --param NAME=...`): exactly
+    the flow function's, in order."""
+    import inspect
+    import re
+
+    from arbor.flows.evaluate import arbor_eval
+    from arbor.flows.guidance import arbor_guidance_train
+    from arbor.flows.sft import arbor_sft
+    from arbor.flows.train import arbor_train
+
+    text = (PROJECT_ROOT / "prefect.yaml").read_text()
+    listed = {m[1]: [p.strip() for p in m[2].split(",")]
+              for m in re.finditer(r"^#\s+(arbor-[a-z-]+): ([a-z_, ]+)$", text, re.M)}
+    flows = {f.name: list(inspect.signature(f.fn).parameters) for f in
+             (arbor_train, arbor_sft, arbor_eval, arbor_guidance_train)}
+    assert listed == flows
+    for dep in spec()["deployments"]:  # and every deployment's parameters are its flow's
+        name = flow_names()[dep["entrypoint"]]
+        assert set(dep["parameters"]) <= set(flows[name]), (name, dep["name"], dep["parameters"])

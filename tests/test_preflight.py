@@ -41,8 +41,12 @@ def test_tiny_cpu_needs_nothing() -> None:
 
 def test_openai_judge_without_key_or_url() -> None:
     cfg = load_config("tiny-cpu", {"judge.backend": "openai", "judge.api_key_env": "ARBOR_TEST_KEY"})
-    missing = check(cfg, gpu_count=0, env={})
-    assert any("judge.base_url" in m for m in missing)
+    with socket.socket() as closed:  # a port nothing listens on: OPENAI_BASE_URL, no network needed
+        closed.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+    missing = check(cfg, gpu_count=0, env={"OPENAI_BASE_URL": nowhere})
+    assert any(m.startswith(f"judge.base_url: nothing answers at {nowhere}") and "judge.base_url is unset" in m
+               for m in missing), missing
     assert any("ARBOR_TEST_KEY" in m for m in missing)
     with socket.socket() as listening:  # something answers at the URL: nothing is missing
         listening.bind(("127.0.0.1", 0))
@@ -56,6 +60,29 @@ def test_openai_judge_without_key_or_url() -> None:
     assert dead.startswith(f"judge.base_url: nothing answers at {url} (Connection refused)"), dead
     bad = load_config("tiny-cpu", {"judge.backend": "openai", "judge.base_url": "127.0.0.1:8000/v1"})
     assert any("is not an http(s) URL" in m for m in check(bad, gpu_count=0, env={}))
+
+
+def test_unset_judge_url_is_the_openai_clients_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: left unset, judge.base_url is the OpenAI client's default endpoint (or OPENAI_BASE_URL). The openai
+    backend then builds its client with base_url=None; preflight checks the endpoint that client will call."""
+    import openai
+
+    from arbor.preflight import OPENAI_DEFAULT_BASE_URL, judge_endpoint
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert str(openai.OpenAI(api_key="x").base_url).rstrip("/") == OPENAI_DEFAULT_BASE_URL  # the client's own
+    assert judge_endpoint(None, {}) == OPENAI_DEFAULT_BASE_URL
+    assert judge_endpoint(None, {"OPENAI_BASE_URL": "http://h:1/v1"}) == "http://h:1/v1"
+    assert judge_endpoint("http://set:2/v1", {"OPENAI_BASE_URL": "http://h:1/v1"}) == "http://set:2/v1"
+    cfg = load_config("tiny-cpu", {"judge.backend": "openai"})
+    assert cfg.judge.base_url is None and cfg.judge.api_key_env == "OPENAI_API_KEY"  # the README's defaults
+    with socket.socket() as listening:  # OPENAI_BASE_URL answers, the key is set: nothing is missing
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}/v1"
+        monkeypatch.setenv("OPENAI_BASE_URL", url)
+        assert str(openai.OpenAI(api_key="x").base_url).rstrip("/") == url  # what the judge's client will call
+        assert check(cfg, gpu_count=0, env={"OPENAI_API_KEY": "sk-x", "OPENAI_BASE_URL": url}) == []
 
 
 def test_missing_or_broken_input_files_are_named(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,3 +64,88 @@ def resolve_override_paths(overrides: dict[str, Any], cwd: Path | None = None) -
             continue
         out[key] = json.dumps(str(full.resolve()))  # a quoted YAML scalar: the path is never re-parsed as YAML
     return out
+
+
+# Input paths a run reads after it starts. A Prefect process worker runs each flow in a temporary directory, so a
+# relative path given to a deployment (the profile's `sft.data: data/sft/...`, an override) cannot mean the
+# worker's current directory: it is read from the current directory when it is there (the CLI's case), else from
+# ARBOR_HOME (the workspace the worker is given), and otherwise refused before the run, naming the places looked.
+WORKSPACE_INPUTS = ("sft.data", "memory.init_from", "train.hostfile", "data.train", "data.eval", "search.corpus",
+                    "cluster.vllm_executable")
+SHIPPED_INPUTS = ("data.train", "data.eval", "search.corpus")  # also found under the project root (shipped data)
+
+
+def _get(cfg: Any, key: str) -> Any:
+    section, _, name = key.partition(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def is_relative_input(key: str, value: Any) -> bool:
+    """A relative file path (not a named set, not a bare command name on PATH)."""
+    if not isinstance(value, str) or not value or is_named_set(value) or Path(value).expanduser().is_absolute():
+        return False
+    return key != "cluster.vllm_executable" or "/" in value  # `vllm` alone is looked up on PATH
+
+
+def input_places(key: str, cwd: Path | None = None, home: Path | None = None) -> list[Path]:
+    """Where a relative ``key`` path is looked for, in order: the current directory, ARBOR_HOME, and for shipped
+    question sets and corpora the project root."""
+    from arbor.paths import PROJECT_ROOT, arbor_home
+
+    places = [(cwd or Path.cwd()).resolve(), (home or arbor_home()).resolve()]
+    if key in SHIPPED_INPUTS:
+        places.insert(1, PROJECT_ROOT)
+    return list(dict.fromkeys(places))
+
+
+def find_input(key: str, value: str, cwd: Path | None = None, home: Path | None = None) -> Path | None:
+    """The file a relative input ``value`` names (``input_places``), or None when it is in none of them."""
+    for place in input_places(key, cwd, home):
+        if (place / value).exists():
+            return place / value
+    return None
+
+
+def missing_input_message(key: str, value: str, cwd: Path | None = None, home: Path | None = None) -> str:
+    """One line: the key, the value, every place looked, and what to give instead."""
+    from arbor.paths import PROJECT_ROOT
+
+    where = " and ".join(str(p) for p in input_places(key, cwd, home))
+    hint = "put it under ARBOR_HOME or give its absolute path (a Prefect worker runs each flow in a temporary directory)"
+    if (PROJECT_ROOT / value).exists():  # e.g. `make vllm-env` ran in the checkout
+        hint = f"give its absolute path, {PROJECT_ROOT / value} (a Prefect worker runs each flow in a temporary directory)"
+    return f"{key}: no such file {value} (looked in {where}): {hint}"
+
+
+def resolve_workspace_inputs(cfg: Any, cwd: Path | None = None, home: Path | None = None) -> dict[str, str]:
+    """Make each relative input path of ``cfg`` that is not in the current directory but is under ARBOR_HOME
+    absolute, in place (what the current directory or the project root holds is read as before); the keys changed
+    and their new values. Missing files are left for preflight to refuse (``missing_input_message``)."""
+    from arbor.paths import PROJECT_ROOT
+
+    cwd = (cwd or Path.cwd()).resolve()
+    changed: dict[str, str] = {}
+
+    def resolved(key: str, value: Any) -> Any:
+        if not is_relative_input(key, value) or (cwd / value).exists():
+            return value
+        if key in SHIPPED_INPUTS and (PROJECT_ROOT / value).exists():
+            return value
+        found = find_input(key, value, cwd, home)
+        return value if found is None else str(found)
+
+    for key in WORKSPACE_INPUTS:
+        value = _get(cfg, key)
+        # data.eval may list several sets: each is resolved as a single one would be
+        new = [resolved(key, v) for v in value] if isinstance(value, list) else resolved(key, value)
+        if new != value:
+            section, _, name = key.partition(".")
+            setattr(getattr(cfg, section), name, new)
+            changed[key] = new if isinstance(new, str) else json.dumps(new)
+    return changed
+
+
+def workspace_inputs(cfg: Any) -> None:
+    """``resolve_workspace_inputs`` for a flow about to start, each change printed (a flow logs its prints)."""
+    for key, path in resolve_workspace_inputs(cfg).items():
+        print(f"{key}: not in the current directory, read from ARBOR_HOME: {path}", flush=True)

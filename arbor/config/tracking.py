@@ -15,7 +15,8 @@ class TrackingConfig(Section):
     loggers: list[Logger] = Field(
         default_factory=lambda: ["console", "tensorboard"],
         description="where step metrics go: console (a line per step), tensorboard ({ARBOR_HOME}/tb/<run>), wandb "
-        "and mlflow (optional extras: pip install 'arbor-rl[tracking]'); the steps table stays the source of truth")
+        "and mlflow (the tracking extra: pip install -c constraints.txt '.[tracking]' in arbor's checkout); the steps "
+        "table stays the source of truth")
     project: str = Field("arbor", min_length=1, description="the W&B project and the MLflow experiment")
     experiment: str | None = Field(None, description="the run's name in W&B / MLflow (default: the run id)")
     samples_per_step: int = Field(4, ge=0, description="generations logged per step in the sample table (one per "

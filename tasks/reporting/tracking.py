@@ -4,7 +4,7 @@ per step.
 
 The ``steps`` table (storage) stays the source of truth; this is a view for people watching a run. TensorBoard
 scalars are written new-style in double precision, so a value read back equals the float64 the step computed.
-W&B and MLflow are optional extras (``pip install 'arbor-rl[tracking]'``), imported only when named; their keys and
+W&B and MLflow are optional extras (arbor's ``tracking`` extra; ``install_hint``), imported only when named; their keys and
 URIs come from the environment or the config, never from this module's logs.
 """
 
@@ -134,6 +134,21 @@ def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def install_hint(logger: str) -> str:
+    """The command that installs ``logger`` as arbor's ``tracking`` extra pins it (read from arbor's installed
+    metadata: arbor-rl is not on a package index, so ``pip install 'arbor-rl[tracking]'`` finds nothing)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    dist = "mlflow-skinny" if logger == "mlflow" else logger
+    try:
+        reqs = requires("arbor-rl") or []
+    except PackageNotFoundError:
+        reqs = []
+    pinned = next((r.split(";")[0].strip() for r in reqs
+                   if r.startswith(dist) and "tracking" in r.partition(";")[2]), dist)
+    return f"pip install '{pinned}' (arbor's tracking extra; from arbor's checkout: pip install -c constraints.txt '.[tracking]')"
+
+
 class Tracker:
     """Writes one run's step metrics to every logger of ``tracking``. ``resume_step``: TensorBoard events at or
     after it from an earlier attempt are purged (``purge_step``), W&B resumes the run of the same id and MLflow the
@@ -175,8 +190,7 @@ class Tracker:
         try:
             import wandb
         except ImportError as e:
-            raise TrackingError("tracking.loggers names wandb but it is not installed: "
-                                "pip install 'arbor-rl[tracking]'") from e
+            raise TrackingError(f"tracking.loggers names wandb but it is not installed: {install_hint('wandb')}") from e
         (self.home / "wandb").mkdir(parents=True, exist_ok=True)
         self._wandb = wandb.init(project=self.cfg.project, name=self.cfg.experiment or self.run_id, id=self.run_id,
                                  resume="allow", config=dict(config or {}), dir=str(self.home),
@@ -186,8 +200,7 @@ class Tracker:
         try:
             from mlflow.tracking import MlflowClient
         except ImportError as e:
-            raise TrackingError("tracking.loggers names mlflow but it is not installed: "
-                                "pip install 'arbor-rl[tracking]'") from e
+            raise TrackingError(f"tracking.loggers names mlflow but it is not installed: {install_hint('mlflow')}") from e
         uri = self.cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow_local_uri(self.home)
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(self.cfg.project)

@@ -257,3 +257,17 @@ def test_per_call_context_budget_caps_the_turn_and_trims_the_result(tok, search)
     assert s.finish_reason == "length" and s.turns[-1].observation_tokens == 3
     assert len(s.context_ids) == context and s.loss_mask[-3:] == [0, 0, 0]
     check_prefix_property(s)
+
+
+def test_paper_profiles_read_the_response_budget_as_slime_does():
+    """ARBOR's qwen3-* profiles: B.2's 8,192 per generation call and 36,864 on everything; the tiny and smol
+    profiles keep the whole-response reading they ran with."""
+    from arbor.config import load_config
+
+    for p in ("qwen3-4b", "qwen3-8b", "qwen3-14b"):
+        r = load_config(p).rollout
+        assert (r.response_budget, r.max_response_tokens, r.max_context_tokens) == ("per_call", 8192, 36864), p
+        assert Budgets.from_config(r, load_config(p).search).response_budget == "per_call"
+    for p in ("tiny-cpu", "tiny-world", "smol-world"):
+        assert load_config(p).rollout.response_budget == "total", p
+    assert load_config("qwen3-8b", {"rollout.response_budget": "total"}).rollout.response_budget == "total"

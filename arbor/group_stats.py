@@ -1,6 +1,8 @@
 """Within-group statistics shared by admission, shaping, the rubric memory and the paper's Table 2 (§3.3, §4.3).
 
-Variance is the *population* variance everywhere (divide by n); "equal" means equal within ``EPS`` = 1e-9.
+A rubric's within-group variance (eq. 2's admission, the shaping filter, n_r) is ``group_variance`` of the kind
+``memory.variance`` names: population (divide by n, the default) or sample (n - 1); "equal" means equal within
+``EPS`` = 1e-9.
 
 Table 2 (§4.3): a group is *zero-variance* under a reward (base or total) when all its rewards are equal.
 Zero-variance groups are split by outcome pattern:
@@ -23,6 +25,7 @@ from typing import Literal
 EPS = 1e-9
 
 Pattern = Literal["all_correct", "all_wrong", "mixed_uniform", "mixed"]
+VarianceKind = Literal["population", "sample"]
 
 
 def mean(xs: Sequence[float]) -> float:
@@ -37,6 +40,22 @@ def population_variance(xs: Sequence[float]) -> float:
         return 0.0
     m = mean(xs)
     return math.fsum((x - m) ** 2 for x in xs) / len(xs)
+
+
+def sample_variance(xs: Sequence[float]) -> float:
+    """Var(x) = (1/(n-1)) sum (x_i - mean)^2 (Bessel's correction); 0.0 for fewer than two values."""
+    if len(xs) < 2:
+        return 0.0
+    return population_variance(xs) * len(xs) / (len(xs) - 1)
+
+
+def group_variance(xs: Sequence[float], kind: VarianceKind = "population") -> float:
+    """Within-group variance of ``kind`` (``memory.variance``): population (1/n) or sample (1/(n-1))."""
+    if kind == "population":
+        return population_variance(xs)
+    if kind == "sample":
+        return sample_variance(xs)
+    raise ValueError(f"memory.variance must be 'population' or 'sample', got {kind!r}")
 
 
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:

@@ -1,6 +1,6 @@
 """Rubric reward shaping (paper §3.4 "Centering and reward integration", eq. 3 and 4).
 
-Per group, per active rubric r:  keep r only if Var_i(s_i^r) >= delta_v   (variance filter)
+Per group, per active rubric r:  keep r only if Var_i(s_i^r) >= delta_v   (variance filter; memory.variance)
     s_i      = mean over kept rubrics of s_i^r                            (composite process score)
     s~_i     = s_i - (1/|G_q|) sum_j s_j                                   (eq. 3, centring)
     term_i   = s~_i if s~_i >= 0 else alpha * s~_i                        (attenuate negatives)
@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from arbor.group_stats import mean, population_variance
+from arbor.group_stats import VarianceKind, group_variance, mean
 
 VAR_TOL = 1e-12  # variance >= delta_v is tested as variance + VAR_TOL >= delta_v (float noise at the threshold)
 
 
-def rubric_variance(scores: Sequence[float | None] | None) -> float:
-    """Population variance over the scored trajectories (0.0 for a discarded rubric)."""
+def rubric_variance(scores: Sequence[float | None] | None, kind: VarianceKind = "population") -> float:
+    """Variance (``memory.variance``'s kind) over the scored trajectories (0.0 for a discarded rubric)."""
     if scores is None:
         return 0.0
-    return population_variance([s for s in scores if s is not None])
+    return group_variance([s for s in scores if s is not None], kind)
 
 
 def passes_variance(variance: float, delta_v: float) -> bool:
@@ -38,7 +38,7 @@ class Shaped:
     term: list[float]  # lambda_-free rubric term after centring, attenuation and the format gate
     centred: list[float]  # s~_i before attenuation (all zeros when no rubric was kept)
     kept: list[bool]  # per rubric: passed the variance filter
-    variances: list[float]  # per rubric: within-group population variance
+    variances: list[float]  # per rubric: within-group variance (memory.variance's kind)
 
 
 def shape_group(
@@ -48,6 +48,7 @@ def shape_group(
     lambda_: float = 0.1,
     alpha: float = 0.25,
     delta_v: float = 0.05,
+    variance: VarianceKind = "population",
 ) -> Shaped:
     """Eq. 3/4 with the variance filter; also returns which rubrics were kept (for ``rubric_activations``)."""
     k = len(base)
@@ -56,7 +57,7 @@ def shape_group(
     for r, sc in enumerate(rubric_scores):
         if sc is not None and len(sc) != k:
             raise ValueError(f"shape_rewards: rubric {r} has {len(sc)} scores for a group of {k}")
-    variances = [rubric_variance(sc) for sc in rubric_scores]
+    variances = [rubric_variance(sc, variance) for sc in rubric_scores]
     kept = [sc is not None and any(s is not None for s in sc) and passes_variance(v, delta_v)
             for sc, v in zip(rubric_scores, variances, strict=True)]  # a rubric no trajectory got a score under: out
     filled: list[list[float]] = []
@@ -85,6 +86,7 @@ def shape_rewards(
     lambda_: float = 0.1,
     alpha: float = 0.25,
     delta_v: float = 0.05,
+    variance: VarianceKind = "population",
 ) -> list[float]:
     """R_total per trajectory (eq. 4); with no kept rubric (or none active) it is the base reward."""
-    return shape_group(base, rubric_scores, format_valid, lambda_, alpha, delta_v).total
+    return shape_group(base, rubric_scores, format_valid, lambda_, alpha, delta_v, variance).total

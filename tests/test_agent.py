@@ -198,3 +198,76 @@ def test_prompt_uses_chat_template(tok):
     text = tok.decode(ids, skip_special_tokens=False)
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nWho?<|im_end|>\n"
                                                                       "<|im_start|>assistant\n")
+
+
+# ---- issue 56 item 2: what the response budget bounds (App. B.2 as slime reads it) ------------------------------
+
+SEARCH_THEN_ANSWER = ["<think>Find it.</think>\n<search>Doctor Strange film</search>",
+                      "<search>Scott Derrickson</search>",
+                      "<think>Done.</think>\n<answer>\\boxed{Scott Derrickson}</answer>"]
+
+
+def test_per_call_budget_leaves_search_results_outside_the_response_budget(tok, search):
+    """Results larger than the response budget: "total" (arbor's old reading) truncates the trajectory at the first
+    result block, format-invalid; "per_call" (slime's --rollout-max-response-len) caps each call and continues."""
+    turn = max(len(encode_text(tok, t)) for t in SEARCH_THEN_ANSWER)
+    block = len(encode_text(tok, result_block(format_results(search.search(["Doctor Strange film"], 2)[0], None))))
+    assert block > turn + 5  # a result block alone is over the response budget below
+    kw = dict(max_response_tokens=turn + 5, max_new_tokens_per_turn=1000, max_result_chars=None, max_searches=5)
+
+    old = AgentLoop(tok, search, budgets(**kw, response_budget="total"))
+    s = old.start("q", "Who directed Doctor Strange?", ["Scott Derrickson"], seed=0)
+    old.advance([s], [gen(tok, SEARCH_THEN_ANSWER[0])])
+    assert s.finish_reason == "length" and len(s.response_ids) == turn + 5
+    assert not check_format(s.text, s.truncated).valid
+
+    loop = AgentLoop(tok, search, budgets(**kw, response_budget="per_call"))
+    s = loop.start("q", "Who directed Doctor Strange?", ["Scott Derrickson"], seed=0)
+    for t in SEARCH_THEN_ANSWER:
+        assert loop.next_request(s).max_new_tokens == turn + 5  # min(per turn 1000, per call, context left)
+        loop.advance([s], [gen(tok, t)])
+    assert s.finish_reason == "answer" and s.search_calls == 2
+    assert len(s.response_ids) > 2 * block > kw["max_response_tokens"]
+    assert s.turns[0].observation_tokens == block and s.turns[1].observation_tokens > 0  # whole, untrimmed
+    assert check_format(s.text, s.truncated).valid
+    check_prefix_property(s)
+
+
+def test_per_call_context_budget_caps_the_turn_and_trims_the_result(tok, search):
+    """Under "per_call" the context budget binds on prompt + everything: a turn gets min(per call, context left),
+    and a result block that would overflow the context is trimmed to fill it, ending the trajectory "length"
+    (slime's examples/retool/generate_with_retool.py)."""
+    first, second = SEARCH_THEN_ANSWER[0], SEARCH_THEN_ANSWER[1]
+    n1, n2 = len(encode_text(tok, first)), len(encode_text(tok, second))
+    probe = AgentLoop(tok, search, budgets(max_result_chars=None, response_budget="per_call"))
+    s = probe.start("q", "Who directed Doctor Strange?", ["Scott Derrickson"], seed=0)
+    probe.advance([s], [gen(tok, first)])
+    after_first = len(s.context_ids)  # prompt + first turn + its whole result block
+    context = after_first + n2 + 3  # room for the second turn and 3 tokens of its result block
+    per_call = max(n1, n2 + 3) + 1
+    loop = AgentLoop(tok, search, budgets(max_result_chars=None, max_response_tokens=per_call,
+                                          max_new_tokens_per_turn=1000, max_context_tokens=context,
+                                          response_budget="per_call"))
+    s = loop.start("q", "Who directed Doctor Strange?", ["Scott Derrickson"], seed=0)
+    assert loop.next_request(s).max_new_tokens == per_call
+    loop.advance([s], [gen(tok, first)])
+    assert not s.done and len(s.context_ids) == after_first > len(s.prompt_ids) + per_call  # results uncounted
+    assert loop.next_request(s).max_new_tokens == n2 + 3 < per_call  # the context left
+    loop.advance([s], [gen(tok, second)])
+    assert s.finish_reason == "length" and s.turns[-1].observation_tokens == 3
+    assert len(s.context_ids) == context and s.loss_mask[-3:] == [0, 0, 0]
+    check_prefix_property(s)
+
+
+def test_paper_profiles_read_the_response_budget_as_slime_does():
+    """ARBOR's qwen3-* profiles: B.2's 8,192 per generation call and 36,864 on everything; the tiny and smol
+    profiles keep the whole-response reading they ran with."""
+    from arbor.config import load_config
+
+    for p in ("qwen3-4b", "qwen3-8b", "qwen3-14b"):
+        r = load_config(p).rollout
+        assert (r.response_budget, r.max_response_tokens, r.max_context_tokens) == ("per_call", 8192, 36864), p
+        assert Budgets.from_config(r, load_config(p).search).response_budget == "per_call"
+    for p in ("tiny-cpu", "tiny-world", "smol-world"):
+        assert load_config(p).rollout.response_budget == "total", p
+    assert load_config("qwen3-8b", {"rollout.response_budget": "total"}).rollout.response_budget == "total"

@@ -255,3 +255,31 @@ def test_evaluation_temperature_is_scoped_to_its_block(env, questions):
     assert engine.cfg.rollout.temperature == 3.0
     assert [t.response_ids for t in engine.generate_groups(questions, k=1, seed=11, step=0)] == sampled
     assert sampled != g1  # T = 3 sampling differs from greedy (this policy is peaked)
+
+
+def test_both_engines_read_the_response_budget_per_call(env, questions):
+    """Issue 56 item 2: with ``rollout.response_budget=per_call`` (slime's --rollout-max-response-len) both engines
+    cap each call at max_response_tokens and leave search results outside it, so trajectories that "total" cuts
+    at their first result block go on to answer; the openai engine sends exactly those caps as max_tokens."""
+    model, tok, search = env
+    budget = 48  # one turn's worth: a turn plus its result block is over it
+    runs = {}
+    for mode in ("total", "per_call"):
+        cfg = cfg_with(rollout__max_response_tokens=budget, rollout__response_budget=mode, rollout__engine="openai")
+        local = TransformersEngine(cfg, model, tok, search).generate_groups(questions, k=1, seed=5, step=1)
+        with CompletionsServer(model, tok, served_model="micro") as srv:
+            remote = OpenAIEngine(cfg, tok, search, base_url=srv.base_url, served_model="micro").generate_groups(
+                questions, k=1, seed=5, step=1)
+            sent = list(srv.requests)
+        assert [(t.response_ids, t.finish_reason) for t in local] == [(t.response_ids, t.finish_reason)
+                                                                        for t in remote]
+        assert all(r["max_tokens"] <= budget for r in sent)
+        runs[mode] = (remote, sent)
+    total, _ = runs["total"]
+    assert all(len(t.response_ids) <= budget for t in total)
+    assert all(t.finish_reason == "length" and not t.format_valid for t in total if t.search_calls)
+    per_call, sent = runs["per_call"]
+    assert any(len(t.response_ids) > budget and t.finish_reason == "answer" and t.format_valid for t in per_call)
+    cut = [i for i, t in enumerate(total) if t.finish_reason == "length"]
+    assert cut and all(per_call[i].finish_reason == "answer" and per_call[i].format_valid for i in cut)
+    assert all(r["max_tokens"] == budget for r in sent)  # the context (2,048) never binds here

@@ -57,8 +57,20 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling; < 1 is refused with TIS on")
     max_turns: int = Field(12, ge=1)
     max_searches: int = Field(10, ge=0)
-    max_response_tokens: int = Field(8192, ge=1)
-    max_context_tokens: int = Field(36864, ge=1)
+    max_response_tokens: int = Field(8192, ge=1, description="the response budget (App. B.2: 8,192); what it bounds "
+                                     "is rollout.response_budget")
+    max_context_tokens: int = Field(36864, ge=1, description="prompt + response, tool results included (App. B.2: "
+                                    "36,864)")
+    response_budget: Literal["total", "per_call"] = Field(
+        "total", description="what max_response_tokens bounds. App. B.2 gives 'a maximum context length of 36,864 "
+        "tokens, and a maximum response length of 8,192 tokens' and trains in slime, whose --rollout-max-response-len "
+        "is each generation call's max_new_tokens (slime/rollout/sglang_rollout.py; its search-agent example sends "
+        "it unchanged every turn and appends tool results uncounted, examples/search-r1/generate_with_search.py). "
+        "per_call (slime's reading, the qwen3-* profiles): each turn generates at most min(max_new_tokens_per_turn, "
+        "max_response_tokens, the context left), tool results do not count against it, and max_context_tokens "
+        "binds on prompt + everything (an overflowing result block is trimmed and the trajectory ends 'length', as "
+        "slime's examples/retool/generate_with_retool.py does); total (arbor's reading before issue 56): the whole "
+        "response, search results included and placed guidance not, holds at most max_response_tokens")
     max_new_tokens_per_turn: int = Field(8192, ge=1)
     concurrency: int = Field(64, ge=1)
     protocol: Literal["arbor", "search-r1", "rubricem"] = Field(

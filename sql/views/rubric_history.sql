@@ -1,8 +1,9 @@
 -- rubric_history: each common rubric's trajectory through training, per run, rubric and step (paper §3.3):
 -- groups scored, how many passed the shaping variance filter (kept), the mean and minimum within-group score
--- variance (population), the Pearson correlation between its scores and trajectory F1 over that step's groups
--- (null when either side is constant), and the cumulative statistics after the step's last activation:
--- n_r (consecutive low-variance count), rho_r (cumulative Pearson), n_activations, mean variance.
+-- variance (as stored: memory.variance's kind, population by default), the Pearson correlation between its scores
+-- and trajectory F1 over that step's groups (null when either side is constant), and the cumulative statistics
+-- after the step's last activation: n_r (consecutive low-variance count), rho_r (cumulative Pearson),
+-- n_activations, mean variance.
 create or replace view rubric_history as
 with act as (
     select *, step * 1000000 + "group" as ord from rubric_activations

@@ -13,9 +13,11 @@ tokenised ``<result>`` block (loss mask 0, log-prob 0). The conversation is neve
 masks and rollout log-probs stay aligned with what the policy actually sampled.
 
 Budgets (App. B.2): ``max_turns`` generations, ``max_searches`` executed searches (a search call beyond the budget
-gets the configurable forced-finalisation message instead of results), ``max_response_tokens`` response tokens and
-``max_context_tokens`` prompt + response tokens. Running out of tokens or turns is a truncation. Co-ReAct's step
-rubrics placed in the context (``place_guidance``) count against the context budget only, not the response budget;
+gets the configurable forced-finalisation message instead of results), ``max_response_tokens`` and
+``max_context_tokens`` prompt + response tokens. ``response_budget`` says what the response budget bounds: "total",
+the whole response with its search results; "per_call", each generation call (slime's ``--rollout-max-response-len``,
+tool results not counted; the context budget then binds on everything). Running out of tokens or turns is a
+truncation. Co-ReAct's step rubrics placed in the context (``place_guidance``) count against the context budget only;
 its trajectory budget (``max_trajectory_tokens``, App. A) hands the agent over to an answer step: no search runs
 once the trajectory holds that many tokens.
 """
@@ -100,6 +102,7 @@ class Budgets:
     max_response_tokens: int = 8192
     max_context_tokens: int = 36864
     max_new_tokens_per_turn: int = 8192
+    response_budget: Literal["total", "per_call"] = "total"  # what max_response_tokens bounds (RolloutConfig)
     top_k: int = 10
     max_result_chars: int | None = None
     force_answer_message: str = ARBOR.force_answer_message
@@ -112,7 +115,8 @@ class Budgets:
         protocol = get_protocol(rollout.protocol)
         return cls(max_turns=rollout.max_turns, max_searches=rollout.max_searches,
                    max_response_tokens=rollout.max_response_tokens, max_context_tokens=rollout.max_context_tokens,
-                   max_new_tokens_per_turn=rollout.max_new_tokens_per_turn, top_k=search.top_k,
+                   max_new_tokens_per_turn=rollout.max_new_tokens_per_turn,
+                   response_budget=rollout.response_budget, top_k=search.top_k,
                    max_result_chars=search.max_result_chars,
                    force_answer_message=rollout.force_answer_message or protocol.force_answer_message)
 
@@ -235,11 +239,26 @@ class AgentLoop:
         return s
 
     def _room(self, s: AgentState) -> int:
-        """Tokens the response may still grow by (response budget, placed guidance not counted, and context
-        budget, everything counted)."""
+        """Tokens the response may still grow by: the context budget (everything counted) and, when the response
+        budget bounds the whole response (``total``), what it has left (placed guidance not counted)."""
+        return self.room(len(s.prompt_ids) + len(s.response_ids), s.trajectory_tokens)
+
+    def room(self, context_len: int, trajectory_tokens: int) -> int:
+        """``_room`` of a trajectory whose context holds ``context_len`` tokens, ``trajectory_tokens`` of its
+        response counted against the response budget."""
         b = self.budgets
-        return min(b.max_response_tokens - s.trajectory_tokens,
-                   b.max_context_tokens - len(s.prompt_ids) - len(s.response_ids))
+        context_left = b.max_context_tokens - context_len
+        if b.response_budget == "per_call":
+            return context_left
+        return min(b.max_response_tokens - trajectory_tokens, context_left)
+
+    def turn_budget(self, context_len: int, trajectory_tokens: int) -> int:
+        """max_new_tokens of a generation call from that point: the turn cap, the room left and, per call
+        (slime's ``--rollout-max-response-len``), the response budget itself."""
+        b = self.budgets
+        cap = min(b.max_new_tokens_per_turn, b.max_response_tokens) if b.response_budget == "per_call" \
+            else b.max_new_tokens_per_turn
+        return min(cap, self.room(context_len, trajectory_tokens))
 
     def handed_over(self, s: AgentState) -> bool:
         """Whether the trajectory budget is spent (``max_trajectory_tokens``): the agent's next step is the answer."""
@@ -254,7 +273,7 @@ class AgentLoop:
     def next_request(self, s: AgentState) -> GenRequest:
         if s.done:
             raise ValueError(f"trajectory for {s.question_id} is finished ({s.finish_reason})")
-        max_new = min(self.budgets.max_new_tokens_per_turn, self._room(s))
+        max_new = self.turn_budget(len(s.prompt_ids) + len(s.response_ids), s.trajectory_tokens)
         return GenRequest(s.context_ids, max_new, derive_seed(s.seed, "turn", len(s.turns)))
 
     def observe(self, s: AgentState, gen: Generation) -> str | None:
@@ -370,9 +389,7 @@ class AgentLoop:
         s._bare_observation = text if bare is None else bare
         ids = encode_text(self.tokenizer, text)
         extra = max(0, len(ids) - len(encode_text(self.tokenizer, bare))) if bare is not None else 0
-        b = self.budgets
-        room = min(b.max_response_tokens - s.trajectory_tokens + extra,
-                   b.max_context_tokens - len(s.prompt_ids) - len(s.response_ids))
+        room = self.room(len(s.prompt_ids) + len(s.response_ids), s.trajectory_tokens - extra)
         if len(ids) >= room:  # the observation does not fit: fill the budget and stop (a truncation)
             ids = ids[: max(room, 0)]
             text = self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -193,7 +193,7 @@ class Method(GRPORule):
         for g in run.groups(trajs):
             scores = got.per_group.get(g[0].group, [])
             shaped = shape_group([t.base_reward for t in g], scores, [t.format_valid for t in g],
-                                 lambda_=m.lambda_, alpha=alpha, delta_v=delta_v)
+                                 lambda_=m.lambda_, alpha=alpha, delta_v=delta_v, variance=m.variance)
             for t, total in zip(g, shaped.total, strict=True):
                 t.shaped_reward = total
                 out.append(t.to_row())

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from arbor.config.memory import MemoryConfig
-from arbor.group_stats import pearson, population_variance
+from arbor.group_stats import VarianceKind, group_variance, pearson
 from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.shaping import passes_variance
 from arbor.types import Rubric, RubricDraft
@@ -76,14 +76,16 @@ _PARTIAL = {
 
 
 # ----------------------------------------------------------------------------------------------- admission (eq. 2)
-def admission_stats(scores: Sequence[float | None], f1: Sequence[float]) -> tuple[float, float | None]:
-    """(population variance of the scores, Pearson(scores, F1) or None) over the scored trajectories."""
+def admission_stats(scores: Sequence[float | None], f1: Sequence[float],
+                    variance: VarianceKind = "population") -> tuple[float, float | None]:
+    """(variance of the scores, of ``memory.variance``'s kind; Pearson(scores, F1) or None) over the scored
+    trajectories."""
     if len(scores) != len(f1):
         raise ValueError(f"admit: {len(scores)} scores vs {len(f1)} F1 values")
     pairs = [(s, y) for s, y in zip(scores, f1, strict=True) if s is not None]
     xs = [p[0] for p in pairs]
     ys = [p[1] for p in pairs]
-    return population_variance(xs), pearson(xs, ys)
+    return group_variance(xs, variance), pearson(xs, ys)
 
 
 @dataclass(frozen=True)
@@ -97,13 +99,13 @@ class Admission:
 
 
 def admission(scores: Sequence[float | None], f1: Sequence[float], delta_v: float = 0.05,
-              rho_min: float = 0.0) -> Admission:
+              rho_min: float = 0.0, variance: VarianceKind = "population") -> Admission:
     """Eq. 2: Var_i(s_i^r) >= delta_v and Pearson({s_i^r}, {F1_i}) >= rho_min.
 
     When the Pearson is undefined (constant F1: the ``unlabeled`` induction mode) the draft is admitted on
     variance alone and the Pearson is recorded as NULL.
     """
-    var, p = admission_stats(scores, f1)
+    var, p = admission_stats(scores, f1, variance)
     if not passes_variance(var, delta_v):
         return Admission(var, p, False, "variance < delta_v")
     if p is not None and p + RHO_TOL < rho_min:
@@ -111,9 +113,10 @@ def admission(scores: Sequence[float | None], f1: Sequence[float], delta_v: floa
     return Admission(var, p, True, "pearson undefined (constant F1): admitted on variance" if p is None else None)
 
 
-def admit(scores: Sequence[float | None], f1: Sequence[float], delta_v: float = 0.05, rho_min: float = 0.0) -> bool:
+def admit(scores: Sequence[float | None], f1: Sequence[float], delta_v: float = 0.05, rho_min: float = 0.0,
+          variance: VarianceKind = "population") -> bool:
     """Eq. 2 as a yes / no (``admission`` has the statistics and the reason)."""
-    return admission(scores, f1, delta_v, rho_min).admitted
+    return admission(scores, f1, delta_v, rho_min, variance).admitted
 
 
 def exceeds_kappa(n_r: int, kappa: int) -> bool:
@@ -398,7 +401,7 @@ class RubricMemory:
         """One scored activation (live and replay alike): n_r, rho_r sums, and the n_r > kappa mark (§3.3)."""
         pairs = [(s, y) for s, y in zip(scores, f1, strict=True) if s is not None]
         xs = [p[0] for p in pairs]
-        variance = population_variance(xs)
+        variance = group_variance(xs, self.cfg.variance)
         st = self.stats[rid]
         st.add(xs, [p[1] for p in pairs], variance, self.cfg.delta_v, per_step=self.cfg.count_activations == "step")
         if st.over_kappa is None and exceeds_kappa(st.n_r, self.cfg.kappa):
@@ -574,7 +577,7 @@ class RubricMemory:
                                             reason=f"{sc.n_failed_edges}/{sc.n_edges} edges failed; not admitted"))
                 continue
             assert sc.scores is not None
-            a = admission(sc.scores, d.f1, self.cfg.delta_v, self.cfg.rho_min)
+            a = admission(sc.scores, d.f1, self.cfg.delta_v, self.cfg.rho_min, self.cfg.variance)
             self._emit(rec, self._event(step, "admitted" if a.admitted else "rejected", d.rubric, group=d.group,
                                         variance=a.variance, pearson=a.pearson, reason=a.reason),
                        info if a.admitted else None)

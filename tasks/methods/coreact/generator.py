@@ -88,7 +88,7 @@ def collect_branch_points(engine: Any, questions: Sequence[Any], guidance: Guida
             if g.branch_steps == "tool" and not tool_calling_step(
                     loop, tok.decode(t.response_ids[start:end], skip_special_tokens=False), tool_calls):
                 continue
-            room = min(loop.budgets.max_new_tokens_per_turn, loop.budgets.max_response_tokens - start)
+            room = loop.turn_budget(len(ctx), start)  # the agent's own budget at this turn
             if room <= 0:
                 continue
             actions: list[str] = []

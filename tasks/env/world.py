@@ -590,12 +590,13 @@ def synthesize_world(questions: Sequence[WorldQuestion], search: Any, cfg: World
 
 def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, search: Any = None,
                          split: str = "train") -> Path:
-    """``sft.data: world:train``: gold trajectories for the first ``sft.questions`` world training questions
+    """``sft.data: world:train`` (or one kind, ``world:train-one_hop``): gold trajectories for the first
+    ``sft.questions`` world training questions
     (``sft.variants`` each), searched with the run's backend over the world corpus; JSONL at ``out_path``."""
     from arbor.tasks.env.search import make_search
     from arbor.tasks.env.sft_data import SFTDataError, reflection_share, write_jsonl
 
-    if split != "train":
+    if split.partition("-")[0] != "train":  # world:train or one kind of it (world:train-one_hop)
         raise SFTDataError(f"sft.data: world:{split} — SFT data come from world:train only (world:eval is held out)")
     if cfg.search.backend != "bm25" or cfg.search.corpus != WORLD_CORPUS:
         raise SFTDataError(f"sft.data=world:train needs search.backend=bm25 and search.corpus={WORLD_CORPUS} (got "

@@ -593,6 +593,7 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         elif cfg.cluster.manage_vllm:
             missing += vllm_version_problems(vllm, cpu=not cfg.cluster.rollout_gpus, weight_sync=cfg.cluster.weight_sync)
         missing += weight_sync_problems(cfg.cluster)
+        missing += store_port_problems(cfg)
         if not cfg.cluster.manage_vllm and not cfg.rollout.base_url:
             missing.append("rollout.base_url: an external completions server URL is needed when cluster.manage_vllm=false")
     return missing
@@ -656,6 +657,37 @@ def weight_sync_problems(cluster: ClusterConfig, torch_version: str | None = Non
                 f"{VLLM_TORCH}; one NCCL group needs one NCCL build on both sides: install torch {VLLM_TORCH} for "
                 "the trainer (make setup TORCH_SPEC=..., docs/gpu.md) or set cluster.weight_sync=restart"]
     return []
+
+
+def store_port_problems(cfg: ArborConfig) -> list[str]:
+    """``cluster.weight_sync=nccl``: the trainer's transfer TCPStore listens on ``cluster.vllm_port + 1``
+    (``tasks/training/trainer_service.py``); an endpoint of this profile on that port of this machine would refuse
+    to start, or be answered by the store."""
+    from urllib.parse import urlparse
+
+    c = cfg.cluster
+    if cfg.rollout.engine != "openai" or c.weight_sync != "nccl":
+        return []
+    port = c.vllm_port + 1
+
+    def urls(node: Any, where: str) -> list[tuple[str, str]]:
+        if isinstance(node, dict):
+            return [u for k, v in node.items() for u in urls(v, f"{where}.{k}" if where else str(k))]
+        if isinstance(node, list):
+            return [u for i, v in enumerate(node) for u in urls(v, f"{where}[{i}]")]
+        if isinstance(node, str) and node.startswith(("http://", "https://")):
+            return [(where, node)]
+        return []
+
+    clashes = []
+    for where, url in urls(cfg.model_dump(), ""):
+        u = urlparse(url)
+        if u.port == port and u.hostname in ("127.0.0.1", "localhost", "0.0.0.0", "::1"):
+            clashes.append(f"{where}={url}")
+    if not clashes:
+        return []
+    return [f"cluster.vllm_port={c.vllm_port}: the NCCL transfer's TCPStore takes port {port} (vllm_port + 1), which "
+            f"{', '.join(clashes)} also uses: move that server or cluster.vllm_port"]
 
 
 def weight_sync_plan(cluster: ClusterConfig, rollout: RolloutConfig) -> str:

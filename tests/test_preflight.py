@@ -254,3 +254,21 @@ def test_the_reload_plan_says_how_a_failure_is_restored() -> None:
     cfg = load_config("smol-vllm")
     line = weight_sync_plan(cfg.cluster, cfg.rollout)
     assert "reload it in place" in line and "restores the last good weights, else restarts the server" in line
+
+
+@pytest.mark.parametrize("profile", ["qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-8b-rubricem", "qwen3-4b-arco",
+                                     "qwen3-8b-coreact", "smol-vllm"])
+def test_no_profile_endpoint_sits_on_the_nccl_transfer_store_port(profile: str) -> None:
+    """The trainer's transfer TCPStore listens on cluster.vllm_port + 1: no endpoint of a profile may use it."""
+    from arbor.preflight import store_port_problems
+
+    assert store_port_problems(load_config(profile)) == []
+
+
+def test_an_endpoint_on_the_store_port_is_refused_naming_both() -> None:
+    from arbor.preflight import store_port_problems
+
+    cfg = load_config("qwen3-8b", {"cluster.vllm_port": 9000, "judge.base_url": "http://127.0.0.1:9001/v1"})
+    [problem] = store_port_problems(cfg)
+    assert problem.startswith("cluster.vllm_port=9000: the NCCL transfer's TCPStore takes port 9001")
+    assert "judge.base_url=http://127.0.0.1:9001/v1" in problem

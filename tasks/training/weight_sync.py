@@ -170,7 +170,8 @@ class ReloadSync:
             raise VllmSyncError(f"reloading {path} as policy version {version} failed: {e}; "
                                 f"{self.restore()}") from e
         previous, self.last_good, self.last_version, self.last_report = self.last_good, path, version, report
-        if previous is not None and previous != path and previous.parent == path.parent:
+        if (previous is not None and previous != path and previous.parent == path.parent
+                and previous.name.startswith("policy_v")):
             shutil.rmtree(previous, ignore_errors=True)  # an earlier export of this sync folder, no longer served
         return report
 

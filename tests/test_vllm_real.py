@@ -101,9 +101,10 @@ def served(smol_home: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_the_launch_line_and_sampling_are_arbors_not_the_checkpoints(served) -> None:
     """The running process has arbor's CPU flags; sampled log-probs are the request's distribution: with the
     checkpoint's min_p 0.9 applied (the flag absent) no sampled token could fall below log(0.9 / n_kept)."""
+    from transformers import AutoTokenizer
+
     from arbor.tasks.env.agent import GenRequest
     from arbor.tasks.env.rollout import OpenAIEngine
-    from transformers import AutoTokenizer
 
     server, cfg = served["server"], served["cfg"]
     argv = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode().split("\0")

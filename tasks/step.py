@@ -75,6 +75,7 @@ class RunState:
     # what the rollouts run under (Co-ReAct's guided training rollouts, guidance.mode=co-react; None: plain turns):
     # given here, handed to the engine here, and its records stored by the rollout stage
     guide: RolloutGuide | None = None
+    reloader: Any = None  # cluster.weight_sync=reload: tasks.training.weight_sync.ReloadSync (its last good weights)
 
     def __post_init__(self) -> None:
         if self.method is None:
@@ -293,8 +294,14 @@ class RunState:
     def sync_weights(self) -> None:
         """After each step: the rollout engine gets the trainer's weights and version (``tasks.training.weight_sync``)."""
         managed = bool(self.servers) and hasattr(self.servers[0], "restart_on")  # the `vllm serve` we launched
+        restart = self._restart_server if managed else None
+        c = self.cfg.cluster
+        if c.weight_sync == "reload" and self.reloader is None and self.cfg.rollout.base_url:
+            from arbor.tasks.training.weight_sync import ReloadSync
+
+            self.reloader = ReloadSync(self.cfg.rollout.base_url, restart, reset_tries=c.sync_reset_tries)
         sync_policy(self.trainer, self.engine, self.home / "trainer" / self.run_id / "sync", self.cfg.rollout.base_url,
-                    weight_sync=self.cfg.cluster.weight_sync, restart=self._restart_server if managed else None)
+                    weight_sync=c.weight_sync, restart=restart, reloader=self.reloader)
 
     def _restart_server(self, path: Path) -> None:
         """cluster.weight_sync=restart: relaunch the managed `vllm serve` on the exported ``hf/`` at ``path``."""

@@ -41,6 +41,17 @@ def arbor_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smol_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A workspace holding SmolLM2 converted once (the conversion is what the first run of a user pays; ~25 s):
+    test_smollm2.py and test_vllm_real.py share it (one unit of work, ONE_UNIT)."""
+    from arbor.tasks.env.policy import resolve_model
+
+    home = tmp_path_factory.mktemp("smol_home")
+    resolve_model("smollm2", home)
+    return home
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     """One temporary Prefect server for the whole test session (STACK_NOTES: ~8 s)."""
     from prefect.testing.utilities import prefect_test_harness
@@ -117,7 +128,8 @@ COSTLIEST_FIRST: tuple[str, ...] = (  # the first two build the two longest SFT 
     "test_methods.py", "test_deployment.py", "test_flow_arco.py", "test_flow_guidance.py", "test_flow_rubricem.py",
     "test_bad_input.py", "test_sft.py", "test_example_evidence_check.py", "test_example_diversity.py", "test_smollm2.py",
     "test_flow_lora.py", "test_install.py")
-ONE_UNIT = {"test_flow_train.py": "reference_run", "test_flow_pipeline.py": "reference_run"}
+ONE_UNIT = {"test_flow_train.py": "reference_run", "test_flow_pipeline.py": "reference_run",
+            "test_smollm2.py": "smol_home", "test_vllm_real.py": "smol_home"}
 # a file whose cases share nothing costly is cut in two units, so the two workers can split it: the stop drill's
 # signal-by-phase table, and its other cases (dead dependencies, the resumes that share one reference run)
 SPLIT = {"test_stop_drill.py": "test_a_signal_stops_the_run_in_seconds"}

@@ -223,3 +223,52 @@ def test_an_existing_sft_output_of_another_protocol_is_named(arbor_home) -> None
     # the rubricem profile's own start is its own directory, so the flat qwen3-8b start never stands in for it
     cfg = load_config("qwen3-8b-rubricem")
     assert not any("protocol" in m for m in check(cfg, gpu_count=0, env={}))
+
+
+def _version_exe(tmp_path, version: str) -> str:
+    exe = tmp_path / "vllm"
+    exe.write_text(f"#!/bin/sh\necho {version}\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def test_preflight_speaks_the_cpu_build_without_gpus_and_refuses_nccl_with_it(tmp_path) -> None:
+    """vLLM's CPU build answers 0.32.0+cpu through make vllm-env's launcher: taken for a CPU server with reload or
+    restart sync, refused with nccl (it has no NCCL) and on GPUs (arbor speaks 0.33 there)."""
+    from arbor.preflight import vllm_version_problems
+
+    exe = _version_exe(tmp_path, "0.32.0+cpu")
+    assert vllm_version_problems(exe, cpu=True, weight_sync="reload") == []
+    assert vllm_version_problems(exe, cpu=True, weight_sync="restart") == []
+    [nccl] = vllm_version_problems(exe, cpu=True, weight_sync="nccl")
+    assert "cluster.weight_sync=nccl" in nccl and "no NCCL" in nccl and "cluster.weight_sync=reload" in nccl
+    [gpu] = vllm_version_problems(exe, cpu=False, weight_sync="reload")
+    assert "is vLLM 0.32.0+cpu; arbor speaks vLLM 0.33.x" in gpu
+    plain = _version_exe(tmp_path, "0.32.0")  # a 0.32 that is not the CPU build
+    assert vllm_version_problems(plain, cpu=True, weight_sync="reload")
+
+
+def test_the_reload_plan_says_how_a_failure_is_restored() -> None:
+    from arbor.preflight import weight_sync_plan
+
+    cfg = load_config("smol-vllm")
+    line = weight_sync_plan(cfg.cluster, cfg.rollout)
+    assert "reload it in place" in line and "restores the last good weights, else restarts the server" in line
+
+
+@pytest.mark.parametrize("profile", ["qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-8b-rubricem", "qwen3-4b-arco",
+                                     "qwen3-8b-coreact", "smol-vllm"])
+def test_no_profile_endpoint_sits_on_the_nccl_transfer_store_port(profile: str) -> None:
+    """The trainer's transfer TCPStore listens on cluster.vllm_port + 1: no endpoint of a profile may use it."""
+    from arbor.preflight import store_port_problems
+
+    assert store_port_problems(load_config(profile)) == []
+
+
+def test_an_endpoint_on_the_store_port_is_refused_naming_both() -> None:
+    from arbor.preflight import store_port_problems
+
+    cfg = load_config("qwen3-8b", {"cluster.vllm_port": 9000, "judge.base_url": "http://127.0.0.1:9001/v1"})
+    [problem] = store_port_problems(cfg)
+    assert problem.startswith("cluster.vllm_port=9000: the NCCL transfer's TCPStore takes port 9001")
+    assert "judge.base_url=http://127.0.0.1:9001/v1" in problem

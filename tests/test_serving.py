@@ -116,3 +116,45 @@ def test_a_server_someone_else_started_is_watched_through_its_port(tmp_path) -> 
     assert "secret" not in url and url == spec.base_url.replace("user:secret@", "")
     assert got == f"the judge server at {url} stopped accepting connections (connection refused for 0 s)" or \
         got == f"the judge server at {url} stopped accepting connections (connection refused for 1 s)", got
+
+
+def test_the_cpu_launch_is_eager_bf16_with_its_kv_cache_and_ignores_the_checkpoints_sampling_defaults() -> None:
+    """Without rollout GPUs (vLLM's CPU build): --enforce-eager, bf16, VLLM_CPU_KVCACHE_SPACE; always
+    --generation-config vllm (vllm/config/model.py::get_diff_sampling_param, 0.32.0 lines 1847-1892: otherwise the
+    checkpoint's generation_config.json sets min_p / repetition_penalty under arbor's processed log-probs); the NCCL
+    transfer config only for nccl sync."""
+    cpu = vllm_serve_spec(load_config("smol-vllm"), "/ckpt")
+    a = cpu.argv
+    assert a[a.index("--generation-config") + 1] == "vllm" and "--enforce-eager" in a
+    assert a[a.index("--dtype") + 1] == "bfloat16" and "--weight-transfer-config" not in a
+    assert cpu.env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    gpu = vllm_serve_spec(load_config("qwen3-8b"), "/ckpt").argv
+    assert gpu[gpu.index("--generation-config") + 1] == "vllm" and "--enforce-eager" not in gpu
+    assert "--weight-transfer-config" in gpu
+
+
+def test_stopping_a_server_ends_its_whole_process_group(tmp_path) -> None:
+    """`vllm serve` runs engine cores and workers (and, with data parallelism, more API servers) as children: a
+    restart or a stop that ends only the parent leaves them holding memory. Here the child ignores SIGTERM."""
+    import os
+    import subprocess
+
+    port = _free_port()
+    child = tmp_path / "child.pid"
+    script = (f"import subprocess, sys, http.server, socketserver\n"
+              f"c = subprocess.Popen(['sh', '-c', 'trap \"\" TERM; while :; do sleep 0.1; done'])\n"
+              f"open({str(child)!r}, 'w').write(str(c.pid))\n"
+              f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')\n")
+    spec = LaunchSpec(argv=[sys.executable, "-c", script], health_url=f"http://127.0.0.1:{port}/")
+    sup = Supervised(spec, startup_timeout_s=30)
+    sup.start()
+    pgid = sup.proc.pid
+    sup.stop()
+    try:
+        os.killpg(pgid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    if alive:  # leave nothing behind on the old code either
+        subprocess.run(["kill", "-9", "--", f"-{pgid}"], check=False)
+    assert not alive, f"process {child.read_text()} of the server's group survived stop()"

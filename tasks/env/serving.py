@@ -40,14 +40,23 @@ def served_model_name(rollout: RolloutConfig, policy: PolicyConfig) -> str:
 
 
 def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
-    """`vllm serve` (vLLM 0.33) for the rollout GPUs: served under ``served_model_name``, bound to 127.0.0.1,
-    with the RL weight-transfer routes on (``VLLM_SERVER_DEV_MODE=1``: they are registered only then,
-    ``vllm/entrypoints/launchers/api_server/routers.py``; see docs/gpu.md for what that exposes)."""
+    """`vllm serve` for the rollout GPUs (vLLM 0.33), or for the CPU when ``cluster.rollout_gpus`` is empty (vLLM's
+    CPU build 0.32, ``make vllm-env``): served under ``served_model_name``, bound to 127.0.0.1, with the RL and dev
+    routes on (``VLLM_SERVER_DEV_MODE=1``: they are registered only then,
+    ``vllm/entrypoints/launchers/api_server/routers.py``; see docs/gpu.md for what that exposes).
+
+    ``--generation-config vllm`` always: otherwise vLLM applies the checkpoint's ``generation_config.json``
+    (``repetition_penalty``, ``min_p``, ``top_k``, ...) as sampling defaults, and with ``processed_logprobs`` the
+    returned log-probs, and so the importance weights, would be those of a distribution arbor never asked for
+    (``vllm/config/model.py::get_diff_sampling_param``). On the CPU: ``--enforce-eager`` (compiling costs 100-145 s
+    of start on two cores, eager 33-41 s), bf16 weights and a KV cache of ``cluster.vllm_cpu_kvcache_gib``."""
     c = cfg.cluster
     tp = c.vllm_tensor_parallel
     if c.rollout_gpus and len(c.rollout_gpus) % tp:
         raise ValueError(f"cluster.vllm_tensor_parallel={tp} does not divide {len(c.rollout_gpus)} rollout GPUs")
     dp = max(1, len(c.rollout_gpus) // tp)
+    cpu = not c.rollout_gpus
+    dtype = "bfloat16" if cpu or cfg.policy.dtype == "bfloat16" else cfg.policy.dtype
     argv = [
         c.vllm_executable, "serve", model_path,
         "--served-model-name", served_model_name(cfg.rollout, cfg.policy),
@@ -55,16 +64,22 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
         "--tensor-parallel-size", str(tp),
         "--data-parallel-size", str(dp),
         "--max-model-len", str(cfg.rollout.max_context_tokens),
-        "--dtype", "bfloat16" if cfg.policy.dtype == "bfloat16" else cfg.policy.dtype,
+        "--dtype", dtype,
         "--seed", str(cfg.run.seed),
         "--enable-prefix-caching",
         "--logprobs-mode", "processed_logprobs",  # log-probs of the distribution actually sampled (TIS)
-        "--weight-transfer-config", '{"backend": "nccl"}',
-        *c.vllm_extra_args,
+        "--generation-config", "vllm",  # the request's sampling settings, not the checkpoint's defaults
     ]
+    if c.weight_sync == "nccl":
+        argv += ["--weight-transfer-config", '{"backend": "nccl"}']
+    if cpu:
+        argv.append("--enforce-eager")
+    argv += c.vllm_extra_args
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if c.rollout_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in c.rollout_gpus)
+    else:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(c.vllm_cpu_kvcache_gib)
     base = f"http://127.0.0.1:{c.vllm_port}"
     return LaunchSpec(argv=argv, env=env, health_url=f"{base}/health", base_url=f"{base}/v1")
 
@@ -79,6 +94,39 @@ def llama_judge_spec(python: str, gguf: Path, *, port: int, alias: str, n_ctx: i
     # its OpenMP threads sleep when idle instead of spinning, leaving the cores to the policy between calls (on two
     # cores shared with a training process the judge decoded 0.7 tokens/s, against 14 alone)
     return LaunchSpec(argv=argv, health_url=f"{base}/models", base_url=base, env={"OMP_WAIT_POLICY": "PASSIVE"})
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> None:
+    """SIGTERM the process group led by ``proc`` (started with ``start_new_session``), wait up to ``grace_s`` for
+    the whole group to exit, then SIGKILL what is left; reaps ``proc``."""
+    import signal
+
+    pgid = proc.pid
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, else it stays a zombie member of its group
+            if not _group_alive(pgid):
+                break
+            time.sleep(0.05)
+        else:
+            continue
+        break
+    proc.wait()
 
 
 class ServerDied(RuntimeError):
@@ -162,14 +210,13 @@ class Supervised:
         self.start()
 
     def stop(self) -> None:
+        """End the server and every process it started: the process group ``start`` made (``start_new_session``).
+        `vllm serve` runs its engine cores, workers and, with data parallelism, further API servers as children
+        that can outlive a parent killed alone and keep GPU memory; the group gets SIGTERM, then SIGKILL for any
+        member still there after 10 s."""
         self._retired = self.proc
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_group(self.proc)
         self.proc = None
 
     def __enter__(self) -> Supervised:

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -114,6 +115,21 @@ class VllmControl:
             raise VllmSyncError(f"vLLM reports weight_version {got!r} after the sync, arbor sent {version!r}: the "
                                 "weights did not land (another trainer or a restart?); the policy version is not "
                                 "advanced")
+
+    def pause(self, mode: str = "keep") -> None:
+        """``POST /pause?mode=keep``: requests in flight are frozen in the queue and finish after ``/resume``
+        (``vllm/entrypoints/rl/online/api_router.py`` lines 31-72 in 0.32.0)."""
+        self.call("POST", "/pause", params={"mode": mode})
+
+    def resume(self) -> None:
+        self.call("POST", "/resume")
+
+    def reload_weights(self, path: str | Path) -> None:
+        """``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}``: every worker
+        reloads its weights in place from the HF folder ``DIR`` (0.32.0: ``entrypoints/serve/dev/rpc/api_router.py``
+        lines 23-59 take string kwargs only; ``v1/worker/gpu_worker.py::reload_weights`` ->
+        ``model_executor/model_loader/reload/inplace.py::reload_weights``)."""
+        self.call("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
 
     def reset_prefix_cache(self, tries: int = 5, backoff_s: float = 1.0) -> int:
         """Reset the prefix cache (KV blocks of the old weights); returns the tries used. vLLM answers
@@ -374,3 +390,23 @@ class VllmWeightSync:
     def close(self) -> None:
         self.comm.close()
         self.ready = False
+
+
+# --------------------------------------------------------------------------------------------- reload
+def reload_sync(http: VllmControl, path: str | Path, version: int | str, *, reset_tries: int = 5,
+                reset_backoff_s: float = 1.0) -> SyncReport:
+    """``cluster.weight_sync=reload``: the server reloads the HF folder ``path`` in place. ``/pause?mode=keep`` (no
+    request runs on half-loaded layers; kept requests finish on the new weights), ``/collective_rpc
+    reload_weights``, ``/update_weight_version`` with the policy version, ``/weight_info`` read back,
+    ``/reset_prefix_cache`` (KV blocks of the old weights), ``/resume``. On a failure the server is left paused:
+    its layers may be half-loaded, and the next generation would kill its engine (``EngineDeadError``), so the
+    caller restores good weights before resuming (``tasks.training.weight_sync.ReloadSync``)."""
+    t0 = time.perf_counter()
+    v = str(version)
+    http.pause("keep")
+    http.reload_weights(path)
+    http.set_weight_version(v)
+    http.confirm_version(v)
+    tries = http.reset_prefix_cache(reset_tries, reset_backoff_s)
+    http.resume()
+    return SyncReport(version=v, seconds=time.perf_counter() - t0, tensors=0, bytes=0, reset_tries=tries)

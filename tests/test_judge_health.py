@@ -218,9 +218,11 @@ def _runs(root: Path, env: dict[str, str]) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["silent", "500"])
-def test_a_judge_that_answers_nothing_ends_the_run_and_it_resumes(workspace, mode: str) -> None:
+def test_a_judge_that_answers_nothing_ends_the_run_and_it_resumes(workspace) -> None:
+    """A silent judge (accepts, reads, never answers): every call of the role fails in transport. A 5xx server is
+    the same rule (its classification: test_call_outcomes_and_role_health_by_hand); one real run is enough."""
     root, env = workspace
+    mode = "silent"
     home = Path(env["ARBOR_HOME"])
     rid = f"down-{mode}"
     server = RawServer(mode)
@@ -231,7 +233,7 @@ def test_a_judge_that_answers_nothing_ends_the_run_and_it_resumes(workspace, mod
         server.close()
     assert rc == 1, "\n".join(lines[-30:])
     last = lines[-1]
-    error = "APITimeoutError" if mode == "silent" else "InternalServerError"
+    error = "APITimeoutError"
     assert last.startswith(f"error: run {rid} stopped: JudgeUnreachable: the judge of role 'rar_rubrics' at "
                            f"http://127.0.0.1:{server.port}/v1 failed all 2 of its calls at step 1 (stage shape), "
                            f"last error {error}; step 1 was not committed"), last
@@ -243,8 +245,6 @@ def test_a_judge_that_answers_nothing_ends_the_run_and_it_resumes(workspace, mod
     calls = read_table("judge_calls", run_id=rid, home=home)
     assert calls.num_rows == 0  # nor did the stage that asked the judge
     assert _runs(root, env)[rid]["status"] == "failed"
-    if mode == "500":
-        return
     # back with a working judge whose every other rubric call fails: step 1 is computed from its stored rollouts
     sys.path.insert(0, str(Path(__file__).parent))
     from openai_server import FaultPlan, OpenAIServer

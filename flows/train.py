@@ -367,11 +367,12 @@ def _stage(run: RunState, step: int, stage: Stage, compute: Callable[[], dict[st
 
 
 def retry_unless_judge_down(_task: Any, _task_run: Any, state: State) -> bool:
-    """A stage's retries (``Stage.retries``) are not spent on a judge that answered nothing (issue 62): the same
-    calls would wait out the same timeouts again before the run ends."""
+    """A stage's retries (``Stage.retries``) are not spent on a judge that answered nothing (issue 62) or a server
+    that stalled (issue 60): the same calls would wait out the same timeouts again before the run ends."""
+    from arbor.liveness import DependencyStalled
     from arbor.llm.health import JudgeUnreachable
 
-    return not isinstance(state.data, JudgeUnreachable)
+    return not isinstance(state.data, JudgeUnreachable | DependencyStalled)
 
 
 def _rows(run: RunState, ref: StageRef, table: str) -> list[dict[str, Any]]:

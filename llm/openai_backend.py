@@ -22,11 +22,12 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from arbor.config.judge import JudgeConfig, JudgeRoles
+from arbor.liveness import DependencyStalled, is_stall
 from arbor.llm import prompts
 from arbor.llm.answers import check_reply
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
 from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
-from arbor.llm.health import REFUSED_ERRORS, short_reason
+from arbor.llm.health import REFUSED_ERRORS, public_url, short_reason
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.llm.text import WHOLE, shared_budget
 from arbor.retry_after import requested_wait_s
@@ -192,6 +193,14 @@ class OpenAIJudge(Judge):
                         base_url or "(default)", sent, err.status_code, nxt)
         return True
 
+    def _stall_s(self, rc: Mapping[str, object], messages: list[dict[str, str]]) -> float:
+        """Seconds without a byte after which a request of this role is a stall (``arbor.liveness``):
+        ``judge.stall_s`` (or the role's), else the request's timeout, sized to its prompt and reply budget
+        (``prompts.request_timeout``: a non-streaming reply sends nothing before its last token)."""
+        if rc.get("stall_s") is not None:
+            return float(rc["stall_s"])  # type: ignore[arg-type]
+        return prompts.request_timeout(self.cfg.timeout_s, messages, int(rc["max_tokens"]))  # type: ignore[call-overload]
+
     def _backoff(self, key: str, attempt: int) -> float:
         """Exponential backoff with "equal jitter": b = min(max, base * 2^attempt), sleep in [b/2, b]."""
         b = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2**attempt)
@@ -279,6 +288,12 @@ class OpenAIJudge(Judge):
                 error = "Truncated" if truncated else "InvalidOutput"
                 refusal = REFUSED_ERRORS[error]
                 sent = prompts.retry_messages(messages, content, str(e), truncated)
+            except openai.APITimeoutError as e:
+                if is_stall(e):  # accepted, then silent: not retried, the run ends naming the server (issue 60)
+                    raise DependencyStalled(f"the judge of role {role!r}", public_url(rc["base_url"]),  # type: ignore[arg-type]
+                                            self._stall_s(rc, sent)) from e
+                error, refusal = type(e).__name__, None
+                delay = _retry_after(e)
             except _RETRYABLE as e:
                 error, refusal = type(e).__name__, None
                 delay = _retry_after(e)
@@ -320,7 +335,8 @@ class OpenAIJudge(Judge):
         """One request, with the role's schema in the endpoint's dialect; a refused dialect is not an attempt:
         the request goes again at once in the next one (``_refused``)."""
         base_url = rc["base_url"]  # type: ignore[assignment]
-        timeout = prompts.request_timeout(self.cfg.timeout_s, messages, int(rc["max_tokens"]))  # type: ignore[call-overload]
+        # the openai client's own Timeout (httpx2's): connect, write, pool at timeout_s; no byte for stall_s: a stall
+        timeout = openai.Timeout(self.cfg.timeout_s, read=self._stall_s(rc, messages))
         while True:
             dialect = self._dialect(base_url)  # type: ignore[arg-type]
             body: dict[str, Any] = {"model": model, "messages": messages, "temperature": rc["temperature"],

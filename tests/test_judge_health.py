@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,7 @@ class RawServer:
         self.port = self.sock.getsockname()[1]
         self.conns: list[socket.socket] = []
         self.requests = 0
+        self.first_at: float | None = None  # monotonic time the first request was read
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -170,6 +172,7 @@ class RawServer:
                     continue
                 buf = body[length:]
                 self.requests += 1
+                self.first_at = self.first_at or time.monotonic()
                 if self.mode == "500":
                     msg = b'{"error": {"message": "the judge is broken", "type": "server_error"}}'
                     conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
@@ -189,7 +192,7 @@ KEY_ENV = "ARBOR_TEST_JUDGE_KEY"
 TINY = ("run.steps=1", "run.method=rar", "run.sft_warm_start=false", "rollout.batch_size=2", "rollout.k=2",
         "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=16", "search.corpus=corpus.jsonl",
         "checkpoint.every=1", "judge.backend=openai", f"judge.api_key_env={KEY_ENV}", "judge.model=test-judge",
-        "judge.timeout_s=1", "judge.max_retries=0")
+        "judge.timeout_s=1", "judge.max_retries=0", "judge.stall_s=1")
 
 
 @pytest.fixture(scope="module")
@@ -227,14 +230,19 @@ def test_a_judge_that_answers_nothing_ends_the_run_and_it_resumes(workspace, mod
     try:
         url = f"http://judgeuser:pa55word@127.0.0.1:{server.port}/v1?api_key=sk-in-the-query"
         rc, lines = _train(root, env, "--run-id", rid, *[f"--set={s}" for s in TINY], f"--set=judge.base_url={url}")
+        ended = time.monotonic()
     finally:
         server.close()
     assert rc == 1, "\n".join(lines[-30:])
     last = lines[-1]
-    error = "APITimeoutError" if mode == "silent" else "InternalServerError"
-    assert last.startswith(f"error: run {rid} stopped: JudgeUnreachable: the judge of role 'rar_rubrics' at "
-                           f"http://127.0.0.1:{server.port}/v1 failed all 2 of its calls at step 1 (stage shape), "
-                           f"last error {error}; step 1 was not committed"), last
+    if mode == "silent":  # issue 60: a server that reads and never answers is a stall, named at its first request
+        assert last.startswith(f"error: run {rid} stopped: DependencyStalled: the judge of role 'rar_rubrics' at "
+                               f"http://127.0.0.1:{server.port}/v1 stalled: no bytes for 1 s;"), last
+        assert server.first_at is not None and ended - server.first_at < 1 + 15  # the stall bound plus 15 s
+    else:
+        assert last.startswith(f"error: run {rid} stopped: JudgeUnreachable: the judge of role 'rar_rubrics' at "
+                               f"http://127.0.0.1:{server.port}/v1 failed all 2 of its calls at step 1 (stage shape), "
+                               "last error InternalServerError; step 1 was not committed"), last
     assert f"arbor train --resume {rid}" in last
     text = "\n".join(lines)
     assert "pa55word" not in text and "sk-in-the-query" not in text and "judgeuser" not in text

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from arbor.liveness import DependencyStalled, is_stall
 from arbor.llm import prompts
 from arbor.llm.answers import check_reply
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
-from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
+from arbor.llm.cache import ResponseCache, cache_key, payment_carried, process_attempt, prompt_hash
 from arbor.llm.health import REFUSED_ERRORS, public_url, short_reason
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.llm.text import WHOLE, shared_budget
@@ -38,6 +38,7 @@ CACHE_HEADER = "X-Arbor-Cache-Key"
 _RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError)
 DIALECTS = ("json_schema", "json_object", "off")  # judge.structured_outputs=auto tries them in this order
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
+_CARRIED: set[tuple[str, str]] = set()  # (run, key) whose earlier payment a hit of this process carried
 
 
 @cache
@@ -115,6 +116,7 @@ class OpenAIJudge(Judge):
         self._inflight: dict[str, asyncio.Future[tuple[Any, str | None]]] = {}
         # judge.structured_outputs=auto: the dialect each endpoint takes, learnt from its first refusal
         self.dialects: dict[str | None, str] = {}
+        self._paid_keys: dict[str, set[str]] = {}  # run -> cache keys its committed ledger paid for (``_carry``)
 
     # ---- transport ---------------------------------------------------------------------------------------
     def _bind_loop(self) -> None:
@@ -193,6 +195,32 @@ class OpenAIJudge(Judge):
                         base_url or "(default)", sent, err.status_code, nxt)
         return True
 
+    def _carry(self, key: str, entry: Mapping[str, Any], ctx: CallContext | None) -> float:
+        """The cost a cache hit carries into this run's ledger (``cache.payment_carried``): once per process and
+        run, and only when the run's committed ``judge_calls`` hold no payment of ``key`` (read once per run)."""
+        run_id = ctx.run_id if ctx is not None else None
+        paid = entry.get("paid_by")
+        if run_id is None or not isinstance(paid, Mapping) or paid.get("run_id") != run_id:
+            return 0.0  # the common case: no ledger read
+        if run_id not in self._paid_keys:
+            from arbor.storage.parquet import read_table
+
+            t = read_table("judge_calls", run_id=run_id, home=self.home)
+            self._paid_keys[run_id] = {r["cache_key"] for r in t.select(["cache_key", "cost_usd"]).to_pylist()
+                                       if (r["cost_usd"] or 0.0) > 0.0} if t.num_rows else set()
+        cost = payment_carried(entry, run_id, process_attempt(), key in self._paid_keys[run_id],
+                               (run_id, key) in _CARRIED)
+        if cost:
+            _CARRIED.add((run_id, key))
+            self.total_cost_usd += cost
+        return cost
+
+    def settle(self, keys: Iterable[str]) -> None:
+        """Wasted prefetches whose cost a committed ``steps`` row holds: no later hit carries them (``_carry``)."""
+        if self.cache is not None:
+            for key in keys:
+                self.cache.settle(key)
+
     def _stall_s(self, rc: Mapping[str, object], messages: list[dict[str, str]]) -> float:
         """Seconds without a byte after which a request of this role is a stall (``arbor.liveness``):
         ``judge.stall_s`` (or the role's), else the request's timeout, sized to its prompt and reply budget
@@ -226,8 +254,9 @@ class OpenAIJudge(Judge):
             except InvalidOutput:
                 value = None  # a stale entry no longer validates: treat as a miss
             if value is not None:
+                cost = self._carry(key, entry, ctx)
                 self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=entry.get("prompt_tokens"),
-                             completion_tokens=entry.get("completion_tokens"), cost_usd=0.0, cache_hit=True,
+                             completion_tokens=entry.get("completion_tokens"), cost_usd=cost, cache_hit=True,
                              attempts=0, error=None, attempt_errors=[])
                 return JudgeOutcome(value, None, 0, True)
         if self.cfg.cost_cap_usd is not None and self.total_cost_usd >= self.cfg.cost_cap_usd:
@@ -308,7 +337,8 @@ class OpenAIJudge(Judge):
                 self.total_cost_usd += cost
                 if self.cache is not None:  # disk I/O (fsync) off the event loop
                     entry = {"role": role, "model": model, "prompt_version": row["prompt_version"], "content": content,
-                             "prompt_tokens": p_tok, "completion_tokens": c_tok}
+                             "prompt_tokens": p_tok, "completion_tokens": c_tok, "cost_usd": cost,
+                             "paid_by": {"run_id": ctx.run_id if ctx else None, "attempt": process_attempt()}}
                     await asyncio.to_thread(self.cache.put, key, entry)
                 self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok,
                              completion_tokens=c_tok, cost_usd=cost, cache_hit=False, attempts=attempts, error=None,

@@ -19,7 +19,7 @@ Messages = list[dict[str, str]]
 JUDGE_CALL_COLUMNS = (
     "run_id", "step", "stage", "role", "backend", "model", "prompt_version", "cache_key", "prompt_hash", "group",
     "rubric_id", "edge", "latency_s", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hit", "attempts",
-    "error", "attempt_errors", "refusal",
+    "error", "attempt_errors", "refusal", "attempt_replies",
 )
 
 

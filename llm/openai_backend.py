@@ -38,6 +38,7 @@ CACHE_HEADER = "X-Arbor-Cache-Key"
 _RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError)
 DIALECTS = ("json_schema", "json_object", "off")  # judge.structured_outputs=auto tries them in this order
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
+REPLY_EXCERPT_CHARS = 200  # how much of a refused reply the ledger keeps (judge_calls.attempt_replies)
 _CARRIED: set[tuple[str, str]] = set()  # (run, key) whose earlier payment a hit of this process carried
 
 
@@ -296,11 +297,14 @@ class OpenAIJudge(Judge):
         refusal: str | None = None  # the last attempt's refusal reason (a reply that was no answer)
         attempts = 0
         errors: list[str | None] = []  # the ledger's attempt_errors
+        replies: list[str | None] = []  # the ledger's attempt_replies: the start of each refused reply (issue 60)
         sent = messages  # after an unusable reply: the reply and what was wrong with it (prompts.retry_messages)
         for attempt in range(self.cfg.max_retries + 1):
             attempts += 1
             delay: float | None = None
             content, truncated = "", False
+            kind: str | None = None  # this attempt's entry in attempt_errors, when it differs from ``error``
+            excerpt: str | None = None  # the start of a refused reply
             try:
                 resp = await self._post(client, role, rc, model, sent, key, schema)
                 if resp.usage is not None:
@@ -312,10 +316,12 @@ class OpenAIJudge(Judge):
             except InvalidAnswer as e:  # parsed, but no answer (issue 50 item 9): retried with the reason
                 error = "InvalidAnswer"
                 refusal = getattr(e, "reason", None) or short_reason(str(e))  # issue 62: kept in the ledger
+                kind, excerpt = f"{error}:{refusal}", content[:REPLY_EXCERPT_CHARS]  # issue 60: each attempt's why
                 sent = prompts.retry_messages(messages, content, str(e), False)
             except InvalidOutput as e:  # a cut-off reply that still parses is used; one that does not is "Truncated"
                 error = "Truncated" if truncated else "InvalidOutput"
                 refusal = REFUSED_ERRORS[error]
+                excerpt = content[:REPLY_EXCERPT_CHARS]
                 sent = prompts.retry_messages(messages, content, str(e), truncated)
             except openai.APITimeoutError as e:
                 if is_stall(e):  # accepted, then silent: not retried, the run ends naming the server (issue 60)
@@ -329,10 +335,12 @@ class OpenAIJudge(Judge):
             except (openai.APIStatusError, FormatRefused) as e:  # 4xx other than 429: retrying will not help
                 error, refusal = f"{type(e).__name__}:{e.status_code}", None
                 errors.append(error)
+                replies.append(None)
                 log.warning("judge %s call %s failed: %s (not retried)", role, key[:12], error)
                 break
             else:
                 errors.append(None)
+                replies.append(None)
                 cost = (p_tok * float(rc["price_in_per_mtok"]) + c_tok * float(rc["price_out_per_mtok"])) / 1e6  # type: ignore[arg-type]
                 self.total_cost_usd += cost
                 if self.cache is not None:  # disk I/O (fsync) off the event loop
@@ -342,9 +350,10 @@ class OpenAIJudge(Judge):
                     await asyncio.to_thread(self.cache.put, key, entry)
                 self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok,
                              completion_tokens=c_tok, cost_usd=cost, cache_hit=False, attempts=attempts, error=None,
-                             attempt_errors=errors)
+                             attempt_errors=errors, attempt_replies=replies)
                 return JudgeOutcome(value, None, attempts, False)
-            errors.append(error)
+            errors.append(kind or error)
+            replies.append(excerpt)
             if attempt == self.cfg.max_retries:
                 break
             backoff = self._backoff(key, attempt)
@@ -357,7 +366,7 @@ class OpenAIJudge(Judge):
         log.warning("judge %s call %s failed after %d attempts: %s", role, key[:12], attempts, error)
         self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok, completion_tokens=c_tok,
                      cost_usd=cost, cache_hit=False, attempts=attempts, error=error, attempt_errors=errors,
-                     refusal=refusal)
+                     refusal=refusal, attempt_replies=replies)
         return JudgeOutcome(None, error, attempts, False)
 
     async def _post(self, client: openai.AsyncOpenAI, role: str, rc: Mapping[str, object], model: str,

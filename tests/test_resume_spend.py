@@ -60,9 +60,9 @@ judge.close()
 
 
 class FixedJudge:
-    """A judge server that answers every chat completion "Correct" with a fixed usage."""
+    """A judge server that answers every chat completion ``content`` ("Correct") with a fixed usage."""
 
-    def __init__(self) -> None:
+    def __init__(self, content: str = "Correct") -> None:
         self.requests = 0
         owner = self
 
@@ -71,7 +71,7 @@ class FixedJudge:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 owner.requests += 1
                 body = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m",
-                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "Correct"},
+                                   "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                                                 "finish_reason": "stop"}],
                                    "usage": {"prompt_tokens": 1000, "completion_tokens": 500,
                                              "total_tokens": 1500}}).encode()

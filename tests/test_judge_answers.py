@@ -159,8 +159,9 @@ def test_a_placeholder_answer_is_retried_with_the_reason(server: OpenAIServer, t
     # issue 60: the refused attempt keeps the filter's reason and the start of the reply that was refused
     assert row["error"] is None and row["attempt_errors"] == ["InvalidAnswer:placeholder", None]
     retry = server.bodies[1]["messages"]
-    assert row["attempt_replies"] == [retry[2]["content"], None]  # the whole reply: 160 characters
-    assert retry[2]["content"].startswith('{"rubrics": [{"title": "<short label>"')  # the reply shown back ...
+    recorded = openai_server.recorded_echoes()["induction"]  # the real SmolLM2 judge's reply (issue 60 item 6)
+    assert row["attempt_replies"] == [recorded, None]  # the whole reply: 161 characters
+    assert retry[2]["content"] == recorded  # the reply shown back ...
     assert "rubrics[0].title is the prompt's placeholder '<short label>'" in retry[3]["content"]  # ... and why
 
 

@@ -286,11 +286,12 @@ def test_hollow_rubric_replies_degrade_the_run_visibly(workspace) -> None:
     assert rc == 0, "\n".join(lines[-30:])
     calls = read_table("judge_calls", run_id=rid, home=home).to_pylist()
     rubric = [c for c in calls if c["role"] == "rar_rubrics"]
-    # the prompt's reply example echoed: three "<item n>" placeholders, fewer items than the schema's five, so
-    # the reply does not even validate (InvalidOutput, "unparseable"); refused either way
-    assert [c["error"] for c in rubric] == ["InvalidOutput"] * 2
+    # the real SmolLM2 judge's recorded reply (tests/data/smollm2_replies.json): five items, two of them the
+    # prompt's placeholders ("<item 1>", "..."), so it validates and the answer filter refuses it
+    assert [c["error"] for c in rubric] == ["InvalidAnswer"] * 2
+    assert [c["attempt_errors"] for c in rubric] == [["InvalidAnswer:placeholder"]] * 2
     reason = rubric[0]["refusal"]
-    assert reason == "unparseable"
+    assert reason == "placeholder"
     assert reason and all(c["refusal"] == reason for c in rubric)
     steps = read_table("steps", run_id=rid, home=home).to_pylist()
     assert steps[0]["judge_degraded"] == "rar_rubrics" and steps[0]["judge_calls_refused"] == 2

@@ -193,7 +193,7 @@ class Judge(ABC):
     async def _answer(self, role: Role[Q, T], request: Q, ctx: CallContext | None) -> JudgeOutcome[T]:
         """The backend's answer to one request of one role, recorded in the ledger."""
 
-    def settle(self, keys: Iterable[str]) -> None:  # noqa: B027 - optional hook
+    def settle_payments(self, keys: Iterable[str]) -> None:  # noqa: B027 - optional hook
         """Calls of ``keys`` were paid for ahead and wasted, their cost committed in ``steps``: a backend whose
         cache records payment (openai) stops a later hit from carrying it (issue 60 item 4)."""
 

@@ -216,7 +216,7 @@ class OpenAIJudge(Judge):
             self.total_cost_usd += cost
         return cost
 
-    def settle(self, keys: Iterable[str]) -> None:
+    def settle_payments(self, keys: Iterable[str]) -> None:
         """Wasted prefetches whose cost a committed ``steps`` row holds: no later hit carries them (``_carry``)."""
         if self.cache is not None:
             for key in keys:

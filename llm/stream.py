@@ -166,8 +166,8 @@ class StreamedJudge:
 
     def settle_wasted(self, stats: StreamStats) -> None:
         """Once the step's ``steps`` row (with ``prefetch_wasted_cost_usd``) is committed: the wasted calls' payments
-        are accounted, and a hit on them after a resume carries nothing (``Judge.settle``; issue 60 item 4)."""
-        self.inner.settle(stats.wasted_keys)
+        are accounted, and a hit on them after a resume carries nothing (``Judge.settle_payments``; issue 60 item 4)."""
+        self.inner.settle_payments(stats.wasted_keys)
 
     async def aclose(self) -> None:
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.inner.aclose(), self._loop))

@@ -6,7 +6,8 @@ exit is seen at once and named with its pid and status. A server someone else st
 ``rollout.base_url`` — can only be watched through its port: ``watch_endpoint`` opens a TCP connection to it every
 ``every_s`` seconds (nothing is sent: no request, no credentials), and once every attempt has failed for
 ``dead_after_s`` seconds the server is taken for gone and ``on_death`` is called with one phrase naming it. A
-server that accepts connections but never answers is not detected here (the clients' own timeouts bound that).
+server that accepts connections but never answers is not detected here: each client bounds it with a progress
+deadline (``DependencyStalled``: no byte for ``*.stall_s`` seconds, issue 60).
 
 A URL is shown without its user and password (a secret never reaches a log line).
 """
@@ -59,6 +60,46 @@ def reachable(host: str, port: int, timeout_s: float = 1.0) -> str | None:
         return e.strerror or type(e).__name__
 
 
+class DependencyStalled(RuntimeError):
+    """A server that took a request and then sent no byte for ``stall_s`` seconds (issue 60): the request is not
+    retried (a wedged server would wedge the retry too) and the run ends naming the server, resumable.
+
+    The deadline is httpx's read timeout (``transport_timeout``): httpcore wraps every receive on the socket in its
+    own ``anyio.fail_after(read)`` (httpcore 1.0.9 ``_backends/anyio.py`` ``AnyIOStream.read``; ``_async/http11.py``
+    ``_receive_event`` reads the status line, the headers and each body chunk that way), so it is exactly "no byte
+    for N s", streaming or not, and a reply that keeps trickling never trips it. The openai client (3.54) rides
+    httpx2 / httpcore2 2.16, forks with the same read path (``httpcore2/_backends/anyio.py``), and raises
+    ``APITimeoutError`` from their ``ReadTimeout``. A non-streaming completion sends
+    nothing until its last token, which is why each role's default is sized to its output budget."""
+
+    def __init__(self, name: str, url: str, stall_s: float) -> None:
+        self.name, self.url, self.stall_s = name, shown(url), stall_s
+        super().__init__(f"{name} at {self.url} stalled: no bytes for {stall_s:g} s")
+
+
+_READ_TIMEOUTS = {"httpx", "httpx2", "httpcore", "httpcore2"}  # the packages whose ReadTimeout is a stall
+
+
+def is_stall(err: BaseException | None) -> bool:
+    """Whether ``err`` is a ReadTimeout of httpx or httpx2 (or their httpcore) or was raised from one (the openai
+    client wraps it in ``APITimeoutError``)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if type(err).__name__ == "ReadTimeout" and type(err).__module__.split(".")[0] in _READ_TIMEOUTS:
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def transport_timeout(timeout_s: float, stall_s: float) -> object:
+    """httpx's timeouts of a client: ``timeout_s`` to connect, write and wait for a pooled connection, ``stall_s``
+    without a byte received (``DependencyStalled``)."""
+    import httpx
+
+    return httpx.Timeout(timeout_s, read=stall_s)
+
+
 class EndpointWatch:
     """A daemon thread that calls ``on_death(phrase)`` once if ``url``'s server stops accepting connections for
     ``dead_after_s`` seconds; ``stop()`` ends the watch."""
@@ -98,4 +139,4 @@ def watch_endpoint(name: str, url: str, on_death: Callable[[str], None], **kw: f
     return EndpointWatch(name, url, on_death, **kw).start()
 
 
-__all__ = ["EndpointWatch", "watch_endpoint", "shown", "address", "is_local", "reachable", "DEAD_AFTER_S"]
+__all__ = ["DependencyStalled", "is_stall", "transport_timeout", "EndpointWatch", "watch_endpoint", "shown", "address", "is_local", "reachable", "DEAD_AFTER_S"]

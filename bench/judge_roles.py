@@ -176,7 +176,7 @@ def measure(judge: Any, calls: list[Call]) -> dict[str, Any]:
             "prompt_tokens": statistics.fmean(r["prompt_tokens"] or 0 for r in rows) if rows else float("nan"),
             "completion_tokens": statistics.fmean(r["completion_tokens"] or 0 for r in rows) if rows else float("nan"),
             "truncated": sum(r["error"] == "Truncated" for r in rows),
-            "invalid_answers": sum(e == "InvalidAnswer" for r in rows for e in r["attempt_errors"] or []),
+            "invalid_answers": sum((e or "").split(":")[0] == "InvalidAnswer" for r in rows for e in r["attempt_errors"] or []),
             "ended_invalid": sum(r["error"] == "InvalidAnswer" for r in rows), "seconds": time.perf_counter() - t0}
 
 

@@ -25,6 +25,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
              splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
              run_id: str | None = None) -> tuple[str, str]:
     """The body of ``arbor-eval``: evaluate, store, and return (run id, printed tables)."""
+    from arbor.flows.train import recorded_run
     from arbor.llm import make_judge
     from arbor.llm.base import CallContext
     from arbor.storage.parquet import write_stage
@@ -60,39 +61,40 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     write_stage("runs", [{"run_id": rid, "profile": cfg.run.profile, "method": "eval", "seed": cfg.run.seed,
                           "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": None}],
                 run_id=rid, step=0, stage="run", home=home)
-    search = make_search(cfg.search, home=home, config=cfg)
-    if cfg.rollout.engine == "transformers":
-        src = checkpoint or cfg.run.start_checkpoint or policy_source(cfg.policy, home)  # tiny: its shape
-        policy, tok = load_policy(src, cfg.policy.dtype, home=home, policy_cfg=cfg.policy)
-        engine = make_engine(cfg, policy, tok, search=search, home=home)
-    else:
-        engine = make_engine(cfg, search=search, home=home)
-    by_split = {s: load_questions(split_spec(s), config=cfg)[:limit] for s in splits}
-    guide = make_guide(cfg, judge, home=home, ctx=CallContext(run_id=rid, step=0, stage="eval-guided"))
-    tag = guidance_tag(cfg.guidance) if guide is not None else None
-    rows = evaluate_questions(engine, judge, by_split, runs=runs, seed=cfg.run.seed, run_id=rid, step=0,
-                              checkpoint=str(model), second_judge=second_judge, temperature=cfg.eval.temperature,
-                              guide=guide, guidance=tag)
-    main_model = judge_model_name(judge)
-    second_name = judge_model_name(second_judge) if second_judge is not None else None
-    guided = [r for r in rows if r["guidance"] is not None]
-    rows = [r for r in rows if r["guidance"] is None]
-    store_eval_results([r for r in rows if r["judge_model"] != second_name], run_id=rid, step=0, stage="eval",
-                       home=home)
-    if guide is not None:
-        store_eval_results(guided, run_id=rid, step=0, stage="eval-guided", home=home)
-        write_stage("guided_steps", guide.drain_records(), run_id=rid, step=0, stage="eval-guided", home=home)
-    write_stage("judge_calls", judge.drain_calls(), run_id=rid, step=0, stage="eval", home=home)
-    if second_judge is not None:
-        store_eval_results([r for r in rows if r["judge_model"] == second_name], run_id=rid, step=0,
-                           stage=SECOND_JUDGE_STAGE, home=home)
-        write_stage("judge_calls", second_judge.drain_calls(), run_id=rid, step=0, stage=SECOND_JUDGE_STAGE,
-                    home=home)
-    summary = summarize(rows, splits=list(by_split), judge_model=main_model, second_judge_model=second_name)
-    table = format_summary(summary, name=Path(str(model)).name)
-    if guide is not None:
-        table += "\n\n" + format_guided(rid, home)
-    return rid, table
+    with recorded_run(cfg, rid, home):  # stopped / failed / completed, endpoints watched (issue 60)
+        search = make_search(cfg.search, home=home, config=cfg)
+        if cfg.rollout.engine == "transformers":
+            src = checkpoint or cfg.run.start_checkpoint or policy_source(cfg.policy, home)  # tiny: its shape
+            policy, tok = load_policy(src, cfg.policy.dtype, home=home, policy_cfg=cfg.policy)
+            engine = make_engine(cfg, policy, tok, search=search, home=home)
+        else:
+            engine = make_engine(cfg, search=search, home=home)
+        by_split = {s: load_questions(split_spec(s), config=cfg)[:limit] for s in splits}
+        guide = make_guide(cfg, judge, home=home, ctx=CallContext(run_id=rid, step=0, stage="eval-guided"))
+        tag = guidance_tag(cfg.guidance) if guide is not None else None
+        rows = evaluate_questions(engine, judge, by_split, runs=runs, seed=cfg.run.seed, run_id=rid, step=0,
+                                  checkpoint=str(model), second_judge=second_judge, temperature=cfg.eval.temperature,
+                                  guide=guide, guidance=tag)
+        main_model = judge_model_name(judge)
+        second_name = judge_model_name(second_judge) if second_judge is not None else None
+        guided = [r for r in rows if r["guidance"] is not None]
+        rows = [r for r in rows if r["guidance"] is None]
+        store_eval_results([r for r in rows if r["judge_model"] != second_name], run_id=rid, step=0, stage="eval",
+                           home=home)
+        if guide is not None:
+            store_eval_results(guided, run_id=rid, step=0, stage="eval-guided", home=home)
+            write_stage("guided_steps", guide.drain_records(), run_id=rid, step=0, stage="eval-guided", home=home)
+        write_stage("judge_calls", judge.drain_calls(), run_id=rid, step=0, stage="eval", home=home)
+        if second_judge is not None:
+            store_eval_results([r for r in rows if r["judge_model"] == second_name], run_id=rid, step=0,
+                               stage=SECOND_JUDGE_STAGE, home=home)
+            write_stage("judge_calls", second_judge.drain_calls(), run_id=rid, step=0, stage=SECOND_JUDGE_STAGE,
+                        home=home)
+        summary = summarize(rows, splits=list(by_split), judge_model=main_model, second_judge_model=second_name)
+        table = format_summary(summary, name=Path(str(model)).name)
+        if guide is not None:
+            table += "\n\n" + format_guided(rid, home)
+        return rid, table
 
 
 def format_guided(run_id: str, home: Path) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,7 @@ Messages = list[dict[str, str]]
 JUDGE_CALL_COLUMNS = (
     "run_id", "step", "stage", "role", "backend", "model", "prompt_version", "cache_key", "prompt_hash", "group",
     "rubric_id", "edge", "latency_s", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hit", "attempts",
-    "error", "attempt_errors", "refusal",
+    "error", "attempt_errors", "refusal", "attempt_replies",
 )
 
 
@@ -192,6 +192,10 @@ class Judge(ABC):
     @abstractmethod
     async def _answer(self, role: Role[Q, T], request: Q, ctx: CallContext | None) -> JudgeOutcome[T]:
         """The backend's answer to one request of one role, recorded in the ledger."""
+
+    def settle_payments(self, keys: Iterable[str]) -> None:  # noqa: B027 - optional hook
+        """Calls of ``keys`` were paid for ahead and wasted, their cost committed in ``steps``: a backend whose
+        cache records payment (openai) stops a later hit from carrying it (issue 60 item 4)."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release network clients (openai backend)."""

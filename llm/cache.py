@@ -6,16 +6,48 @@ workers, a resumed run) read and write it at once, and 32 concurrent coroutines 
 without corrupting each other. Only validated responses are stored; failures are never cached; an unreadable entry
 is a miss (the call is made again). Old workspaces (one JSON file per key under ``<k[:2]>/<k>.json``, the earlier
 layout) are read through and their entries copied into the store, so a resumed run never pays the judge twice.
+
+An entry also records who paid for it (issue 60 item 4): ``paid_by`` = {run_id, attempt} (``attempt``: the paying
+process, ``process_attempt``) and ``cost_usd``, so that a run's spend survives a kill (``payment_carried``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from arbor.storage.kvstore import STORE_FILE, KVStore
+from arbor.storage.liveness import host_name, pid_start_time
+
+
+@cache
+def _attempt(pid: int) -> str:
+    return f"{host_name()}:{pid}:{pid_start_time(pid) or ''}"
+
+
+def process_attempt() -> str:
+    """This process as a payer: host, pid and the pid's start time (a reused pid is another process)."""
+    return _attempt(os.getpid())
+
+
+def payment_carried(entry: Mapping[str, Any], run_id: str | None, attempt: str, ledger_has: bool,
+                    carried: bool) -> float:
+    """What a cache hit of run ``run_id`` in process ``attempt`` costs the run (issue 60 item 4): the entry's
+    ``cost_usd`` when an earlier process of the same run paid for it (killed before its stage committed the paid
+    call), the run's committed ledger does not hold that payment (``ledger_has``: a row of the key with a cost), no
+    hit of this process carried it yet (``carried``), and it was not settled as a wasted prefetch (counted in
+    ``steps.prefetch_wasted_cost_usd``); else 0: another run paid, this process paid, or the ledger has it."""
+    paid = entry.get("paid_by")
+    if not isinstance(paid, Mapping) or run_id is None or paid.get("run_id") != run_id:
+        return 0.0
+    if paid.get("attempt") == attempt or paid.get("settled") or ledger_has or carried:
+        return 0.0
+    return float(entry.get("cost_usd") or 0.0)
 
 
 def cache_key(role: str, model: str, prompt_version: str, messages: list[dict[str, str]],
@@ -46,3 +78,10 @@ class ResponseCache:
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
         self.store.put(key, entry)
+
+    def settle(self, key: str) -> None:
+        """Mark the payment of ``key``'s entry as accounted elsewhere (a wasted prefetch: its cost is in
+        ``steps.prefetch_wasted_cost_usd``), so no later hit carries it."""
+        entry = self.get(key)
+        if entry is not None and isinstance(entry.get("paid_by"), dict) and not entry["paid_by"].get("settled"):
+            self.put(key, {**entry, "paid_by": {**entry["paid_by"], "settled": True}})

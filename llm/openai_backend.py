@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -22,11 +22,12 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from arbor.config.judge import JudgeConfig, JudgeRoles
+from arbor.liveness import DependencyStalled, is_stall
 from arbor.llm import prompts
 from arbor.llm.answers import check_reply
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
-from arbor.llm.cache import ResponseCache, cache_key, prompt_hash
-from arbor.llm.health import REFUSED_ERRORS, short_reason
+from arbor.llm.cache import ResponseCache, cache_key, payment_carried, process_attempt, prompt_hash
+from arbor.llm.health import REFUSED_ERRORS, public_url, short_reason
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.llm.text import WHOLE, shared_budget
 from arbor.retry_after import requested_wait_s
@@ -37,6 +38,8 @@ CACHE_HEADER = "X-Arbor-Cache-Key"
 _RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError, openai.APIConnectionError)
 DIALECTS = ("json_schema", "json_object", "off")  # judge.structured_outputs=auto tries them in this order
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
+REPLY_EXCERPT_CHARS = 200  # how much of a refused reply the ledger keeps (judge_calls.attempt_replies)
+_CARRIED: set[tuple[str, str]] = set()  # (run, key) whose earlier payment a hit of this process carried
 
 
 @cache
@@ -114,6 +117,7 @@ class OpenAIJudge(Judge):
         self._inflight: dict[str, asyncio.Future[tuple[Any, str | None]]] = {}
         # judge.structured_outputs=auto: the dialect each endpoint takes, learnt from its first refusal
         self.dialects: dict[str | None, str] = {}
+        self._paid_keys: dict[str, set[str]] = {}  # run -> cache keys its committed ledger paid for (``_carry``)
 
     # ---- transport ---------------------------------------------------------------------------------------
     def _bind_loop(self) -> None:
@@ -192,6 +196,40 @@ class OpenAIJudge(Judge):
                         base_url or "(default)", sent, err.status_code, nxt)
         return True
 
+    def _carry(self, key: str, entry: Mapping[str, Any], ctx: CallContext | None) -> float:
+        """The cost a cache hit carries into this run's ledger (``cache.payment_carried``): once per process and
+        run, and only when the run's committed ``judge_calls`` hold no payment of ``key`` (read once per run)."""
+        run_id = ctx.run_id if ctx is not None else None
+        paid = entry.get("paid_by")
+        if run_id is None or not isinstance(paid, Mapping) or paid.get("run_id") != run_id:
+            return 0.0  # the common case: no ledger read
+        if run_id not in self._paid_keys:
+            from arbor.storage.parquet import read_table
+
+            t = read_table("judge_calls", run_id=run_id, home=self.home)
+            self._paid_keys[run_id] = {r["cache_key"] for r in t.select(["cache_key", "cost_usd"]).to_pylist()
+                                       if (r["cost_usd"] or 0.0) > 0.0} if t.num_rows else set()
+        cost = payment_carried(entry, run_id, process_attempt(), key in self._paid_keys[run_id],
+                               (run_id, key) in _CARRIED)
+        if cost:
+            _CARRIED.add((run_id, key))
+            self.total_cost_usd += cost
+        return cost
+
+    def settle_payments(self, keys: Iterable[str]) -> None:
+        """Wasted prefetches whose cost a committed ``steps`` row holds: no later hit carries them (``_carry``)."""
+        if self.cache is not None:
+            for key in keys:
+                self.cache.settle(key)
+
+    def _stall_s(self, rc: Mapping[str, object], messages: list[dict[str, str]]) -> float:
+        """Seconds without a byte after which a request of this role is a stall (``arbor.liveness``):
+        ``judge.stall_s`` (or the role's), else the request's timeout, sized to its prompt and reply budget
+        (``prompts.request_timeout``: a non-streaming reply sends nothing before its last token)."""
+        if rc.get("stall_s") is not None:
+            return float(rc["stall_s"])  # type: ignore[arg-type]
+        return prompts.request_timeout(self.cfg.timeout_s, messages, int(rc["max_tokens"]))  # type: ignore[call-overload]
+
     def _backoff(self, key: str, attempt: int) -> float:
         """Exponential backoff with "equal jitter": b = min(max, base * 2^attempt), sleep in [b/2, b]."""
         b = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2**attempt)
@@ -217,8 +255,9 @@ class OpenAIJudge(Judge):
             except InvalidOutput:
                 value = None  # a stale entry no longer validates: treat as a miss
             if value is not None:
+                cost = self._carry(key, entry, ctx)
                 self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=entry.get("prompt_tokens"),
-                             completion_tokens=entry.get("completion_tokens"), cost_usd=0.0, cache_hit=True,
+                             completion_tokens=entry.get("completion_tokens"), cost_usd=cost, cache_hit=True,
                              attempts=0, error=None, attempt_errors=[])
                 return JudgeOutcome(value, None, 0, True)
         if self.cfg.cost_cap_usd is not None and self.total_cost_usd >= self.cfg.cost_cap_usd:
@@ -258,11 +297,14 @@ class OpenAIJudge(Judge):
         refusal: str | None = None  # the last attempt's refusal reason (a reply that was no answer)
         attempts = 0
         errors: list[str | None] = []  # the ledger's attempt_errors
+        replies: list[str | None] = []  # the ledger's attempt_replies: the start of each refused reply (issue 60)
         sent = messages  # after an unusable reply: the reply and what was wrong with it (prompts.retry_messages)
         for attempt in range(self.cfg.max_retries + 1):
             attempts += 1
             delay: float | None = None
             content, truncated = "", False
+            kind: str | None = None  # this attempt's entry in attempt_errors, when it differs from ``error``
+            excerpt: str | None = None  # the start of a refused reply
             try:
                 resp = await self._post(client, role, rc, model, sent, key, schema)
                 if resp.usage is not None:
@@ -274,32 +316,44 @@ class OpenAIJudge(Judge):
             except InvalidAnswer as e:  # parsed, but no answer (issue 50 item 9): retried with the reason
                 error = "InvalidAnswer"
                 refusal = getattr(e, "reason", None) or short_reason(str(e))  # issue 62: kept in the ledger
+                kind, excerpt = f"{error}:{refusal}", content[:REPLY_EXCERPT_CHARS]  # issue 60: each attempt's why
                 sent = prompts.retry_messages(messages, content, str(e), False)
             except InvalidOutput as e:  # a cut-off reply that still parses is used; one that does not is "Truncated"
                 error = "Truncated" if truncated else "InvalidOutput"
                 refusal = REFUSED_ERRORS[error]
+                excerpt = content[:REPLY_EXCERPT_CHARS]
                 sent = prompts.retry_messages(messages, content, str(e), truncated)
+            except openai.APITimeoutError as e:
+                if is_stall(e):  # accepted, then silent: not retried, the run ends naming the server (issue 60)
+                    raise DependencyStalled(f"the judge of role {role!r}", public_url(rc["base_url"]),  # type: ignore[arg-type]
+                                            self._stall_s(rc, sent)) from e
+                error, refusal = type(e).__name__, None
+                delay = _retry_after(e)
             except _RETRYABLE as e:
                 error, refusal = type(e).__name__, None
                 delay = _retry_after(e)
             except (openai.APIStatusError, FormatRefused) as e:  # 4xx other than 429: retrying will not help
                 error, refusal = f"{type(e).__name__}:{e.status_code}", None
                 errors.append(error)
+                replies.append(None)
                 log.warning("judge %s call %s failed: %s (not retried)", role, key[:12], error)
                 break
             else:
                 errors.append(None)
+                replies.append(None)
                 cost = (p_tok * float(rc["price_in_per_mtok"]) + c_tok * float(rc["price_out_per_mtok"])) / 1e6  # type: ignore[arg-type]
                 self.total_cost_usd += cost
                 if self.cache is not None:  # disk I/O (fsync) off the event loop
                     entry = {"role": role, "model": model, "prompt_version": row["prompt_version"], "content": content,
-                             "prompt_tokens": p_tok, "completion_tokens": c_tok}
+                             "prompt_tokens": p_tok, "completion_tokens": c_tok, "cost_usd": cost,
+                             "paid_by": {"run_id": ctx.run_id if ctx else None, "attempt": process_attempt()}}
                     await asyncio.to_thread(self.cache.put, key, entry)
                 self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok,
                              completion_tokens=c_tok, cost_usd=cost, cache_hit=False, attempts=attempts, error=None,
-                             attempt_errors=errors)
+                             attempt_errors=errors, attempt_replies=replies)
                 return JudgeOutcome(value, None, attempts, False)
-            errors.append(error)
+            errors.append(kind or error)
+            replies.append(excerpt)
             if attempt == self.cfg.max_retries:
                 break
             backoff = self._backoff(key, attempt)
@@ -312,7 +366,7 @@ class OpenAIJudge(Judge):
         log.warning("judge %s call %s failed after %d attempts: %s", role, key[:12], attempts, error)
         self._record(ctx, **row, latency_s=time.perf_counter() - t0, prompt_tokens=p_tok, completion_tokens=c_tok,
                      cost_usd=cost, cache_hit=False, attempts=attempts, error=error, attempt_errors=errors,
-                     refusal=refusal)
+                     refusal=refusal, attempt_replies=replies)
         return JudgeOutcome(None, error, attempts, False)
 
     async def _post(self, client: openai.AsyncOpenAI, role: str, rc: Mapping[str, object], model: str,
@@ -320,7 +374,8 @@ class OpenAIJudge(Judge):
         """One request, with the role's schema in the endpoint's dialect; a refused dialect is not an attempt:
         the request goes again at once in the next one (``_refused``)."""
         base_url = rc["base_url"]  # type: ignore[assignment]
-        timeout = prompts.request_timeout(self.cfg.timeout_s, messages, int(rc["max_tokens"]))  # type: ignore[call-overload]
+        # the openai client's own Timeout (httpx2's): connect, write, pool at timeout_s; no byte for stall_s: a stall
+        timeout = openai.Timeout(self.cfg.timeout_s, read=self._stall_s(rc, messages))
         while True:
             dialect = self._dialect(base_url)  # type: ignore[arg-type]
             body: dict[str, Any] = {"model": model, "messages": messages, "temperature": rc["temperature"],

@@ -24,7 +24,7 @@ import hashlib
 import threading
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from arbor.llm.base import CAPTURE, Judge, Role
@@ -65,6 +65,7 @@ class StreamStats:
     prefetched: int = 0
     wasted: int = 0
     wasted_cost_usd: float = 0.0
+    wasted_keys: list[str] = field(default_factory=list)  # the cache keys of the wasted calls that were paid for
 
 
 class StreamedJudge:
@@ -158,9 +159,15 @@ class StreamedJudge:
         for f in left:
             if f.done() and not f.cancelled() and f.exception() is None:
                 stats.wasted_cost_usd += sum(r.get("cost_usd") or 0.0 for r in f.result()[1])
+                stats.wasted_keys += [r["cache_key"] for r in f.result()[1] if (r.get("cost_usd") or 0.0) > 0.0]
             else:
                 f.cancel()
         return stats
+
+    def settle_wasted(self, stats: StreamStats) -> None:
+        """Once the step's ``steps`` row (with ``prefetch_wasted_cost_usd``) is committed: the wasted calls' payments
+        are accounted, and a hit on them after a resume carries nothing (``Judge.settle_payments``; issue 60 item 4)."""
+        self.inner.settle_payments(stats.wasted_keys)
 
     async def aclose(self) -> None:
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.inner.aclose(), self._loop))

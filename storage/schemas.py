@@ -113,11 +113,15 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("attempts", I64), _f("error", STR),
         # what each attempt ended in, in order: null for the one that answered, else its error class
         # (InvalidOutput, InvalidAnswer, Truncated, RateLimitError, ...); [] for a cache hit (issue 31 item 2);
-        # InvalidAnswer: a reply that validated but echoed the prompt's template or looped (issue 50 item 9)
+        # InvalidAnswer: a reply that validated but echoed the prompt's template or looped (issue 50 item 9),
+        # written InvalidAnswer:<reason> with the filter's short reason (placeholder, echo, loop, ...; issue 60)
         _f("attempt_errors", pa.list_(STR)),
         # why a call that ended refused was refused (issue 62): the answer filter's short reason (hollow,
         # placeholder, echo, loop, ...), unparseable, truncated, or the rules heuristic's Refusal; else null
         _f("refusal", STR),
+        # beside attempt_errors, the first 200 characters of each attempt's reply when it was refused (the model's
+        # words, never a credential), else null: a weak judge told from a filter too strict (issue 60)
+        _f("attempt_replies", pa.list_(STR)),
     ]),
     "eval_results": pa.schema([
         _key("run_id"), _key("step", I64), _f("checkpoint", STR), _f("split", STR), _key("question_id"),

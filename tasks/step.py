@@ -269,6 +269,8 @@ class RunState:
         runs (issue 48 item 5); ``close`` waits for it at the run's end and abandons it under a stop."""
         from arbor.tasks.training.checkpoint import checkpoint_due
 
+        if self.stream_stats is not None and isinstance(self.judge, StreamedJudge):
+            self.judge.settle_wasted(self.stream_stats)  # their cost is in the committed steps row (issue 60)
         if self.progress is not None and checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
             self.progress.stage_started(step, "checkpoint")  # the progress line names the phase (issue 49)
         self.trainer.maybe_save(step, self.last_train_metrics)

@@ -15,8 +15,10 @@ As a process (benchmarks): ``python tests/openai_server.py --latency 0.2`` print
 Fault kinds (``FaultPlan.queue`` is consumed one entry per request, in arrival order; then normal answers):
 ``429`` (with ``Retry-After: plan.retry_after``), ``500``, ``hang`` (sleeps ``hang_s`` before answering, past the
 client's timeout), ``malformed`` (not JSON), ``fenced`` (valid JSON inside a ```json fence after prose),
-``invalid`` (JSON of the wrong shape), ``echo`` (the reply example of the role's own prompt, placeholders and
-all, as SmolLM2-135M under llama.cpp's grammar answered induction: issue 50 item 9), ``length`` (the first half of the answer, ``finish_reason: "length"``,
+``invalid`` (JSON of the wrong shape), ``echo`` (what the real SmolLM2-135M judge under llama.cpp's grammar
+answered: its recorded temperature-0 reply for the role, ``tests/data/smollm2_replies.json`` with its provenance,
+written by ``tests/make_smollm2_replies.py``; for a role with no recording, the reply example of the role's own
+prompt, placeholders and all: issue 50 item 9, issue 60 item 6), ``length`` (the first half of the answer, ``finish_reason: "length"``,
 as when ``max_tokens`` runs out), ``ok``. ``always="A"`` makes every pairwise answer ``{"winner": "A"}``.
 ``accuracy_by_model={"judge-b": "inverse"}`` scripts the accuracy verdict by the requested model (a second judge).
 ``scripted={"You count": '{"count": 2}'}`` answers a role the server does not know (one a test registers).
@@ -35,6 +37,8 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -192,6 +196,25 @@ _INVALID = {"pairwise": '{"winner": "C"}', "accuracy": "I cannot decide.", "indu
             "rank_actions": '{"ranking": ["X"]}'}
 
 
+RECORDED_REPLIES = Path(__file__).resolve().parent / "data" / "smollm2_replies.json"
+
+
+@cache
+def recorded_echoes() -> dict[str, str]:
+    """role -> the first temperature-0 reply of the real SmolLM2 judge to a request of that role (all 14 recorded
+    replies were refused by the answer filter: the prompt's placeholders echoed)."""
+    out: dict[str, str] = {}
+    for r in json.loads(RECORDED_REPLIES.read_text())["replies"]:
+        if r["temperature"] == 0.0 and r["refused_as"]:
+            out.setdefault(r["role"], r["reply"])
+    return out
+
+
+def echo_reply(role: str, system: str) -> str:
+    """The ``echo`` fault's reply: the real judge's recorded one for ``role``, else the prompt's own example."""
+    return recorded_echoes().get(role) or echo_of(system)
+
+
 def echo_of(system: str) -> str:
     """The reply example of a system prompt: its first JSON object holding a ``"<...>"`` placeholder, else its first
     JSON object (what a small judge under a grammar writes back; issue 50 item 9)."""
@@ -288,7 +311,7 @@ class OpenAIServer:
         elif fault == "invalid":
             content = _INVALID[role]
         elif fault == "echo":
-            content = echo_of(system)
+            content = echo_reply(role, system)
         elif fault == "length":
             content = content[: len(content) // 2]
         prompt_chars = sum(len(m.get("content", "")) for m in messages)

@@ -38,6 +38,7 @@ VOLATILE = {
     "cache_hit",
     "attempts",
     "attempt_errors",
+    "attempt_replies",
     "cost_usd",
     "judge_cost_usd",
 }

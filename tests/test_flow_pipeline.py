@@ -162,8 +162,9 @@ def test_sigkill_mid_overlapped_step_resumes_exactly(overlapped: Path, sft_polic
         assert not again & stored_keys and again <= asked - stored_keys and max(srv.counts.values()) <= 2
         assert len(again) <= int(o.get("judge.concurrency", 32))
     # a call the killed attempt paid for is answered from the judge cache on resume, and its ledger row says so
-    # (no attempts, so no attempt_errors either)
-    ledger = frozenset({"cache_hit", "cost_usd", "attempts", "attempt_errors", "judge_cost_usd"})
+    # (no attempts, so no attempt_errors or attempt_replies either); it carries the killed attempt's payment
+    # (issue 60 item 4), so cost_usd and judge_cost_usd equal the uninterrupted run's
+    ledger = frozenset({"cache_hit", "attempts", "attempt_errors", "attempt_replies"})
     a, b = stored(RUN, overlapped, ledger), stored(RUN, home, ledger)
     for name in TABLES:
         assert a[name] == b[name], f"{name}: the resumed overlapped run differs from the uninterrupted one"

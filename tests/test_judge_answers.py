@@ -156,10 +156,44 @@ def test_a_placeholder_answer_is_retried_with_the_reason(server: OpenAIServer, t
     out = asyncio.run(ask())
     assert out.ok and out.attempts == 2 and [d.title for d in out.value] == ["Targeted entity queries"]
     [row] = judge.drain_calls()
-    assert row["error"] is None and row["attempt_errors"] == ["InvalidAnswer", None]
+    # issue 60: the refused attempt keeps the filter's reason and the start of the reply that was refused
+    assert row["error"] is None and row["attempt_errors"] == ["InvalidAnswer:placeholder", None]
     retry = server.bodies[1]["messages"]
-    assert retry[2]["content"].startswith('{"rubrics": [{"title": "<short label>"')  # the reply shown back ...
+    recorded = openai_server.recorded_echoes()["induction"]  # the real SmolLM2 judge's reply (issue 60 item 6)
+    assert row["attempt_replies"] == [recorded, None]  # the whole reply: 161 characters
+    assert retry[2]["content"] == recorded  # the reply shown back ...
     assert "rubrics[0].title is the prompt's placeholder '<short label>'" in retry[3]["content"]  # ... and why
+
+
+def test_a_refused_reply_is_kept_to_its_first_200_characters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 60 item 5: a long reply that is no verdict, refused at every attempt: each attempt's entry names the
+    refusal and keeps the reply's first 200 characters, so a weak judge can be told from a strict filter."""
+    from test_resume_spend import FixedJudge
+
+    from arbor.config.judge import JudgeConfig
+    from arbor.tasks.reporting.accuracy import ACCURACY
+
+    monkeypatch.setenv(KEY_ENV, "sk-test")
+    reply = "I think that the answer given is probably right, " * 20  # 1,000 characters, no verdict word first
+    server = FixedJudge(reply)
+    try:
+        cfg = JudgeConfig(backend="openai", base_url=server.url, api_key_env=KEY_ENV, model="m", max_retries=1,
+                          backoff_base_s=0.0)
+        judge = make_judge(cfg, home=tmp_path)
+
+        async def ask() -> Any:
+            try:
+                return await judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")
+            finally:
+                await judge.aclose()
+
+        out = asyncio.run(ask())
+    finally:
+        server.close()
+    [row] = judge.drain_calls()
+    assert not out.ok and row["error"] == "InvalidOutput" and row["refusal"] == "unparseable"
+    assert row["attempt_errors"] == ["InvalidOutput", "InvalidOutput"]
+    assert row["attempt_replies"] == [reply[:200]] * 2
 
 
 class Resources:
@@ -198,7 +232,7 @@ def test_when_every_attempt_is_a_placeholder_nothing_is_admitted(server: OpenAIS
     [call] = [c for c in rows["judge_calls"] if c["role"] == "induction"]
     events = [e["event"] for e in rows["rubric_events"]]
     if echoes:
-        assert call["error"] == "InvalidAnswer" and call["attempt_errors"] == ["InvalidAnswer"] * 3
+        assert call["error"] == "InvalidAnswer" and call["attempt_errors"] == ["InvalidAnswer:placeholder"] * 3
         assert events == [] and rows["draft_scores"] == [] and not method.memory.D
     else:
         assert call["error"] is None and "induced" in events and len(rows["draft_scores"]) == 1

@@ -250,7 +250,7 @@ def test_a_prompt_is_compacted_to_fit_the_judges_context(server: OpenAIServer, t
 
 
 @pytest.mark.parametrize("fault,attempts,error_first", [
-    ("429", 2, "RateLimitError"), ("500", 2, "InternalServerError"), ("hang", 2, "APITimeoutError"),
+    ("429", 2, "RateLimitError"), ("500", 2, "InternalServerError"),
     ("malformed", 2, "InvalidOutput"), ("invalid", 2, "InvalidOutput"), ("fenced", 1, None),
 ])
 def test_each_fault_is_retried_and_ends_in_success(server: OpenAIServer, tmp_path: Path, fault: str, attempts: int,
@@ -263,10 +263,22 @@ def test_each_fault_is_retried_and_ends_in_success(server: OpenAIServer, tmp_pat
     assert out.ok and out.value == "A" and out.attempts == attempts  # 2 searches beat 1 on the server's rule
     [row] = judge.drain_calls()
     assert row["attempts"] == attempts and row["error"] is None and row["step"] == 3 and row["edge"] == "4"
-    assert row["attempt_errors"] == [error_first, None][2 - attempts:]  # (the hang's timeout is logged as such)
+    assert row["attempt_errors"] == [error_first, None][2 - attempts:]
     assert server.counts[row["cache_key"]] == attempts  # every attempt reached the server with the same key
     if error_first:
         assert error_first in caplog.text  # the retry was logged with its error class
+
+
+def test_a_hang_past_the_stall_deadline_is_not_retried(server: OpenAIServer, tmp_path: Path) -> None:
+    """Issue 60: a reply that does not start within the deadline (here the derived one, judge.timeout_s=0.5 for a
+    short request) is a stall: one request, then ``DependencyStalled`` naming the role (it used to be retried)."""
+    from arbor.liveness import DependencyStalled
+
+    server.plan = FaultPlan(queue=["hang"], hang_s=1.5)
+    judge = make_judge(config(server), home=tmp_path)
+    with pytest.raises(DependencyStalled, match="the judge of role 'pairwise' at http://127.0.0.1:.* stalled"):
+        run(_with(judge, ask_pairwise(judge, Q, traj(0, 2), traj(1, 1), RUBRIC)))
+    assert sum(server.counts.values()) == 1
 
 
 @pytest.mark.parametrize("role", ["accuracy", "induction", "consolidation", "rar_rubrics", "rar_rate"])
@@ -525,7 +537,7 @@ def test_api_key_never_appears_in_logs_ledger_cache_or_parquet(server: OpenAISer
     from arbor.storage.parquet import write_stage
 
     caplog.set_level(logging.DEBUG)  # every logger: ours, openai's, httpx's
-    server.plan = FaultPlan(queue=["429", "500", "malformed", "hang"], hang_s=1.0)
+    server.plan = FaultPlan(queue=["429", "500", "malformed", "invalid"])
     judge = make_judge(config(server, max_retries=4), home=tmp_path)
 
     async def go() -> list:

@@ -85,7 +85,9 @@ def test_one_step_of_each_method_with_the_real_judge(name: str, llama_judge: str
     assert sent, f"{name}: the judge was never asked"
     assert {(c["backend"], c["model"]) for c in calls} == {("openai", "smollm2")}
     for c in sent:  # every attempt in the ledger; the last one decides the call
-        assert len(c["attempt_errors"]) == c["attempts"] and c["attempt_errors"][-1] == c["error"]
+        last = c["attempt_errors"][-1]  # InvalidAnswer attempts carry the filter's reason (issue 60)
+        assert len(c["attempt_errors"]) == c["attempts"] and len(c["attempt_replies"]) == c["attempts"]
+        assert last == c["error"] or (c["error"] == "InvalidAnswer" and last == f"InvalidAnswer:{c['refusal']}")
     valid = sum(c["error"] is None for c in sent)
     if name == "arbor":  # issue 50 item 9: no draft or common rubric in the memory is the induction prompt's template
         kept = [e for e in table("rubric_events", name, tmp_path) if e["event"] in ("induced", "consolidated")]

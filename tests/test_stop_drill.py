@@ -330,6 +330,60 @@ def test_arbor_demo_takes_the_same_stop_path(drill) -> None:
     assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
 
 
+def _running(home: Path, known: set[str]) -> Callable[[], str | None]:
+    """The id of a run not in ``known`` whose status is ``running`` (its status row is the progress waited on)."""
+    from arbor.storage.liveness import run_status_table
+
+    def find() -> str | None:
+        try:
+            rows = run_status_table(home).to_pylist()
+        except Exception:  # noqa: BLE001 - the workspace's first files are being written
+            return None
+        return next((r["run_id"] for r in rows if r["run_id"] not in known and r["status"] == "running"), None)
+
+    return find
+
+
+def _known(home: Path) -> set[str]:
+    """The ids of the runs ``home`` holds (none yet: an empty set)."""
+    from arbor.storage.liveness import run_status_table
+
+    try:
+        return {r["run_id"] for r in run_status_table(home).to_pylist()}
+    except Exception:  # noqa: BLE001 - a workspace with no run yet has no tables to read
+        return set()
+
+
+@pytest.mark.parametrize("command", ["eval", "guidance-train"])
+def test_eval_and_guidance_train_record_stopped(drill, command: str) -> None:
+    """Issue 60 item 3: `arbor eval` and `arbor guidance-train`, stopped by a group SIGINT while they run, record
+    their run as ``stopped`` as `arbor train` does (they recorded no status: `arbor runs` said running, then
+    crashed)."""
+    root, env = drill
+    home = root / "home"
+    known = _known(home)
+    case = f"{command}-sigint-group"
+    args = (["--profile", "tiny-cpu", "--split", "bamboogle", "--limit", "4", "--runs", "2"] if command == "eval" else
+            ["--profile", "tiny-cpu", "--run-id", case, "--set=run.sft_warm_start=false",
+             "--set=guidance.branch_questions=2"])
+    run = Run(root, env, case, args, command=command)
+    found = _running(home, known)
+    run.wait_for(lambda: found() is not None, "its run recorded as running")
+    rid = found()
+    os.killpg(run.proc.pid, signal.SIGINT)
+    secs, last = run.finish()
+    status = _status(home, rid)
+    TABLE.append((f"{command}: SIGINT-group while running", secs, last, status, "-"))
+    if command == "eval":
+        assert last == ("stopped: the evaluation stopped by SIGINT (Ctrl-C); nothing of it is kept: start it again "
+                        "with the same command"), run.tail()
+    else:
+        assert last == (f"stopped: run {case} stopped by SIGINT (Ctrl-C); what was stored is kept: resume it with "
+                        f"`{ARBOR} guidance-train --run-id {case}`"), run.tail()
+    assert run.proc.returncode == 128 + signal.SIGINT and status == "stopped", run.tail()
+    assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+
+
 JUDGE_PYTHON = Path(__file__).resolve().parent.parent / ".venv-judge" / "bin" / "python"
 
 

@@ -315,6 +315,11 @@ def test_judge_attempts_by_role_counts_each_attempt(tmp_path):
              attempt_errors=["InvalidOutput", "RateLimitError", "InvalidOutput"]),
         dict(role="accuracy", attempts=1, error=None, attempt_errors=[None]),
         dict(role="induction", attempts=2, error=None, attempt_errors=["InvalidAnswer", None]),  # issue 50 item 9
+        # issue 60: an attempt refused by the answer filter carries its reason
+        dict(role="rar_rubrics", attempts=5, error="InvalidAnswer",
+             attempt_errors=["InvalidAnswer:placeholder_words", "InvalidAnswer:echo", "InvalidOutput",
+                             "InvalidAnswer:placeholder_words", "InvalidAnswer:echo"]),
+        dict(role="rar_rubrics", attempts=2, error=None, attempt_errors=["InvalidAnswer:placeholder_words", None]),
     ]
     write_stage("judge_calls", [{**r, "cache_hit": r.get("cache_hit", False)} for r in rows], run_id="ra", step=1,
                 stage="score", home=tmp_path)
@@ -327,3 +332,7 @@ def test_judge_attempts_by_role_counts_each_attempt(tmp_path):
     assert (i["invalid_attempts"], i["other_failed_attempts"], i["valid"]) == (1, 0, 1)
     a = got["accuracy"]
     assert (a["calls"], a["valid"], a["first_attempt_valid"], a["mean_attempts"]) == (1, 1, 1, 1.0)
+    r = got["rar_rubrics"]  # 6 refused attempts: placeholder_words 3, echo 2, unparseable 1
+    assert (r["invalid_attempts"], r["other_failed_attempts"]) == (6, 0)
+    assert r["top_reasons"] == "placeholder_words 3, echo 2, unparseable 1"
+    assert p["top_reasons"] == "unparseable 3, truncated 2" and a["top_reasons"] is None

@@ -24,6 +24,7 @@ class JudgeRoleConfig(Section):
     reply_limit_field: Literal["max_tokens", "max_completion_tokens"] | None = None
     price_in_per_mtok: float | None = Field(None, ge=0.0)
     price_out_per_mtok: float | None = Field(None, ge=0.0)
+    stall_s: float | None = Field(None, gt=0)
 
 
 class JudgeRoles(Section):
@@ -65,6 +66,11 @@ class JudgeConfig(Section):
         "max_tokens)")
     concurrency: int = Field(32, ge=1)
     timeout_s: float = Field(60.0, gt=0)
+    stall_s: float | None = Field(
+        None, gt=0, description="seconds without a byte from the judge's server after which a request is a stall: "
+        "not retried, the run ends naming the role and its URL (resumable). null: sized to the role's output "
+        "budget, the request's timeout (judge.timeout_s per 2,048 tokens in and out: a non-streaming reply sends "
+        "nothing until its last token)")
     max_retries: int = Field(4, ge=0, description="retries after the first attempt (transport errors and invalid output)")
     structured_outputs: Literal["auto", "json_schema", "json_object", "off"] = Field(
         "auto", description="send each role's JSON schema as response_format: json_schema (OpenAI, vLLM), "

@@ -26,6 +26,8 @@ SAFE_ON_RESUME: frozenset[str] = frozenset({
     "judge.cost_cap_usd",                                                 # cost cap
     "judge.max_failed_share", "judge.warn_refused_share",                 # judge health thresholds (issue 62)
     "rollout.request_timeout_s", "cluster.startup_timeout_s",             # transport
+    "judge.stall_s", "search.stall_s", "rollout.stall_s",                 # progress deadlines (issue 60)
+    *(f"judge.roles.{r}.stall_s" for r in JudgeRoles.model_fields),
     "checkpoint.every", "checkpoint.keep_last",                           # bookkeeping (replay makes it exact)
     "checkpoint.async_save",                                              # when the same files are written
 })

@@ -83,6 +83,11 @@ class RolloutConfig(Section):
     served_model: str | None = None  # the `model` field sent to the completions server (default: policy.model)
     api_key_env: str | None = None  # env var holding the server's API key (vllm serve --api-key), if any
     request_timeout_s: float = Field(600.0, gt=0)
+    stall_s: float | None = Field(
+        None, gt=0, description="openai engine: seconds without a byte from the completions server after which a "
+        "request is a stall: not retried, the run ends naming the server (resumable). null: "
+        "rollout.request_timeout_s, sized to one turn's output budget (max_new_tokens_per_turn, 8,192 by default: a "
+        "non-streaming completion sends nothing until its last token)")
     max_batch_rows: int = Field(256, ge=1, description="transformers engine: rows decoded together")
     system_prompt: str | None = None  # None: the protocol's built-in prompt (arbor.format.ARBOR / SEARCH_R1)
 

@@ -18,6 +18,9 @@ class SearchConfig(Section):
     api_key_env: str = "SERPER_API_KEY"
     max_result_chars: int | None = Field(None, ge=1, description="truncate each result's text")
     timeout_s: float = Field(30.0, gt=0)
+    stall_s: float | None = Field(None, gt=0, description="http / web: seconds without a byte from the server "
+                                  "after which a request is a stall: not retried, the run ends naming the server "
+                                  "(resumable). null: search.timeout_s (a search's reply is small)")
     concurrency: int = Field(16, ge=1, description="web backend: queries of a batch in flight at once (one "
                              "request each; results keep the batch's order). The http backend sends a batch as "
                              "one request")

@@ -29,6 +29,7 @@ import torch
 
 from arbor.config import ArborConfig
 from arbor.format import ARBOR, TagProtocol, get_protocol
+from arbor.liveness import DependencyStalled, transport_timeout
 from arbor.reward import RewardFn, load_reward_fn, score_trajectory
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import AgentLoop, AgentState, Budgets, Generation, GenRequest
@@ -565,11 +566,22 @@ class OpenAIEngine(_EngineBase):
             raise RolloutError(f"{where}: unexpected finish_reason {finish!r}")
         return Generation(tokens, token_logprobs, finish)
 
+    def transport_timeout(self) -> Any:
+        """httpx's timeouts: ``rollout.request_timeout_s``, and ``rollout.stall_s`` (default: the same) without a
+        byte received (``arbor.liveness.DependencyStalled``)."""
+        r = self.cfg.rollout
+        return transport_timeout(r.request_timeout_s, r.stall_s or r.request_timeout_s)
+
     async def _complete(self, client: Any, sem: asyncio.Semaphore, req: GenRequest,
                         **body: Any) -> Generation:
         """One completion; ``body`` overrides fields of ``request_body`` (``complete``'s temperature and stops)."""
+        import httpx
+
         async with sem:
-            resp = await client.post(self.url, json={**self.request_body(req), **body}, headers=self.headers)
+            try:
+                resp = await client.post(self.url, json={**self.request_body(req), **body}, headers=self.headers)
+            except httpx.ReadTimeout as e:  # accepted, then silent (issue 60): the run ends naming the server
+                raise DependencyStalled("the rollout server", self.url, client.timeout.read) from e
         if resp.status_code == 404 and "does not exist" in resp.text:  # vLLM 0.33 serving.py::_check_model
             raise RolloutError(f"POST {self.url}: the server does not serve model {self.served_model!r} "
                                f"({resp.text[:300]}): start it with --served-model-name {self.served_model} "
@@ -598,7 +610,7 @@ class OpenAIEngine(_EngineBase):
         watch = GroupWatch(self, states, k, step, run_id, first_group, on_group)
         sem = asyncio.Semaphore(self.cfg.rollout.concurrency)
         limits = httpx.Limits(max_connections=self.cfg.rollout.concurrency)
-        async with httpx.AsyncClient(timeout=self.cfg.rollout.request_timeout_s, limits=limits) as client:
+        async with httpx.AsyncClient(timeout=self.transport_timeout(), limits=limits) as client:
             await asyncio.gather(*(self._run_one(client, sem, s, watch.done) for s in states))
         watch.flush()
         return self._finish(states, k, step, run_id, first_group)
@@ -617,7 +629,7 @@ class OpenAIEngine(_EngineBase):
 
         async def run() -> list[Generation]:
             sem = asyncio.Semaphore(self.cfg.rollout.concurrency)
-            async with httpx.AsyncClient(timeout=self.cfg.rollout.request_timeout_s) as client:
+            async with httpx.AsyncClient(timeout=self.transport_timeout()) as client:
                 return await asyncio.gather(*(self._complete(client, sem, r, temperature=temperature,
                                                              stop=list(stop_strings)) for r in requests))
 

@@ -13,7 +13,9 @@
   batch's order.
 - Both remote backends retry (``RetryPolicy``): HTTP 429 / 503 after the server's ``Retry-After`` (seconds or an
   HTTP date) or else exponential backoff with jitter, other 5xx and connection errors with backoff, at most
-  ``search.max_attempts`` attempts; then a ``SearchError`` naming the query.
+  ``search.max_attempts`` attempts; then a ``SearchError`` naming the query. A server that takes a request and
+  sends no byte for ``search.stall_s`` seconds is a stall (``arbor.liveness.DependencyStalled``): not retried,
+  the run ends naming it.
 - ``CachedSearch``: (backend, query, k) -> hits in one SQLite store, ``{home}/cache/search/entries.sqlite3``
   (``storage.kvstore``: atomic per entry, safe across processes and kill -9), so re-runs and resumes never call the
   backend twice. Entries of the earlier one-JSON-file-per-entry layout in that folder are read through.
@@ -38,6 +40,7 @@ from typing import Any, Protocol
 from arbor.config import ArborConfig
 from arbor.config.search import SearchConfig
 from arbor.jsonl import jsonl_rows
+from arbor.liveness import DependencyStalled, transport_timeout
 from arbor.paths import PROJECT_ROOT
 from arbor.plugins import PluginError, check_signature, load_plugin
 from arbor.retry_after import requested_wait_s
@@ -230,6 +233,8 @@ def _post_json(client: Any, url: str, payload: dict, headers: dict | None, polic
         last = attempt == policy.max_attempts
         try:
             r = client.post(url, json=payload, headers=headers)
+        except httpx.ReadTimeout as e:  # accepted, then silent: a wedged server would wedge a retry too
+            raise DependencyStalled("the search server", url, client.timeout.read) from e
         except httpx.TransportError as e:
             if last:
                 raise SearchError(f"search request to {url} for {what} failed after {attempt} attempts: "
@@ -272,12 +277,12 @@ class HttpSearch:
     """
 
     def __init__(self, url: str, *, timeout_s: float = 30.0, retry: RetryPolicy = RetryPolicy(),
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, stall_s: float | None = None) -> None:
         import httpx
 
         self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         self.name = f"http:{self.url}"
-        self._client = httpx.Client(timeout=timeout_s)
+        self._client = httpx.Client(timeout=transport_timeout(timeout_s, stall_s or timeout_s))
         self.retry, self._sleep = retry, sleep
 
     def search(self, queries: list[str], k: int) -> list[list[SearchHit]]:
@@ -310,7 +315,8 @@ class WebSearch:
     inject their own). The first failing query in batch order raises ``SearchError`` naming it."""
 
     def __init__(self, url: str, api_key_env: str, *, timeout_s: float = 30.0, concurrency: int = 16,
-                 retry: RetryPolicy = RetryPolicy(), sleep: Callable[[float], None] = time.sleep) -> None:
+                 retry: RetryPolicy = RetryPolicy(), sleep: Callable[[float], None] = time.sleep,
+                 stall_s: float | None = None) -> None:
         import httpx
 
         key = os.environ.get(api_key_env)
@@ -321,7 +327,7 @@ class WebSearch:
         self._headers = {"X-API-KEY": key}
         self.concurrency = concurrency
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        self._client = httpx.Client(timeout=timeout_s, limits=limits)
+        self._client = httpx.Client(timeout=transport_timeout(timeout_s, stall_s or timeout_s), limits=limits)
         self._slots = threading.BoundedSemaphore(concurrency)
         self.retry, self._sleep = retry, sleep
 
@@ -427,11 +433,13 @@ def make_search(cfg: SearchConfig, *, home: str | Path, config: ArborConfig | No
     elif cfg.backend == "http":
         if not cfg.url:
             raise SearchError("search.url: the http backend needs the retriever's URL")
-        backend = HttpSearch(cfg.url, timeout_s=cfg.timeout_s, retry=RetryPolicy.from_config(cfg))
+        backend = HttpSearch(cfg.url, timeout_s=cfg.timeout_s, retry=RetryPolicy.from_config(cfg),
+                             stall_s=cfg.stall_s)
     elif cfg.backend == "web":
         if not cfg.url:
             raise SearchError("search.url: the web backend needs the API endpoint URL")
-        backend = WebSearch(cfg.url, cfg.api_key_env, timeout_s=cfg.timeout_s, concurrency=cfg.concurrency,
+        backend = WebSearch(cfg.url, cfg.api_key_env, timeout_s=cfg.timeout_s, stall_s=cfg.stall_s,
+                            concurrency=cfg.concurrency,
                             retry=RetryPolicy.from_config(cfg))
     else:  # the config refuses anything but these three and import paths
         backend = PluginSearch(load_search_plugin(cfg.backend)(cfg), cfg.backend)

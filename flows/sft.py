@@ -39,7 +39,8 @@ def sft_key(cfg: ArborConfig) -> str:
     parts = {"sft": sft, "policy": policy,
              # require_answers at its default keeps the earlier keys (issue 56 added it)
              "data": cfg.data.model_dump(mode="json", exclude={"require_answers"} if cfg.data.require_answers else None),
-             "search": cfg.search.model_dump(mode="json"), "seed": cfg.run.seed,
+             # how long a search may stay silent does not change what it returns (issue 60 added it)
+             "search": cfg.search.model_dump(mode="json", exclude={"stall_s"}), "seed": cfg.run.seed,
              "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens}
     if cfg.rollout.system_prompt:  # SFT tokenises with the run's prompt; unset keeps the earlier keys
         parts["system_prompt"] = cfg.rollout.system_prompt

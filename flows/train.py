@@ -40,6 +40,7 @@ from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from arbor.config import ArborConfig, load_config
+from arbor.config.data import DataConfig
 from arbor.config.inputs import workspace_inputs
 from arbor.flows.progress import RunProgress
 from arbor.paths import arbor_home, resolve_home_path
@@ -180,7 +181,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     store = StageStore(run_id, home)
     questions = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, config=cfg,
                                fields=fields_of(cfg.data))
-    print(data_line(cfg, len(questions)))  # logged by the flow (log_prints): what the run trains and evaluates on
+    print(data_line(cfg.data, cfg.run.eval_every, len(questions)))  # logged by the flow (log_prints): what the run trains and evaluates on
     search = make_search(cfg.search, home=home, config=cfg)
     start = start_checkpoint(cfg, home)
     method = make_method(cfg)
@@ -224,11 +225,11 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     return state
 
 
-def data_line(cfg: ArborConfig, n_train: int) -> str:
+def data_line(d: DataConfig, eval_every: int | None, n_train: int) -> str:
     """The run's start line naming its question sets and how many training questions it samples from (issue 56: a
     paper profile trained on the 129 shipped questions, 2,000 asked of them, and no line said so). ``n_train``: the
     questions loaded (``data.train_size`` caps them; a larger size takes the whole set, and the line says so)."""
-    d, every = cfg.data, cfg.run.eval_every
+    every = eval_every
     sample = ""
     if d.train_size is not None and d.train_size > n_train:  # never silent (issue 56: 2,000 asked, 129 given)
         sample = f"; data.train_size={d.train_size} asks for more than it holds: all {n_train} are used"

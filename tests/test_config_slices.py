@@ -25,6 +25,11 @@ WHOLE_CONFIG: dict[str, str] = {
     "arbor/preflight.py::_plugin_problems": "the plug-ins of five sections",
     "arbor/preflight.py::_teacher_problems": "ARCO's warm-up: arco, judge and run",
     "arbor/preflight.py::_embedder_problems": "the embedder by method: memory, rubricem and run",
+    "arbor/preflight.py::store_port_problems": "every endpoint's port against the transfer store: five sections",
+    # the run's dependencies: every endpoint of the judge, its roles, the council, search and rollout
+    "flows/train.py::dependency_endpoints": "the URLs of judge, guidance, search and rollout",
+    "flows/train.py::watch_dependencies": "hands the config to dependency_endpoints",
+    "flows/train.py::recorded_run": "a command's run life: hands the config to watch_dependencies",
     # the environment: data sources and engines receive the run's config and hand it on
     "tasks/env/datasets.py::load_questions": "handed to a registered source (plug-in interface: Source.questions)",
     "tasks/env/search.py::corpus_path": "handed to a registered source (plug-in interface: Source.corpus)",
@@ -104,4 +109,4 @@ def test_the_walk_finds_a_method_and_a_function() -> None:
     found = whole_config_functions()
     assert "tasks/training/train.py::Trainer.__init__" in found and "flows/train.py::open_run" in found
     assert "arbor/preflight.py::weight_sync_plan" not in found  # takes cluster and rollout
-    assert len(found) == len(WHOLE_CONFIG) == 43
+    assert len(found) == len(WHOLE_CONFIG) == 47

@@ -137,12 +137,12 @@ def test_start_line_states_a_train_size_larger_than_the_set() -> None:
     cfg = load_config("qwen3-4b-arco", {"data.train": "offline:train"})
     n = len(load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, config=cfg))
     assert n == 129
-    assert data_line(cfg, n) == (
+    assert data_line(cfg.data, cfg.run.eval_every, n) == (
         "data: trains on offline:train (129 questions; data.train_size=2000 asks for more than it holds: all 129 "
         "are used); evaluates on bench:hotpotqa, bench:2wiki, bench:musique by `arbor eval` (no in-run evaluation: "
         "run.eval_every unset)")
     cfg = load_config("qwen3-8b", {"run.eval_every": "10"})
-    assert data_line(cfg, 2000) == ("data: trains on arpo:train2k (2000 questions); evaluates on bench:bamboogle, "
+    assert data_line(cfg.data, cfg.run.eval_every, 2000) == ("data: trains on arpo:train2k (2000 questions); evaluates on bench:bamboogle, "
                                     "bench:hotpotqa, bench:musique, bench:2wiki every 10 steps")
 
 
@@ -175,7 +175,7 @@ def test_single_eval_set_keeps_its_form() -> None:
         load_config("tiny-cpu", {"data.eval": "[bench:2wiki, bench:2wiki]"})
 
 
-def test_require_answers_at_its_default_keeps_the_sft_keys_of_before_issue_56() -> None:
+def test_the_cpu_profiles_keep_their_sft_keys_of_before_session_28() -> None:
     """An SFT start's key hashes ``data``; the field added for DR Tulu's rows must not re-key every start (the
     records' and the benches' starts, e.g. tiny-world's 9878cb976951, stay found), while turning it off re-keys."""
     from arbor.flows.sft import sft_key
@@ -185,3 +185,5 @@ def test_require_answers_at_its_default_keeps_the_sft_keys_of_before_issue_56() 
     assert "require_answers" not in before and sft_key(cfg) != sft_key(load_config("tiny-world", {"data.require_answers": False}))
     # the key fff8a44 computed (the start of docs/decisions.md's tiny-world records); a WORLD_VERSION bump moves it
     assert sft_key(cfg) == "9878cb976951"
+    # and the other CPU profiles' (fields added since to sections the key hashes, e.g. search.stall_s, are left out)
+    assert (sft_key(load_config("tiny-cpu")), sft_key(load_config("smol-world"))) == ("5fc321a79650", "69e91bcc1c5a")

@@ -89,7 +89,7 @@ def test_a_wrong_plugin_is_named_before_anything_starts(key: str, spec: str, wor
 
 
 def test_plugin_keys_refuse_what_is_neither_a_name_nor_an_import_path() -> None:
-    for key, expected in [("search.backend", "bm25, http, web"), ("judge.backend", "rules, openai")]:
+    for key, expected in [("search.backend", "bm25, http, web"), ("judge.backend", "rules, openai, world, random")]:
         with pytest.raises(ConfigError, match=rf"{key}: expected one of {expected} or a plug-in"):
             load_config("tiny-cpu", {key: "bm26"})
     with pytest.raises(ConfigError, match="reward.fn: String should match pattern"):

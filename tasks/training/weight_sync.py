@@ -145,7 +145,6 @@ class ReloadSync:
     reset_backoff_s: float = 1.0
     last_good: Path | None = None  # the folder the server last loaded and confirmed
     last_version: int | None = None
-    last_report: SyncReport | None = None
 
     @property
     def http(self) -> VllmControl:
@@ -169,7 +168,7 @@ class ReloadSync:
         except VllmSyncError as e:
             raise VllmSyncError(f"reloading {path} as policy version {version} failed: {e}; "
                                 f"{self.restore()}") from e
-        previous, self.last_good, self.last_version, self.last_report = self.last_good, path, version, report
+        previous, self.last_good, self.last_version = self.last_good, path, version
         if (previous is not None and previous != path and previous.parent == path.parent
                 and previous.name.startswith("policy_v")):
             shutil.rmtree(previous, ignore_errors=True)  # an earlier export of this sync folder, no longer served

@@ -68,21 +68,25 @@ def test_grpo_raises_the_training_reward_on_the_world(world_sft: Path, tmp_path:
 
 
 def test_the_world_judge_answers_arbor_in_a_real_run(world_sft: Path, tmp_path: Path, prefect_harness) -> None:
-    """Issue 63 item 2: two tiny-world ARBOR steps with ``judge.backend=world`` from the shared SFT start. The judge
-    is really asked: step 1 induces drafts about the world's process features, step 2 scores with the admitted
-    common rubrics, and every pairwise verdict is stored beside both trajectories' base rewards
-    (``rubric_verdicts``), which is what ``judge_signal_quality`` reads."""
+    """Issue 63 item 2: three tiny-world ARBOR steps with ``judge.backend=world`` from the shared SFT start. The judge
+    is really asked: it induces drafts about the world's process features and judges pairs, admitted drafts become
+    common rubrics, and every scored group's 11 pairwise verdicts (K = 8) are stored beside both trajectories' base
+    rewards (``rubric_verdicts``), which is what ``judge_signal_quality`` reads. (When the first rubric activates
+    depends on the start's exact weights: step 2 from one start, step 3 from another, so three steps.)"""
     from arbor.tasks.methods.arbor.world_judge import WORLD_FEATURES
 
     home = tmp_path / "home"
-    _train(home, "world", {"run.steps": 2, "run.eval_every": None, "checkpoint.every": 2, "rollout.batch_size": 8,
+    _train(home, "world", {"run.steps": 3, "run.eval_every": None, "checkpoint.every": 3, "rollout.batch_size": 8,
                            "run.method": "arbor", "judge.backend": "world", "memory.k_consol": 1,
                            "run.sft_warm_start": False, "run.start_checkpoint": str(world_sft)})
     calls = table("judge_calls", "world", home)
     assert calls and {c["backend"] for c in calls} == {"world"} and not [c for c in calls if c["error"]]
-    assert {"induction", "pairwise"} <= {c["role"] for c in calls}
+    assert {"induction", "pairwise", "consolidation"} <= {c["role"] for c in calls}
     drafts = [e for e in table("rubric_events", "world", home) if e["event"] == "induced"]
     assert drafts and {e["feature"] for e in drafts} <= set(WORLD_FEATURES)
+    activations = table("rubric_activations", "world", home)
     verdicts = table("rubric_verdicts", "world", home)
-    assert verdicts and all(v["step"] == 2 for v in verdicts)
+    assert activations, "no common rubric scored a group in three steps"
+    for step in (1, 2, 3):  # one verdict per edge of every scored (rubric, group)
+        assert sum(v["step"] == step for v in verdicts) == 11 * sum(a["step"] == step for a in activations)
     assert {v["outcome"] for v in verdicts} <= {0.0, 0.5, 1.0, None}

@@ -218,3 +218,30 @@ def probe(gate: str, report: str, key_env: str = "", timeout_s: float = 300.0) -
             raise TimeoutError(f"probe: {gate} did not appear within {timeout_s} s")
         time.sleep(0.05)
     return "released"
+
+
+class OneJudgeStep:
+    """What a method's stage reads of a run (``tasks.methods.base.StepResources``), for one stage call of one judge:
+    its groups, the judge, and an event loop that closes the judge when the stage's coroutine ends."""
+
+    def __init__(self, judge: Any) -> None:
+        self.judge, self.run_id, self.seed = judge, "r", 0
+
+    def groups(self, ts: list[Any]) -> list[list[Any]]:
+        return [[t for t in ts if t.group == g] for g in sorted({t.group for t in ts})]
+
+    def run_async(self, coro: Any) -> Any:
+        import asyncio
+
+        async def closing() -> Any:
+            try:
+                return await coro
+            finally:
+                await self.judge.aclose()
+        return asyncio.run(closing())
+
+    def judge_capped(self) -> bool:
+        return False
+
+    def judge_rows(self) -> list[dict[str, Any]]:
+        return self.judge.drain_calls()

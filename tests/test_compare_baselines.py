@@ -4,11 +4,11 @@ per step beside each method, from stored rows written by hand."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flow_support import OneJudgeStep
 
 from arbor.config import ArborConfig, load_config
 from arbor.config.judge import JudgeConfig
@@ -83,25 +83,6 @@ BAD = ("<search>film</search><result>A film.</result><search>film</search><resul
        "<answer>\\boxed{Orson Welles}</answer>")
 
 
-class Resources:
-    """What RaR's shaping reads of a run, with the offline rules judge."""
-
-    def __init__(self, judge: Any) -> None:
-        self.judge, self.run_id, self.seed = judge, "r", 0
-
-    def groups(self, ts: list[Trajectory]) -> list[list[Trajectory]]:
-        return [[t for t in ts if t.group == g] for g in sorted({t.group for t in ts})]
-
-    def run_async(self, coro: Any) -> Any:
-        return asyncio.run(coro)
-
-    def judge_capped(self) -> bool:
-        return False
-
-    def judge_rows(self) -> list[dict[str, Any]]:
-        return self.judge.drain_calls()
-
-
 @pytest.mark.parametrize(("attenuate", "low"), [(False, -0.1 * 7 / 18), (True, -0.25 * 0.1 * 7 / 18)])
 def test_rar_adds_its_centred_rating_with_the_shaping_coefficient_alone(tmp_path: Path, attenuate: bool,
                                                                         low: float) -> None:
@@ -112,7 +93,7 @@ def test_rar_adds_its_centred_rating_with_the_shaping_coefficient_alone(tmp_path
     c = cfg(run={"method": "rar"}, memory={"rar_attenuate": attenuate})
     trajs = [Trajectory("r", 1, 0, s, "q", Q, ["Tim Burton"], text=text, f1=f1, base_reward=f1, format_valid=True)
              for s, (text, f1) in enumerate([(GOOD, 1.0), (BAD, 0.0)])]
-    RaR(c).shape(Resources(make_judge(JudgeConfig(backend="rules"), home=tmp_path)), 1, trajs)
+    RaR(c).shape(OneJudgeStep(make_judge(JudgeConfig(backend="rules"), home=tmp_path)), 1, trajs)
     assert trajs[0].shaped_reward == pytest.approx(1.0 + 0.1 * 7 / 18, abs=1e-12)
     assert trajs[1].shaped_reward == pytest.approx(low, abs=1e-12)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import openai_server
 import pytest
+from flow_support import OneJudgeStep
 from openai_server import FaultPlan, OpenAIServer
 
 from arbor.config import ArborConfig
@@ -196,30 +197,6 @@ def test_a_refused_reply_is_kept_to_its_first_200_characters(tmp_path: Path, mon
     assert row["attempt_replies"] == [reply[:200]] * 2
 
 
-class Resources:
-    """What a method's stage reads of a run (``tasks.methods.base.StepResources``), for one step of one judge."""
-
-    def __init__(self, judge: Any) -> None:
-        self.judge, self.run_id, self.seed = judge, "r", 0
-
-    def groups(self, ts: list[Trajectory]) -> list[list[Trajectory]]:
-        return [[t for t in ts if t.group == g] for g in sorted({t.group for t in ts})]
-
-    def run_async(self, coro: Any) -> Any:
-        async def closing() -> Any:
-            try:
-                return await coro
-            finally:
-                await self.judge.aclose()
-        return asyncio.run(closing())
-
-    def judge_capped(self) -> bool:
-        return False
-
-    def judge_rows(self) -> list[dict[str, Any]]:
-        return self.judge.drain_calls()
-
-
 @pytest.mark.parametrize("echoes", [0, 3])
 def test_when_every_attempt_is_a_placeholder_nothing_is_admitted(server: OpenAIServer, tmp_path: Path,
                                                                 echoes: int) -> None:
@@ -228,7 +205,7 @@ def test_when_every_attempt_is_a_placeholder_nothing_is_admitted(server: OpenAIS
     server.plan = FaultPlan(by_role={"induction": ["echo"] * echoes})
     cfg = ArborConfig.model_validate({"run": {"method": "arbor"}, "judge": config(server).model_dump()})
     method = Arbor(cfg)
-    rows = method.induce(Resources(make_judge(cfg.judge, home=tmp_path)), 1, trajs())
+    rows = method.induce(OneJudgeStep(make_judge(cfg.judge, home=tmp_path)), 1, trajs())
     [call] = [c for c in rows["judge_calls"] if c["role"] == "induction"]
     events = [e["event"] for e in rows["rubric_events"]]
     if echoes:

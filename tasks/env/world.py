@@ -591,8 +591,8 @@ def synthesize_world(questions: Sequence[WorldQuestion], search: Any, cfg: World
 def build_world_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, search: Any = None,
                          split: str = "train") -> Path:
     """``sft.data: world:train`` (or one kind, ``world:train-one_hop``): gold trajectories for the first
-    ``sft.questions`` world training questions
-    (``sft.variants`` each), searched with the run's backend over the world corpus; JSONL at ``out_path``."""
+    ``sft.questions`` world training questions (``sft.variants`` each), searched with the run's backend over the
+    world corpus; JSONL at ``out_path``."""
     from arbor.tasks.env.search import make_search
     from arbor.tasks.env.sft_data import SFTDataError, reflection_share, write_jsonl
 

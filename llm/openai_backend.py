@@ -39,7 +39,9 @@ _RETRYABLE = (openai.RateLimitError, openai.InternalServerError, openai.APITimeo
 DIALECTS = ("json_schema", "json_object", "off")  # judge.structured_outputs=auto tries them in this order
 _FORMAT_WORDS = ("response_format", "json_schema", "json_object", "schema", "grammar")
 REPLY_EXCERPT_CHARS = 200  # how much of a refused reply the ledger keeps (judge_calls.attempt_replies)
-_CARRIED: set[tuple[str, str]] = set()  # (run, key) whose earlier payment a hit of this process carried
+# (workspace, run, key) whose earlier payment a hit of this process carried: a run id names a run within one
+# workspace only, and one process may hold runs of two workspaces with the same id (a notebook, a test worker)
+_CARRIED: set[tuple[str, str, str]] = set()
 
 
 @cache
@@ -210,9 +212,9 @@ class OpenAIJudge(Judge):
             self._paid_keys[run_id] = {r["cache_key"] for r in t.select(["cache_key", "cost_usd"]).to_pylist()
                                        if (r["cost_usd"] or 0.0) > 0.0} if t.num_rows else set()
         cost = payment_carried(entry, run_id, process_attempt(), key in self._paid_keys[run_id],
-                               (run_id, key) in _CARRIED)
+                               (str(self.home), run_id, key) in _CARRIED)
         if cost:
-            _CARRIED.add((run_id, key))
+            _CARRIED.add((str(self.home), run_id, key))
             self.total_cost_usd += cost
         return cost
 

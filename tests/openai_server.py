@@ -241,6 +241,7 @@ class OpenAIServer:
         self.faults_served: list[str] = []
         self.bodies: list[dict[str, Any]] = []  # request bodies (never the Authorization header)
         self.arrivals: list[tuple[float, str]] = []  # (wall-clock time, role) of each request (streamed judging)
+        self.keyed: list[tuple[float, str]] = []  # (wall-clock time, cache key) of each request read whole
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/_arbor/counts", self._counts, methods=["GET"]),
@@ -264,6 +265,7 @@ class OpenAIServer:
         self.bodies.append(body)
         key = request.headers.get(CACHE_HEADER, "")
         self.counts[key] += 1
+        self.keyed.append((time.time(), key))
         messages = body.get("messages", [])
         role = recognise_role(messages)
         system = next((m.get("content", "") for m in messages if m.get("role") == "system"), "")

@@ -115,6 +115,12 @@ def _history(api: str, run_id: str) -> list[tuple[datetime, str, str]]:
     return sorted((datetime.fromisoformat(s["timestamp"]), s["type"], s["name"]) for s in states)
 
 
+SFT_ROWS = [{"question": f"Who founded company {i}?", "golds": [f"Person {i}"],
+             "response": f"<think>I should search.</think>\n<search>company {i} founder</search>\n<result>\nCompany {i}"
+                         f" was founded by Person {i}.\n</result>\n<think>Found it.</think>\n"
+                         f"<answer>\\boxed{{Person {i}}}</answer>"} for i in range(8)]
+
+
 @pytest.mark.slow
 def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
     port = _free_port()
@@ -172,15 +178,26 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
             assert got["global_concurrency_limit"] is None and got["pull_steps"] == spec()["pull"], key
         assert SECRET not in json.dumps(list(served.values()))
 
-        # a 1-step tiny-cpu run, by a worker started outside the checkout
+        # README "On a cluster": SFT data written as data/sft/<file>.jsonl in the workspace, then arbor-sft and a
+        # 1-step arbor-train run by a worker started outside the checkout, which runs each flow in a temporary
+        # directory of its own: `sft.data` given relative is read from ARBOR_HOME (it was resolved against the
+        # worker's temporary directory and refused), and the RL run starts from the SFT start the first flow made
+        (home / "data" / "sft").mkdir(parents=True)
+        (home / "data" / "sft" / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in SFT_ROWS))
+        sft = {"sft.data": "data/sft/mine.jsonl", "sft.epochs": 1, "sft.batch_size": 4, "sft.max_length": 256}
         overrides = {"run.steps": 1, "run.sft_warm_start": False, "rollout.batch_size": 2, "rollout.k": 2,
                      "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2}
-        _prefect(["deployment", "run", "arbor-train/tiny-cpu", "--param", f"overrides={json.dumps(overrides)}",
+        _prefect(["deployment", "run", "arbor-sft/tiny-cpu", "--param", f"overrides={json.dumps(sft)}"], env,
+                 work_dir)
+        _prefect(["worker", "start", "--pool", cpu_pool, "--run-once"], env, work_dir, timeout=600)
+        _prefect(["deployment", "run", "arbor-train/tiny-cpu", "--param",
+                  f"overrides={json.dumps({**overrides, **sft, 'run.sft_warm_start': True})}",
                   "--param", "run_id=deployed"], env, work_dir)
         _prefect(["worker", "start", "--pool", cpu_pool, "--run-once"], env, work_dir, timeout=600)
-        runs = _post(api, "/flow_runs/filter")
-        assert [r["state"]["type"] for r in runs] == ["COMPLETED"], runs  # the worker exits 0 even on failure
-        assert runs[0]["name"] == "deployed"  # the flow run is named after the arbor run
+        runs = sorted(_post(api, "/flow_runs/filter"), key=lambda r: r["expected_start_time"])
+        assert [r["state"]["type"] for r in runs] == ["COMPLETED"] * 2, runs  # the worker exits 0 even on failure
+        assert runs[1]["name"] == "deployed"  # the flow run is named after the arbor run
+        first_two = {r["id"] for r in runs}
 
         # Retry in the UI: a run without run_id, failed at step 2, resumes the same arbor run
         two = {**overrides, "run.steps": 2}
@@ -188,7 +205,7 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
                  work_dir)
         _prefect(["worker", "start", "--pool", cpu_pool, "--run-once"], {**env, "ARBOR_FAULT": "2:score"},
                  work_dir, timeout=600, ok=False)
-        failed = [r for r in _post(api, "/flow_runs/filter") if r["name"] != "deployed"]
+        failed = [r for r in _post(api, "/flow_runs/filter") if r["id"] not in first_two]
         assert [r["state"]["type"] for r in failed] == ["FAILED"], failed
         fid, rid = failed[0]["id"], failed[0]["name"]
         assert rid.startswith("tiny-cpu-") and rid.endswith(fid.replace("-", "")[:8])
@@ -281,6 +298,10 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
     assert not [p for p in (home / "runs").iterdir() if p.name.startswith("qwen3-8b")]
     steps = read_table("steps", run_id="deployed", home=home).to_pylist()
     assert [s["step"] for s in steps] == [1]
+    [made] = [p for p in (home / "sft").iterdir() if (p / "arbor_sft.json").exists()]
+    assert json.loads((made / "arbor_sft.json").read_text())["data"] == str(home / "data/sft/mine.jsonl")
+    stored_cfg = yaml.safe_load((home / "runs" / "deployed" / "config.yaml").read_text())
+    assert str(home / "data/sft/mine.jsonl") in json.dumps(stored_cfg)  # the run's config names the file it read
     # the retried flow run trained the run it started: step 1 from its first attempt (Cached), step 2 completed
     for stage in ("rollout", "score", "retire", "induce", "shape", "consolidate", "train"):
         assert states[f"{stage}-step1"] == ["Completed", "Cached"], (stage, states)
@@ -309,67 +330,3 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
     # no ARBOR_HOME: refused before the flow started (Crashed; the reason is in the worker's output)
     assert refused["state"]["type"] == "CRASHED" and not (tmp_path / "unset.json").exists(), refused
     assert "arbor: set ARBOR_HOME to an absolute path" in unguarded.stdout + unguarded.stderr, unguarded.stderr[-3000:]
-
-
-SFT_ROWS = [{"question": f"Who founded company {i}?", "golds": [f"Person {i}"],
-             "response": f"<think>I should search.</think>\n<search>company {i} founder</search>\n<result>\nCompany {i}"
-                         f" was founded by Person {i}.\n</result>\n<think>Found it.</think>\n"
-                         f"<answer>\\boxed{{Person {i}}}</answer>"} for i in range(8)]
-
-
-@pytest.mark.slow
-def test_sft_then_train_deployments_read_data_from_arbor_home(tmp_path: Path) -> None:
-    """README "On a cluster": the SFT data written as data/sft/<file>.jsonl in the workspace, then arbor-sft and
-    arbor-train deployed and run by a process worker, which runs each flow in a temporary directory of its own:
-    `sft.data` given relative is read from ARBOR_HOME (it was resolved against the worker's temporary directory
-    and refused), and the RL run starts from the SFT start the first deployment made."""
-    port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
-    home, deploy_dir, work_dir = tmp_path / "home", tmp_path / "deploy", tmp_path / "worker"
-    for d in (home / "data" / "sft", deploy_dir, work_dir):
-        d.mkdir(parents=True)
-    (home / "data" / "sft" / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in SFT_ROWS))
-    chosen = [d for d in spec()["deployments"] if d["name"] == "tiny-cpu"
-              and d["entrypoint"] in ("arbor.flows.sft.arbor_sft", "arbor.flows.train.arbor_train")]
-    assert len(chosen) == 2
-    (deploy_dir / "prefect.yaml").write_text(yaml.safe_dump({**{k: v for k, v in spec().items() if k != "deployments"},
-                                                             "deployments": chosen}))
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api, "ARBOR_HOME": str(home),
-           "PATH": os.pathsep.join([str(Path(PREFECT).parent), os.environ.get("PATH", "")]),
-           "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
-    env.pop("ARBOR_PROJECT_DIR", None)
-    pool = spec()["definitions"]["work_pools"]["cpu"]["name"]
-    sft = {"sft.data": "data/sft/mine.jsonl", "sft.epochs": 1, "sft.batch_size": 4, "sft.max_length": 256}
-    rl = {**sft, "run.steps": 1, "run.sft_warm_start": True, "rollout.batch_size": 2, "rollout.k": 2,
-          "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2}
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _until("the prefect server", lambda: _healthy(api), timeout=120)
-        _prefect(["work-pool", "create", pool, "--type", "process"], env, work_dir)
-        _prefect(["--no-prompt", "deploy", "--all"], env, deploy_dir, timeout=600)
-        _prefect(["deployment", "run", "arbor-sft/tiny-cpu", "--param", f"overrides={json.dumps(sft)}"], env,
-                 work_dir)
-        _prefect(["worker", "start", "--pool", pool, "--run-once"], env, work_dir, timeout=600)
-        [sft_state] = [r["state"] for r in _post(api, "/flow_runs/filter")]
-        _prefect(["deployment", "run", "arbor-train/tiny-cpu", "--param", f"overrides={json.dumps(rl)}",
-                  "--param", "run_id=from-home"], env, work_dir)
-        _prefect(["worker", "start", "--pool", pool, "--run-once"], env, work_dir, timeout=600)
-        [train_state] = [r["state"] for r in _post(api, "/flow_runs/filter") if r["name"] == "from-home"]
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    assert sft_state["type"] == "COMPLETED", sft_state
-    [made] = [p for p in (home / "sft").iterdir() if (p / "arbor_sft.json").exists()]
-    assert json.loads((made / "arbor_sft.json").read_text())["data"] == str(home / "data/sft/mine.jsonl")
-    assert train_state["type"] == "COMPLETED", train_state
-    assert [s["step"] for s in read_table("steps", run_id="from-home", home=home).to_pylist()] == [1]
-    stored = yaml.safe_load((home / "runs" / "from-home" / "config.yaml").read_text())
-    assert str(home / "data/sft/mine.jsonl") in json.dumps(stored)  # the run's config names the file it read
-
-
-def _healthy(api: str) -> bool:
-    try:
-        return httpx.get(f"{api}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False

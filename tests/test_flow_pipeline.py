@@ -11,6 +11,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +153,13 @@ def test_sigkill_mid_overlapped_step_resumes_exactly(overlapped: Path, sft_polic
                                   stderr=subprocess.STDOUT, timeout=600)
         assert proc.returncode == -9, log.read_text()[-2000:]
         assert not any(s["stage"] == "train" for s in table("stage_runs", RUN, home) if s["status"] == "completed")
-        asked = set(srv.counts)  # what the killed run asked the judge (step 2's rollout streams its judging)
         with sqlite3.connect(home / "cache" / "judge" / STORE_FILE) as con:
             stored_keys = {k for (k,) in con.execute("select key from kv")}
+        resumed_at = time.time()
         _train(home, RUN, o, resume=True)
+        # what the killed run asked the judge (step 2's rollout streams its judging): every request that reached
+        # the server before the resume started, one the server read only after the SIGKILL included
+        asked = {k for t, k in srv.keyed if t < resumed_at}
         # the judge is not paid twice for any answer the killed run received and stored; only a call in flight at
         # the SIGKILL (asked, its answer never stored) may be asked again, at most one per concurrent call
         again = {k for k, n in srv.counts.items() if n > 1}

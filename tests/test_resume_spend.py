@@ -149,3 +149,38 @@ def test_a_wasted_prefetch_is_not_counted_twice(server: FixedJudge, tmp_path: Pa
     assert resumed["hits"] == [True, True] and server.requests == 2
     assert resumed["costs"] == [0.0, CALL_USD]  # the wasted one is accounted already; the killed call carried
     assert sum(resumed["costs"]) + killed["wasted_usd"] == 2 * CALL_USD
+
+
+TWO_WORKSPACES = r'''
+import asyncio, json, sys
+from arbor.config.judge import JudgeConfig
+from arbor.llm import CallContext, make_judge
+from arbor.tasks.reporting.accuracy import ACCURACY
+
+spec = json.loads(sys.argv[1])
+costs = []
+for home in spec["homes"]:  # one process resumes the run of the same id in each workspace in turn
+    judge = make_judge(JudgeConfig(backend="openai", base_url=spec["url"], api_key_env=spec["key_env"], model="m",
+                                   max_retries=0), home=home)
+    ctx = CallContext(run_id=spec["run_id"], step=1, stage="score")
+    out = asyncio.run(judge.ask(ACCURACY, ctx=ctx, question="Capital of France?", golds=["Paris"],
+                                prediction="Paris"))
+    assert out.ok
+    costs.append([r["cost_usd"] for r in judge.drain_calls()])
+print(json.dumps(costs), flush=True)
+'''
+
+
+def test_one_process_resuming_the_same_run_id_in_two_workspaces_carries_each_payment(server: FixedJudge,
+                                                                                        tmp_path: Path) -> None:
+    """A run id names a run within its workspace: a process that resumes run ``r`` of workspace A and then run
+    ``r`` of workspace B (a notebook; a test worker) carries each workspace's killed payment once. Before the fix
+    the process-wide "already carried" mark was keyed by run id and cache key only, so B's hit came back free."""
+    homes = [tmp_path / "a", tmp_path / "b"]
+    for home in homes:
+        assert _process(server, home, "r", ["Paris"], killed=True)["costs"] == [CALL_USD]
+    spec = {"url": server.url, "key_env": KEY_ENV, "homes": [str(h) for h in homes], "run_id": "r"}
+    out = subprocess.run([sys.executable, "-c", TWO_WORKSPACES, json.dumps(spec)], env={**os.environ, KEY_ENV: "k"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == [[CALL_USD], [CALL_USD]] and server.requests == 2

@@ -1,6 +1,7 @@
 """Issue 49: the stop drill. `arbor train` is asked to stop as users and supervisors ask — SIGINT (a terminal's
 Ctrl-C) and SIGTERM (`timeout`, SLURM's `scancel`), each sent to the process alone or to its whole process group —
-in each phase it can reach on two CPU cores, and it loses Prefect's temporary API server mid-run. Every case must
+in each phase it can reach on two CPU cores, and it loses what it depends on mid-run: Prefect's temporary API
+server, the judge server, an SFT rank, and (issue 62) a judge that reads every request and never answers. Every case must
 end within 15 s of the signal with one last line naming what stopped the run and how to go on, the run recorded
 as stopped (failed for the dead server), and no process of the run left behind; a stopped run resumes to exactly
 the result of a run that was never stopped.
@@ -447,3 +448,39 @@ def test_a_dead_gloo_rank_ends_the_sft_launch_naming_it(drill) -> None:
                     f"stored is kept: resume it with `{ARBOR} train --resume {case}`"), run.tail()
     assert run.proc.returncode == 1 and status == "failed"
     assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+
+
+def test_a_silent_judge_ends_the_run_naming_it_and_it_resumes(drill) -> None:
+    """Issue 62: a judge that reads every request and never answers (tests/raw_server.py, a real TCP server on
+    loopback). Its first call stalls past judge.stall_s = 1 s: the run ends naming the role and the URL (no
+    credentials), marked failed, within the stall bound plus BOUND_S of the first request; resumed against a working
+    judge, it completes from what it stored."""
+    from openai_server import OpenAIServer
+    from raw_server import RawServer
+
+    root, env = drill
+    case = "judge-silent"
+    env = {**env, "ARBOR_DRILL_JUDGE_KEY": "sk-drill-secret-0123456789"}
+    judge = ("run.method=rar", "run.sft_warm_start=false", "judge.backend=openai", "judge.model=test-judge",
+             "judge.api_key_env=ARBOR_DRILL_JUDGE_KEY", "judge.timeout_s=1", "judge.max_retries=0", "judge.stall_s=1")
+    with RawServer("silent") as server:
+        url = f"http://judgeuser:pa55word@127.0.0.1:{server.port}/v1"
+        run = Run(root, env, case, ["--run-id", case, *[f"--set={s}" for s in (*TINY, *judge)],
+                                    f"--set=judge.base_url={url}"])
+        run.wait_for(lambda: server.first_at is not None, "the judge's first request")
+        secs, last = run.finish()
+        asked = server.first_at
+    status = _status(root / "home", case)
+    assert last.startswith(f"error: run {case} stopped: DependencyStalled: the judge of role 'rar_rubrics' at "
+                           f"http://127.0.0.1:{server.port}/v1 stalled: no bytes for 1 s;"), run.tail()
+    assert f"arbor train --resume {case}" in last, last
+    assert "pa55word" not in run.tail() and "judgeuser" not in run.tail()
+    assert run.proc.returncode == 1 and status == "failed"
+    assert asked is not None and secs < 1 + BOUND_S, f"{secs:.1f} s\n{run.tail()}"
+    with OpenAIServer() as ok:
+        resumed = Run(root, env, case, ["--resume", case, f"--set=judge.base_url={ok.base_url}"])
+        resumed.proc.wait(timeout=300)
+        resumed.finish()
+    after = _status(root / "home", case)
+    TABLE.append(("judge reads and never answers (stall 1 s)", secs, last, status, after))
+    assert resumed.proc.returncode == 0 and after == "completed", resumed.tail()

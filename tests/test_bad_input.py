@@ -54,7 +54,17 @@ BAD = [  # (arguments, what the one line must name)
     (["eval", "--limit", "-1"], ["--limit -1", "at least 1"]),  # issue 35 item 4: was every question but the last
     (["eval", "--runs", "0"], ["--runs 0", "at least 1"]),  # was silently 5
     (["train", "--set", "run.steps=100000000000000000000000"], ["run.steps", "10000000"]),
+    # a credential in an endpoint URL would be stored with the run (config, Parquet, logs): refused, never echoed
+    (["train", "--set", "judge.backend=openai", "--set", "judge.base_url=http://judgeuser:pa55word@127.0.0.1:9/v1"],
+     ["judge.base_url", "carries a credential (user:password@)", "api_key_env"]),
+    (["train", "--set", "judge.roles.pairwise.base_url=http://127.0.0.1:9/v1?api_key=sk-in-the-query"],
+     ["judge.roles.pairwise.base_url", "the query parameter 'api_key'"]),
+    (["train", "--resume", "r1", "--set", "judge.base_url=http://judgeuser:pa55word@127.0.0.1:9/v1"],
+     ["judge.base_url", "carries a credential"]),
+    (["train", "--set", "rollout.base_url=http://vllm:pa55word@127.0.0.1:9/v1"], ["rollout.base_url"]),
+    (["train", "--set", "search.url=http://127.0.0.1:9/search?token=sk-in-the-query"], ["search.url"]),
 ]
+SECRETS = ("pa55word", "sk-in-the-query")
 
 
 @pytest.mark.parametrize(("args", "named"), BAD, ids=[" ".join(a) for a, _ in BAD])
@@ -69,6 +79,7 @@ def test_bad_input_exits_2_at_once_with_one_line(user, args: list[str], named: l
     assert "Traceback" not in out.stderr + out.stdout
     for name in named:
         assert name.format(cwd=cwd) in lines[0], lines[0]
+    assert not any(secret in out.stderr + out.stdout for secret in SECRETS), lines[0]
     assert wall < 3.0, f"{wall:.1f} s"
     assert not (cwd / "prefect").exists(), "Prefect was started"
     assert not (cwd / "home" / "catalog.duckdb").exists()

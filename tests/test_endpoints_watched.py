@@ -40,13 +40,13 @@ def test_every_endpoint_is_listed_once() -> None:
     assert dependency_endpoints(offline, council=True) == []
 
 
-def test_a_dead_role_endpoint_is_named_without_credentials() -> None:
+def test_a_dead_role_endpoint_is_named() -> None:
     """Before issue 60 only judge.base_url (and only on this machine) was watched: a role's own endpoint never."""
     live = socket.create_server(("127.0.0.1", 0))  # the judge-wide endpoint answers
     dead = _closed_port()
     cfg = load_config("tiny-cpu", {
         "judge.backend": "openai", "judge.base_url": f"http://127.0.0.1:{live.getsockname()[1]}/v1",
-        "judge.roles.rar_rate.base_url": f"http://user:s3cret@127.0.0.1:{dead}/v1?key=sk-x"})
+        "judge.roles.rar_rate.base_url": f"http://127.0.0.1:{dead}/v1"})
     deaths: list[str] = []
     watches = watch_dependencies(cfg, [], on_death=deaths.append)
     try:

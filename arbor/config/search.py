@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from arbor.config.base import Section, builtin_or_plugin, endpoint_url
+from arbor.config.base import EndpointUrl, Section, builtin_or_plugin
 
 SEARCH_BACKENDS = ("bm25", "http", "web")
 
@@ -14,7 +14,7 @@ class SearchConfig(Section):
                          "search API), or a plug-in class 'pkg.module:Class' (docs/plugins.md)")
     corpus: str = "data/corpus/wiki_passages.jsonl"
     top_k: int = Field(10, ge=1)
-    url: str | None = None  # http retriever (Search-R1 /retrieve) or web API endpoint
+    url: EndpointUrl = None  # http retriever (Search-R1 /retrieve) or web API endpoint
     api_key_env: str = "SERPER_API_KEY"
     max_result_chars: int | None = Field(None, ge=1, description="truncate each result's text")
     timeout_s: float = Field(30.0, gt=0)
@@ -33,11 +33,6 @@ class SearchConfig(Section):
                                      "daily quota) fails at once instead of waiting")
     cache: bool = Field(True, description="persistent (backend, query, k) -> hits cache, one SQLite file: "
                         "{home}/cache/search/entries.sqlite3")
-
-    @field_validator("url")
-    @classmethod
-    def _no_credential_in_url(cls, v: str | None) -> str | None:
-        return endpoint_url(v)
 
     @field_validator("backend")
     @classmethod

@@ -9,8 +9,10 @@ import pytest
 
 from arbor.config.memory import MemoryConfig
 from arbor.group_stats import pearson
+from arbor.tasks.methods.arbor.admission import admission_stats, admit
 from arbor.tasks.methods.arbor.judge import GroupScoring
-from arbor.tasks.methods.arbor.memory import (
+from arbor.tasks.methods.arbor.memory import RubricMemory, load_pool_file
+from arbor.tasks.methods.arbor.records import (
     ACTIVATION_COLUMNS,
     EVENT_COLUMNS,
     SOURCE_COLUMNS,
@@ -18,12 +20,8 @@ from arbor.tasks.methods.arbor.memory import (
     DraftResult,
     GroupInfo,
     Records,
-    RubricMemory,
-    admission_stats,
-    admit,
-    load_pool_file,
-    step_variance,
 )
+from arbor.tasks.methods.arbor.rubric_stats import step_variance
 from arbor.types import RubricDraft
 
 

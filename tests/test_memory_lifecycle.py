@@ -31,7 +31,8 @@ from arbor.tasks.methods.arbor.judge import (
     sparse_edges,
     verdict_to_outcome,
 )
-from arbor.tasks.methods.arbor.memory import Activation, DraftResult, GroupInfo, Records, RubricMemory
+from arbor.tasks.methods.arbor.memory import RubricMemory
+from arbor.tasks.methods.arbor.records import Activation, DraftResult, GroupInfo, Records
 from arbor.tasks.shaping import shape_group
 from arbor.types import Rubric, RubricDraft
 

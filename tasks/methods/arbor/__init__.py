@@ -1,5 +1,6 @@
 """ARBOR (the paper) as a package: the method (``method.py``: its stage graph and decisions), the rubric memory
-(``memory.py``: admission, consolidation, retirement, active selection), sparse pairwise judging (``judge.py``)
+(``memory.py``, joining ``admission.py``, ``consolidation.py``, ``retirement.py``, active selection in ``selection.py``,
+the state in ``state.py``, resume in ``replay.py``), sparse pairwise judging (``judge.py``)
 and group scoring through a judge (``scoring.py``), anchor selection (``induction.py``, eq. 1, A.1), and the judge
 roles ARBOR asks (``roles.py``: induction, consolidation, pairwise; their prompts in ``prompts/`` and offline
 heuristics in ``heuristics.py``). The shaping of eq. 3/4 (``tasks/shaping.py``) is shared with every method, so it

@@ -24,14 +24,8 @@ from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext
 from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.judge import GroupScoring
-from arbor.tasks.methods.arbor.memory import (
-    Activation,
-    DraftResult,
-    Records,
-    RubricMemory,
-    group_info_from_rows,
-    load_pool_file,
-)
+from arbor.tasks.methods.arbor.memory import RubricMemory, load_pool_file
+from arbor.tasks.methods.arbor.records import Activation, DraftResult, Records, group_info_from_rows
 from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
 from arbor.tasks.methods.arbor.tables import TABLES, verdict_rows

@@ -171,7 +171,7 @@ SPLIT_KEYS = ("decode fwd", "prefill fwd", "sampling", "search", "detokenise")
 
 def model_main(args: argparse.Namespace) -> None:
     """``--model``: the real model on the world's held-out questions (module docstring)."""
-    import arbor.tasks.env.rollout as rollout_mod
+    import arbor.tasks.env.decoding as decoding_mod
     from arbor.tasks.env.policy import load_policy, resolve_model
 
     t_all = time.perf_counter()
@@ -192,7 +192,7 @@ def model_main(args: argparse.Namespace) -> None:
     split = Split(model)
     split.wrap(search, "search", "search")
     split.wrap(tokenizer, "decode", "detokenise")
-    split.wrap(rollout_mod, "sample_next", "sampling")
+    split.wrap(decoding_mod, "sample_next", "sampling")  # run_agent_batch looks it up there
     print(f"model {args.model} -> {src}: {n_parameters(model) / 1e6:.1f}M parameters on {args.device} ({args.dtype}), "
           f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}")
     print(f"profile smol-world: temperature {r.temperature:g}, top_p {r.top_p:g}, {r.max_new_tokens_per_turn} new "

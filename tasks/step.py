@@ -46,7 +46,7 @@ from arbor.tasks.training.weight_sync import sync_policy
 from arbor.types import Trajectory, UpdateBatch
 
 if TYPE_CHECKING:
-    from arbor.tasks.env.rollout import RolloutGuide
+    from arbor.tasks.env.rollout_driver import RolloutGuide
 
 T = TypeVar("T")
 

@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from arbor.tasks.env.agent import GenRequest
-from arbor.tasks.env.rollout import eos_token_ids, generate_turns
+from arbor.tasks.env.decoding import eos_token_ids, generate_turns
 
 # CompletionRequest's fields in vLLM (OpenAI fields, then vLLM's sampling and extra parameters).
 VLLM_COMPLETION_FIELDS = {

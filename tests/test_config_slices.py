@@ -38,10 +38,10 @@ WHOLE_CONFIG: dict[str, str] = {
     "tasks/env/world.py::_sft_key": "the Source.key interface: a plug-in source reads its own section",
     "tasks/env/serving.py::vllm_serve_spec": "cluster, policy, rollout and run",
     "tasks/env/rollout.py::make_engine": "the engine factory: policy, rollout and search, and the engine",
-    "tasks/env/rollout.py::_EngineBase.__init__": "the engine holds rollout, search and reward (sampling_temperature "
+    "tasks/env/rollout_driver.py::EngineBase.__init__": "the engine holds rollout, search and reward (sampling_temperature "
     "swaps its config for evaluation)",
-    "tasks/env/rollout.py::TransformersEngine.__init__": "hands it to _EngineBase",
-    "tasks/env/rollout.py::OpenAIEngine.__init__": "hands it to _EngineBase",
+    "tasks/env/rollout.py::TransformersEngine.__init__": "hands it to EngineBase",
+    "tasks/env/rollout.py::OpenAIEngine.__init__": "hands it to EngineBase",
     # methods: a method reads run plus its own sections, and hands the config to its stages
     "tasks/methods/__init__.py::make_method": "the method constructor's caller",
     "tasks/methods/__init__.py::requirement_problems": "hands it to the method's requirement hook",

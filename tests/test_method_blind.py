@@ -57,7 +57,7 @@ def test_the_overlong_punishment_is_dapos_alone_and_any_rules_drops_are_counted(
 
 
 class Guide:
-    """A rollout guide (``tasks.env.rollout.RolloutGuide``) that records what the step asked of it."""
+    """A rollout guide (``tasks.env.rollout_driver.RolloutGuide``) that records what the step asked of it."""
 
     def __init__(self) -> None:
         self.contexts: list[tuple[Any, dict[str, Any]]] = []

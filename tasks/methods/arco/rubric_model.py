@@ -271,7 +271,7 @@ class RubricModelTrainer:
     def write_criteria(self, prompts: Sequence[list[int]]) -> list[list[int]]:
         """Greedy criteria for each step prompt (criteria=generate); EOS ends one (and is kept)."""
         from arbor.tasks.env.agent import GenRequest
-        from arbor.tasks.env.rollout import generate_turns
+        from arbor.tasks.env.decoding import generate_turns
 
         self.model.eval()
         out: list[list[int]] = []

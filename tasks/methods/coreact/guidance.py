@@ -204,7 +204,7 @@ class GeneratorRubrics:
 
     def __init__(self, model: Any, tokenizer: Any, *, temperature: float, top_p: float, max_tokens: int,
                  max_batch_rows: int = 64) -> None:
-        from arbor.tasks.env.rollout import eos_token_ids
+        from arbor.tasks.env.decoding import eos_token_ids
 
         self.model, self.tokenizer = model, tokenizer
         self.temperature, self.top_p, self.max_tokens = temperature, top_p, max_tokens
@@ -222,7 +222,7 @@ class GeneratorRubrics:
 
     def sample(self, requests: Sequence[GenRequest]) -> list[Generation]:
         """One rubric per request, with the sampled tokens' log-probs (the GRPO trainer reuses them)."""
-        from arbor.tasks.env.rollout import generate_turns
+        from arbor.tasks.env.decoding import generate_turns
 
         out: list[Generation] = []
         for i in range(0, len(requests), self.max_batch_rows):

@@ -56,7 +56,7 @@ def main() -> None:
 
     from arbor.tasks.env.agent import build_prompt_ids
     from arbor.tasks.env.policy import load_policy, resolve_model
-    from arbor.tasks.env.world import world_questions
+    from arbor.tasks.env.world.questions import world_questions
     from arbor.tasks.reflection import REFLECTION_SYSTEM_PROMPT, reflection_message
 
     cfg = load_config("smol-world")

@@ -34,8 +34,8 @@ WHOLE_CONFIG: dict[str, str] = {
     "tasks/env/datasets.py::load_questions": "handed to a registered source (plug-in interface: Source.questions)",
     "tasks/env/search.py::corpus_path": "handed to a registered source (plug-in interface: Source.corpus)",
     "tasks/env/search.py::make_search": "handed to corpus_path's source",
-    "tasks/env/world.py::_corpus": "the Source.corpus interface: a plug-in source reads its own section",
-    "tasks/env/world.py::_sft_key": "the Source.key interface: a plug-in source reads its own section",
+    "tasks/env/world/__init__.py::_corpus": "the Source.corpus interface: a plug-in source reads its own section",
+    "tasks/env/world/__init__.py::_sft_key": "the Source.key interface: a plug-in source reads its own section",
     "tasks/env/serving.py::vllm_serve_spec": "cluster, policy, rollout and run",
     "tasks/env/rollout.py::make_engine": "the engine factory: policy, rollout and search, and the engine",
     "tasks/env/rollout_driver.py::EngineBase.__init__": "the engine holds rollout, search and reward (sampling_temperature "

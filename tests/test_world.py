@@ -15,19 +15,17 @@ from arbor.config.world import WorldConfig
 from arbor.format import check_format, extract_answer, extract_results, extract_searches, result_block
 from arbor.tasks.env.datasets import DatasetError, load_questions
 from arbor.tasks.env.search import bm25_tokenize, format_results, load_corpus, make_search
-from arbor.tasks.env.world import (
+from arbor.tasks.env.world.entities import (
     WORLD_CORPUS,
     Entity,
     World,
     WorldError,
-    _make_question,
     build_world,
     corpus_rows,
-    kind_counts,
-    synthesize_world,
     world_corpus_path,
-    world_questions,
 )
+from arbor.tasks.env.world.questions import _make_question, kind_counts, world_questions
+from arbor.tasks.env.world.sft import synthesize_world
 
 SMALL = WorldConfig(people=40, cities=12, films=40, companies=16, train_questions=120, eval_questions=40)
 SMALL_RUN = ArborConfig(world=SMALL)  # what the loaders get: the run's whole config
@@ -66,14 +64,14 @@ def test_same_config_gives_identical_world_and_another_seed_a_different_one(tmp_
     a, b = world_corpus_path(SMALL, tmp_path / "a"), world_corpus_path(SMALL, tmp_path / "b")
     assert a.name == b.name and a.read_bytes() == b.read_bytes()
     assert world_corpus_path(SMALL, tmp_path / "a").stat().st_mtime_ns == a.stat().st_mtime_ns  # written once
-    from arbor.tasks.env import world as w
+    from arbor.tasks.env.world import entities, questions
 
-    w._build_world.cache_clear()
-    w._world_questions.cache_clear()  # regenerate from scratch, not from the cache
+    entities._build_world.cache_clear()
+    questions._world_questions.cache_clear()  # regenerate from scratch, not from the cache
     for split in ("train", "eval"):
         first = [q.__dict__ for q in world_questions(SMALL, split)]
-        w._world_questions.cache_clear()
-        w._build_world.cache_clear()
+        questions._world_questions.cache_clear()
+        entities._build_world.cache_clear()
         assert [q.__dict__ for q in world_questions(SMALL, split)] == first
     other = SMALL.model_copy(update={"seed": 1})
     c = world_corpus_path(other, tmp_path / "a")
@@ -328,7 +326,8 @@ def test_world_that_cannot_be_generated_is_refused_naming_its_key() -> None:
 
 
 def test_kind_splits_keep_one_kind_with_the_same_ids_and_order() -> None:
-    from arbor.tasks.env.world import WorldError, load_world_questions
+    from arbor.tasks.env.world.entities import WorldError
+    from arbor.tasks.env.world.questions import load_world_questions
 
     full = world_questions(SMALL, "train")
     bridge = world_questions(SMALL, "train-bridge")

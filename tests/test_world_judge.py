@@ -12,7 +12,8 @@ from arbor.config import load_config
 from arbor.format import ARBOR, check_format, result_block
 from arbor.llm import make_judge
 from arbor.tasks.env.search import format_results
-from arbor.tasks.env.world import build_world, world_questions
+from arbor.tasks.env.world.entities import build_world
+from arbor.tasks.env.world.questions import world_questions
 from arbor.tasks.methods import load_judges
 from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.roles import (
@@ -115,7 +116,7 @@ def test_answer_support_and_contradictions_read_the_worlds_facts(tmp_path, world
     from arbor.tasks.methods.arbor.world_judge import answer_supported, contradictions
     rd = judge.reader
     second = q.relation.split(">")[1]  # e.g. person.born_in: the fact the question asks of the bridge entity
-    from arbor.tasks.env.world import fact, fact_sentence
+    from arbor.tasks.env.world.entities import fact, fact_sentence
     value = fact(world, mid, second)[0]
     steps = [("Look up.", subject.name, subject), ("Next.", mid.name, mid)]
     # an answer the bridge entity's retrieved passage states is supported; a made-up one is not; and without the

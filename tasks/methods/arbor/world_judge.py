@@ -2,7 +2,7 @@
 ``random`` answers by seeded coin flips (the control that admission, eq. 2, must filter).
 
 ``world`` answers induction (E.1), consolidation (E.2) and pairwise (E.3) as a capable LLM judge would from its own
-knowledge of the encyclopedia: it knows every entity and fact of the world (``tasks/env/world.py``) and reads the
+knowledge of the encyclopedia: it knows every entity and fact of the world (``tasks/env/world/``) and reads the
 question and the trajectories' text, never the gold answer. Everything it reads goes through ``reader_view``, which
 keeps the question, the trajectories' text, the anchor positions (which trajectory scored higher: ARBOR's induction
 is contrastive by design, eq. 1) and the rubrics' features, and drops every field derived from the gold
@@ -34,16 +34,8 @@ from arbor.llm.rules import RulesJudge
 from arbor.llm.text import parse_trajectory
 from arbor.reward import normalize_answer
 from arbor.seeding import derive_seed
-from arbor.tasks.env.world import (
-    BRIDGES,
-    FACT_SENTENCES,
-    RELATIONS,
-    SUBJECT,
-    Entity,
-    World,
-    build_world,
-    fact,
-)
+from arbor.tasks.env.world.entities import Entity, World, build_world, fact
+from arbor.tasks.env.world.templates import BRIDGES, FACT_SENTENCES, RELATIONS, SUBJECT
 from arbor.tasks.methods.arbor.induction import contrast_pairs, unlabeled_members
 from arbor.tasks.methods.arbor.roles import Consolidation, Induction, Pairwise
 from arbor.types import RubricDraft

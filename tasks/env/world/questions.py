@@ -1,0 +1,152 @@
+"""The world's questions (issue 12 item 1; kind-filtered splits: issue 63 item 3): 1-hop, 2-hop bridge and
+comparison questions of each split, each with its gold answer and gold search path."""
+
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+from arbor.config.world import WorldConfig
+from arbor.seeding import derive_seed
+from arbor.tasks.env.world.entities import (
+    KINDS,
+    SPLITS,
+    WORLD_VERSION,
+    Entity,
+    World,
+    WorldError,
+    build_world,
+    fact,
+)
+from arbor.tasks.env.world.templates import BRIDGES, COMPARE, QUESTIONS, RELATIONS, SUBJECT
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One step of a gold search path: the query that names the entity, and its passage."""
+
+    query: str
+    doc_id: str
+    title: str
+
+
+@dataclass(frozen=True)
+class WorldQuestion:
+    """A world question with its gold answer and gold search path; ``relation`` names the template used."""
+
+    question_id: str
+    question: str
+    answer: str
+    kind: str
+    relation: str
+    split: str
+    path: tuple[Hop, ...]
+
+    def to_question(self) -> Any:
+        from arbor.tasks.env.datasets import Question
+
+        return Question(self.question_id, self.question, [self.answer], f"world:{self.kind}",
+                        [h.doc_id for h in self.path], [h.title for h in self.path])
+
+
+def kind_counts(n: int, cfg: WorldConfig) -> dict[str, int]:
+    """Questions of each kind among ``n``: the shares, rounded by largest remainder so they sum to ``n``."""
+    shares = {"one_hop": cfg.share_one_hop, "bridge": cfg.share_bridge, "comparison": cfg.share_comparison}
+    raw = {k: s * n for k, s in shares.items()}
+    out = {k: int(v) for k, v in raw.items()}
+    for k in sorted(raw, key=lambda k: (out[k] - raw[k], KINDS.index(k)))[: n - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
+def _hop(e: Entity) -> Hop:
+    return Hop(e.name, e.eid, e.name)
+
+
+def _candidates(world: World, split: str, kind: str) -> dict[str, list[tuple]]:
+    """Every distinct question of ``kind`` in ``split``, grouped by relation: (relation, entity, ...) tuples."""
+    out: dict[str, list[tuple]] = {}
+    if kind == "one_hop":
+        for rel, (subj, _) in RELATIONS.items():
+            out[rel] = [(rel, e) for e in world.of(subj, split)]
+    elif kind == "bridge":
+        for first, (_, seconds) in BRIDGES.items():
+            subj = RELATIONS[first][0]
+            for second in seconds:
+                out[f"{first}>{second}"] = [(first, second, e) for e in world.of(subj, split)]
+    else:
+        for etype, direction in COMPARE:
+            pairs = [(a, b) for a, b in combinations(world.of(etype, split), 2) if a.year != b.year]
+            out[f"compare.{etype}.{direction}"] = [(etype, direction, a, b) for a, b in pairs]
+    return out
+
+
+def _make_question(world: World, kind: str, item: tuple, rng: random.Random, qid: str, split: str) -> WorldQuestion:
+    if kind == "one_hop":
+        rel, e = item
+        text = rng.choice(QUESTIONS[rel]).format(x=SUBJECT[e.kind].format(n=e.name))
+        return WorldQuestion(qid, text, fact(world, e, rel)[0], kind, rel, split, (_hop(e),))
+    if kind == "bridge":
+        first, second, e = item
+        _, mid = fact(world, e, first)
+        assert mid is not None
+        phrase = rng.choice(BRIDGES[first][0]).format(x=SUBJECT[e.kind].format(n=e.name))
+        text = rng.choice(QUESTIONS[second]).format(x=phrase)
+        return WorldQuestion(qid, text, fact(world, mid, second)[0], kind, f"{first}>{second}", split,
+                             (_hop(e), _hop(mid)))
+    etype, direction, a, b = item
+    if rng.random() < 0.5:
+        a, b = b, a
+    text = rng.choice(COMPARE[(etype, direction)]).format(a=a.name, b=b.name)
+    winner = min((a, b), key=lambda x: x.year) if direction == "earlier" else max((a, b), key=lambda x: x.year)
+    return WorldQuestion(qid, text, winner.name, kind, f"compare.{etype}.{direction}", split, (_hop(a), _hop(b)))
+
+
+def world_questions(cfg: WorldConfig, split: str) -> list[WorldQuestion]:
+    """The questions of ``world:<split>`` (``train_questions`` / ``eval_questions`` of them), cached.
+
+    ``<split>-<kind>`` (``train-bridge``, ``eval-comparison``, ...) keeps one kind of the split's questions, same ids
+    and order: a harder RL set from the same world and SFT start (issue 63's pre-registered setting)."""
+    base, dash, kind = split.partition("-")
+    if base not in SPLITS or (dash and kind not in KINDS):
+        known = ", ".join(f"world:{s}" for s in SPLITS) + ", " + ", ".join(f"world:{s}-{k}" for s in SPLITS for k in KINDS)
+        raise WorldError(f"unknown world split {split!r} (known: {known})")
+    qs = _world_questions(cfg.model_dump_json(), base)
+    return [q for q in qs if q.kind == kind] if kind else list(qs)
+
+
+@functools.lru_cache(maxsize=16)
+def _world_questions(cfg_json: str, split: str) -> tuple[WorldQuestion, ...]:
+    cfg = WorldConfig.model_validate_json(cfg_json)
+    world = build_world(cfg)
+    n = cfg.train_questions if split == "train" else cfg.eval_questions
+    rng = random.Random(derive_seed(cfg.seed, "world-questions", WORLD_VERSION, split))
+    picked: list[tuple[str, tuple]] = []
+    for kind, want in kind_counts(n, cfg).items():
+        groups = _candidates(world, split, kind)
+        for items in groups.values():
+            rng.shuffle(items)
+        available = sum(len(v) for v in groups.values())
+        if want > available:
+            key = "world.train_questions" if split == "train" else "world.eval_questions"
+            raise WorldError(f"{key}={n}: {want} {kind} questions asked of the {split} split, which has only "
+                             f"{available} distinct ones (add entities or lower world.share_{kind})")
+        order = sorted(groups)
+        rng.shuffle(order)
+        taken = 0
+        while taken < want:  # round-robin over relations, so every relation gets its share
+            for rel in order:
+                if taken < want and groups[rel]:
+                    picked.append((kind, groups[rel].pop()))
+                    taken += 1
+    rng.shuffle(picked)
+    return tuple(_make_question(world, kind, item, rng, f"world-{split}-{i:04d}", split)
+                 for i, (kind, item) in enumerate(picked))
+
+
+def load_world_questions(split: str, cfg: WorldConfig | None = None) -> list[Any]:
+    """``world:<split>`` as ``tasks.env.datasets.Question`` rows (gold passage ids in ``support``)."""
+    return [q.to_question() for q in world_questions(cfg or WorldConfig(), split)]

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from arbor.liveness import Watch, watch_process
+
 
 class ApiServerError(RuntimeError):
     """The temporary server did not come up."""
@@ -39,6 +41,7 @@ class TemporaryApi:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self._stopping = threading.Event()
+        self._watches: list[Watch] = []
 
     @property
     def url(self) -> str:
@@ -92,19 +95,14 @@ class TemporaryApi:
     def watch(self, on_death: Callable[[str], None], every_s: float = 0.5) -> None:
         """Call ``on_death(message)`` from a daemon thread if the server exits before ``stop()``."""
         proc = self.proc
-
-        def loop() -> None:
-            while not self._stopping.wait(every_s):
-                if proc is not None and (code := proc.poll()) is not None:
-                    if not self._stopping.is_set():
-                        on_death(f"Prefect's API server (pid {proc.pid}) exited with status {code}")
-                    return
-
-        threading.Thread(target=loop, name="arbor-api-watch", daemon=True).start()
+        self._watches.append(watch_process("Prefect's API server", lambda: proc, on_death,
+                                           planned=lambda _: self._stopping.is_set(), every_s=every_s))
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM the server, SIGKILL it after ``grace_s``."""
         self._stopping.set()
+        for w in self._watches:
+            w.stop()
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return

@@ -1,7 +1,8 @@
-"""Liveness of the servers a run relies on but did not start (issue 49 item 2).
+"""Liveness of the servers a run relies on (issue 49 item 2): one watch loop, ``Watch``, for all of them.
 
-A server arbor starts is watched through its process (``arbor.api_server``, ``tasks.env.serving.Supervised``): its
-exit is seen at once and named with its pid and status. A server someone else started — Prefect's API behind
+A server arbor starts is watched through its process (``watch_process``: ``arbor.api_server``,
+``tasks.env.serving.Supervised``): its exit is seen at once and named with its pid and status, unless its owner
+says the exit was planned (its own stop, a restart). A server someone else started — Prefect's API behind
 ``PREFECT_API_URL``, a judge served by ``arbor judge serve`` in another terminal, a vLLM server at
 ``rollout.base_url`` — can only be watched through its port: ``watch_endpoint`` opens a TCP connection to it every
 ``every_s`` seconds (nothing is sent: no request, no credentials), and once every attempt has failed for
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -100,18 +102,17 @@ def transport_timeout(timeout_s: float, stall_s: float) -> object:
     return httpx.Timeout(timeout_s, read=stall_s)
 
 
-class EndpointWatch:
-    """A daemon thread that calls ``on_death(phrase)`` once if ``url``'s server stops accepting connections for
-    ``dead_after_s`` seconds; ``stop()`` ends the watch."""
+class Watch:
+    """A daemon thread that asks ``check()`` every ``every_s`` seconds and calls ``on_death(phrase)`` once, with the
+    first phrase ``check`` returns, unless ``stop()`` came first; ``check`` returns None while all is well."""
 
-    def __init__(self, name: str, url: str, on_death: Callable[[str], None], *, every_s: float = EVERY_S,
-                 dead_after_s: float = DEAD_AFTER_S) -> None:
-        self.name, self.url, self.on_death = name, url, on_death
-        self.every_s, self.dead_after_s = every_s, dead_after_s
+    def __init__(self, name: str, check: Callable[[], str | None], on_death: Callable[[str], None], *,
+                 every_s: float = EVERY_S) -> None:
+        self.name, self.check, self.on_death, self.every_s = name, check, on_death, every_s
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"arbor-watch-{name}", daemon=True)
 
-    def start(self) -> EndpointWatch:
+    def start(self) -> Watch:
         self._thread.start()
         return self
 
@@ -119,24 +120,47 @@ class EndpointWatch:
         self._stopping.set()
 
     def _loop(self) -> None:
-        host, port = address(self.url)
-        down_since: float | None = None
         while not self._stopping.wait(self.every_s):
-            why = reachable(host, port, timeout_s=min(1.0, self.dead_after_s))
-            if why is None:
-                down_since = None
-                continue
-            now = time.monotonic()
-            down_since = now if down_since is None else down_since
-            if now - down_since >= self.dead_after_s and not self._stopping.is_set():
-                self.on_death(f"{self.name} at {shown(self.url)} stopped accepting connections ({why} for "
-                              f"{now - down_since:.0f} s)")
+            if (phrase := self.check()) is not None and not self._stopping.is_set():
+                self.on_death(phrase)
                 return
 
 
-def watch_endpoint(name: str, url: str, on_death: Callable[[str], None], **kw: float) -> EndpointWatch:
-    """Start an ``EndpointWatch`` of ``url`` (see the module's docstring)."""
-    return EndpointWatch(name, url, on_death, **kw).start()
+def watch_process(name: str, current: Callable[[], subprocess.Popen[bytes] | None],
+                  on_death: Callable[[str], None], *, planned: Callable[[subprocess.Popen[bytes]], bool],
+                  every_s: float = EVERY_S) -> Watch:
+    """Start a ``Watch`` of the process ``current()`` returns at each look (a restart may replace it): its exit is
+    reported as "``name`` (pid N) exited with status S" unless ``planned(proc)``, asked after the exit was seen,
+    says it was planned (the owner marks a process before stopping it)."""
+
+    def check() -> str | None:
+        proc = current()
+        if proc is None or (code := proc.poll()) is None or planned(proc):
+            return None
+        return f"{name} (pid {proc.pid}) exited with status {code}"
+
+    return Watch(name, check, on_death, every_s=every_s).start()
 
 
-__all__ = ["DependencyStalled", "is_stall", "transport_timeout", "EndpointWatch", "watch_endpoint", "shown", "address", "is_local", "reachable", "DEAD_AFTER_S"]
+def watch_endpoint(name: str, url: str, on_death: Callable[[str], None], *, every_s: float = EVERY_S,
+                   dead_after_s: float = DEAD_AFTER_S) -> Watch:
+    """Start a ``Watch`` of ``url``'s port: its server is dead once it refused connections for ``dead_after_s``
+    seconds (see the module's docstring)."""
+    down_since: float | None = None
+
+    def check() -> str | None:
+        nonlocal down_since
+        why = reachable(*address(url), timeout_s=min(1.0, dead_after_s))
+        if why is None:
+            down_since = None
+            return None
+        now = time.monotonic()
+        down_since = now if down_since is None else down_since
+        if now - down_since < dead_after_s:
+            return None
+        return f"{name} at {shown(url)} stopped accepting connections ({why} for {now - down_since:.0f} s)"
+
+    return Watch(name, check, on_death, every_s=every_s).start()
+
+
+__all__ = ["DependencyStalled", "is_stall", "transport_timeout", "Watch", "watch_process", "watch_endpoint", "shown", "address", "is_local", "reachable", "DEAD_AFTER_S"]

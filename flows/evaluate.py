@@ -25,7 +25,7 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
              splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
              run_id: str | None = None) -> tuple[str, str]:
     """The body of ``arbor-eval``: evaluate, store, and return (run id, printed tables)."""
-    from arbor.flows.train import recorded_run
+    from arbor.flows.run_life import recorded_run
     from arbor.llm import make_judge
     from arbor.llm.base import CallContext
     from arbor.storage.parquet import write_stage

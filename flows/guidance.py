@@ -36,7 +36,8 @@ def generator_dir(run_id: str, home: Path) -> Path:
 def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | None = None,
                        checkpoint: str | None = None, run_id: str | None = None) -> tuple[str, Path, dict[str, Any]]:
     """The body of ``arbor-guidance-train``: (run id, generator checkpoint, summary)."""
-    from arbor.flows.train import prepare_run, recorded_run, start_checkpoint, stored_config
+    from arbor.flows.run_life import recorded_run
+    from arbor.flows.run_setup import prepare_run, start_checkpoint, stored_config
     from arbor.llm import make_judge
     from arbor.llm.base import CallContext
     from arbor.storage.catalog import declare_tables

@@ -13,7 +13,7 @@ from arbor.tasks.stages import StageStore
 def export_pool(run_id: str, home: Path | None = None, step: int | None = None) -> dict[str, Any]:
     """The run's common pool P after its last completed stage (or after step ``step``), rebuilt from its stored
     events. A pool can empty itself by retirement late in a run; ``step`` exports it as it stood earlier."""
-    from arbor.flows.train import stored_config
+    from arbor.flows.run_setup import stored_config
 
     home = home or arbor_home()
     cfg = stored_config(run_id, home)

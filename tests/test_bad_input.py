@@ -168,7 +168,7 @@ def test_validation_imports_neither_prefect_nor_torch(user) -> None:
 
 
 def test_resume_extends_a_run_and_records_the_change(tmp_path: Path) -> None:
-    from arbor.flows.train import prepare_run, stored_config
+    from arbor.flows.run_setup import prepare_run, stored_config
     from arbor.storage.runs import run_row
 
     home = tmp_path / "home"

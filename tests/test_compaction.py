@@ -220,7 +220,7 @@ def test_qwen3_profiles_show_whole_trajectories_within_the_judges_window() -> No
     elided only then): each share >= a whole response's non-result text plus its markers."""
     from arbor.config import load_config
     from arbor.llm.text import min_judge_budget
-    from arbor.preflight import judge_shares, judge_window_problems
+    from arbor.preflight.judges import judge_shares, judge_window_problems
 
     for profile in ("qwen3-4b", "qwen3-8b", "qwen3-14b"):
         cfg = load_config(profile)
@@ -240,7 +240,7 @@ def test_a_window_too_small_for_whole_reasoning_is_refused() -> None:
     """The config refuses a derived budget without a window; preflight names the roles a too-small window would
     cut into the reasoning for (a 32k judge: induction's 4 x ~7k and the unlabeled 8 x ~3.5k < 8,272)."""
     from arbor.config import ConfigError, load_config
-    from arbor.preflight import judge_window_problems
+    from arbor.preflight.judges import judge_window_problems
 
     with pytest.raises(ConfigError, match=r"judge.max_judge_tokens=null .* needs judge.context_tokens"):
         load_config("qwen3-8b", ["judge.context_tokens=null"])

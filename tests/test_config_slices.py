@@ -18,18 +18,18 @@ WHOLE_CONFIG: dict[str, str] = {
     "arbor/config/show.py::render_config": "prints every section with each value's source",
     "arbor/config/show.py::write_run_config": "writes every section beside the run's artifacts",
     # preflight: the composition root of the checks, and the checks that read three sections or more
-    "arbor/preflight.py::check": "the composition root of every check (eleven sections)",
-    "arbor/preflight.py::require": "check's raising form",
-    "arbor/preflight.py::require_council": "council_problems' raising form, named by run.profile",
-    "arbor/preflight.py::_file_inputs": "every input file of six sections",
-    "arbor/preflight.py::_plugin_problems": "the plug-ins of five sections",
-    "arbor/preflight.py::_teacher_problems": "ARCO's warm-up: arco, judge and run",
-    "arbor/preflight.py::_embedder_problems": "the embedder by method: memory, rubricem and run",
-    "arbor/preflight.py::store_port_problems": "every endpoint's port against the transfer store: five sections",
+    "arbor/preflight/__init__.py::check": "the composition root of every check (eleven sections)",
+    "arbor/preflight/__init__.py::require": "check's raising form",
+    "arbor/preflight/__init__.py::require_council": "council_problems' raising form, named by run.profile",
+    "arbor/preflight/inputs.py::_file_inputs": "every input file of six sections",
+    "arbor/preflight/__init__.py::_plugin_problems": "the plug-ins of five sections",
+    "arbor/preflight/judges.py::_teacher_problems": "ARCO's warm-up: arco, judge and run",
+    "arbor/preflight/inputs.py::_embedder_problems": "the embedder by method: memory, rubricem and run",
+    "arbor/preflight/serving.py::store_port_problems": "every endpoint's port against the transfer store: five sections",
     # the run's dependencies: every endpoint of the judge, its roles, the council, search and rollout
-    "flows/train.py::dependency_endpoints": "the URLs of judge, guidance, search and rollout",
-    "flows/train.py::watch_dependencies": "hands the config to dependency_endpoints",
-    "flows/train.py::recorded_run": "a command's run life: hands the config to watch_dependencies",
+    "flows/run_life.py::dependency_endpoints": "the URLs of judge, guidance, search and rollout",
+    "flows/run_life.py::watch_dependencies": "hands the config to dependency_endpoints",
+    "flows/run_life.py::recorded_run": "a command's run life: hands the config to watch_dependencies",
     # the environment: data sources and engines receive the run's config and hand it on
     "tasks/env/datasets.py::load_questions": "handed to a registered source (plug-in interface: Source.questions)",
     "tasks/env/search.py::corpus_path": "handed to a registered source (plug-in interface: Source.corpus)",
@@ -66,9 +66,9 @@ WHOLE_CONFIG: dict[str, str] = {
     "flows/sft.py::sft_data_path": "data, rollout, run and sft, and the data source",
     "flows/sft.py::sft_checkpoint": "the SFT flow's root",
     "flows/sft.py::launch_sft": "writes the whole config for the SFT process group",
-    "flows/train.py::start_checkpoint": "policy, rollout and run, and hands it to the SFT flow",
-    "flows/train.py::open_run": "the training flow's root (nine sections)",
-    "flows/train.py::make_trainer": "hands it to the trainer",
+    "flows/run_setup.py::start_checkpoint": "policy, rollout and run, and hands it to the SFT flow",
+    "flows/run_setup.py::open_run": "the training flow's root (nine sections)",
+    "flows/run_setup.py::make_trainer": "hands it to the trainer",
 }
 
 
@@ -107,6 +107,6 @@ def test_the_whole_config_is_taken_only_where_listed() -> None:
 
 def test_the_walk_finds_a_method_and_a_function() -> None:
     found = whole_config_functions()
-    assert "tasks/training/train.py::Trainer.__init__" in found and "flows/train.py::open_run" in found
-    assert "arbor/preflight.py::weight_sync_plan" not in found  # takes cluster and rollout
+    assert "tasks/training/train.py::Trainer.__init__" in found and "flows/run_setup.py::open_run" in found
+    assert "arbor/preflight/serving.py::weight_sync_plan" not in found  # takes cluster and rollout
     assert len(found) == len(WHOLE_CONFIG) == 47

@@ -206,7 +206,7 @@ def test_gpu_torch_spec_is_the_torch_preflight_accepts_for_nccl_sync() -> None:
     arbor.config.cluster.VLLM_TORCH) must accept it with the default cluster.weight_sync=nccl."""
     from arbor.config import ClusterConfig
     from arbor.config.cluster import VLLM_TORCH
-    from arbor.preflight import weight_sync_problems
+    from arbor.preflight.serving import weight_sync_problems
 
     nccl = ClusterConfig(weight_sync="nccl")
     specs = {(p.name, m) for p in (README, ROOT / "docs" / "gpu.md")

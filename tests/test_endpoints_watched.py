@@ -7,7 +7,7 @@ import socket
 import time
 
 from arbor.config import load_config
-from arbor.flows.train import dependency_endpoints, watch_dependencies
+from arbor.flows.run_life import dependency_endpoints, watch_dependencies
 
 
 def _closed_port() -> int:

@@ -433,7 +433,7 @@ def test_guidance_train_refuses_a_missing_council_key_before_the_run_exists(tmp_
     from typer.testing import CliRunner
 
     from arbor.cli import app
-    from arbor.preflight import council_problems
+    from arbor.preflight.judges import council_problems
     from arbor.storage.runs import run_row
 
     with socket.socket() as s:  # a port nothing listens on
@@ -475,7 +475,7 @@ def test_make_guide_names_the_missing_key(tmp_path: Path) -> None:
 
 
 def test_preflight_names_a_missing_source_and_a_judge_without_the_roles(tmp_path: Path) -> None:
-    from arbor.preflight import guidance_problems
+    from arbor.preflight.judges import guidance_problems
 
     cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.source": "memory",
                                    "guidance.memory_pool": str(tmp_path / "nope.json")})

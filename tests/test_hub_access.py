@@ -194,7 +194,7 @@ def test_hub_question_sets_from_the_cache(hub_cache: Path, monkeypatch: pytest.M
     _qa_repo(hub_cache)
     cfg = load_config("tiny-cpu", {"data.train": "hf:acme/qa/train.parquet"})
     qs = load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, config=cfg,
-                        fields=fields_of(cfg.data))  # as flows.train loads data.train
+                        fields=fields_of(cfg.data))  # as flows.run_setup loads data.train
     assert [(q.question_id, q.question, q.golds) for q in qs] == [("0", "q0?", ["a0"]), ("1", "q1?", ["a1"])]
     # a split: both shards, in shard order
     assert [q.question_id for q in load_questions("hf:acme/qa:test")] == ["s0-0", "s0-1", "s1-0", "s1-1", "s1-2"]

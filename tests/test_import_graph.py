@@ -85,7 +85,7 @@ def test_strongly_connected_by_hand() -> None:
 
 def test_imports_resolve_modules_and_skip_ancestors() -> None:
     graph = import_graph()
-    assert "arbor.tasks.env.datasets" in graph["arbor.preflight"]  # a function-level import counts
+    assert "arbor.tasks.env.datasets" in graph["arbor.preflight.inputs"]  # a function-level import counts
     assert "arbor.config.base" in graph["arbor.plugins"]  # `from arbor.config.base import X`: the module
     assert not any(me.startswith(t + ".") for me, ts in graph.items() for t in ts)  # no edge to an ancestor
 

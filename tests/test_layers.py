@@ -14,7 +14,7 @@
                  the judge roles it asks: prompts, schemas, parsers, offline heuristics),
                  the step's stages (tasks/step.py), preflight
     flows        flows/: Prefect flows
-    cli          arbor/cli.py
+    cli          arbor/cli/
 
 Every import statement counts, a function-level one included (no dodging a cycle by importing late).
 """

@@ -132,7 +132,7 @@ def test_arco_uncached_hotpotqa_is_named_by_preflight(tmp_path: Path, monkeypatc
 
 def test_start_line_states_a_train_size_larger_than_the_set() -> None:
     """ARCO asks for 2,000 questions: on a smaller set the start line says all of it is used (never silent)."""
-    from arbor.flows.train import data_line
+    from arbor.flows.run_setup import data_line
 
     cfg = load_config("qwen3-4b-arco", {"data.train": "offline:train"})
     n = len(load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, config=cfg))
@@ -147,7 +147,7 @@ def test_start_line_states_a_train_size_larger_than_the_set() -> None:
 
 
 def test_runs_row_names_the_sets(arbor_home: Path) -> None:
-    from arbor.flows.train import prepare_run
+    from arbor.flows.run_setup import prepare_run
     from arbor.storage.parquet import read_stage
 
     cfg = prepare_run("tiny-cpu", {"data.eval": "[bench:hotpotqa, bench:2wiki]"}, None, False, arbor_home)
@@ -165,7 +165,7 @@ def test_config_show_marks_the_data_keys() -> None:
 
 def test_single_eval_set_keeps_its_form() -> None:
     """The tiny and smol profiles keep one string: the same one set, reported under the same name as before."""
-    from arbor.preflight import data_sets
+    from arbor.preflight.inputs import data_sets
 
     for profile, spec in (("tiny-cpu", "offline:eval"), ("tiny-world", "world:eval"), ("smol-world", "world:eval")):
         cfg = load_config(profile, {"run.eval_every": "5"})

@@ -67,7 +67,7 @@ def test_unset_judge_url_is_the_openai_clients_default(monkeypatch: pytest.Monke
     backend then builds its client with base_url=None; preflight checks the endpoint that client will call."""
     import openai
 
-    from arbor.preflight import OPENAI_DEFAULT_BASE_URL, judge_endpoint
+    from arbor.preflight.judges import OPENAI_DEFAULT_BASE_URL, judge_endpoint
 
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     assert str(openai.OpenAI(api_key="x").base_url).rstrip("/") == OPENAI_DEFAULT_BASE_URL  # the client's own
@@ -189,7 +189,7 @@ def test_a_start_checkpoint_of_another_protocol_is_refused(arbor_home) -> None:
 
 def test_a_checkpoint_without_arbor_sft_json_is_taken_as_it_is(arbor_home) -> None:
     """A Hub model or a user's own checkpoint says nothing of its protocol: accepted, by preflight and train."""
-    from arbor.flows.train import start_checkpoint
+    from arbor.flows.run_setup import start_checkpoint
 
     mine = _checkpoint(arbor_home / "mine", None)
     cfg = load_config("tiny-cpu", {**STAGED, "run.start_checkpoint": mine})
@@ -198,8 +198,8 @@ def test_a_checkpoint_without_arbor_sft_json_is_taken_as_it_is(arbor_home) -> No
 
 
 def test_train_start_up_refuses_a_start_of_another_protocol(arbor_home) -> None:
-    """flows.train.start_checkpoint (arbor-train, arbor-guidance-train) checks the same, naming both keys."""
-    from arbor.flows.train import start_checkpoint
+    """flows.run_setup.start_checkpoint (arbor-train, arbor-guidance-train) checks the same, naming both keys."""
+    from arbor.flows.run_setup import start_checkpoint
 
     _checkpoint(arbor_home / "sft" / "flat", "arbor")
     cfg = load_config("tiny-cpu", {**STAGED, "run.start_checkpoint": "sft/flat"})
@@ -235,7 +235,7 @@ def _version_exe(tmp_path, version: str) -> str:
 def test_preflight_speaks_the_cpu_build_without_gpus_and_refuses_nccl_with_it(tmp_path) -> None:
     """vLLM's CPU build answers 0.32.0+cpu through make vllm-env's launcher: taken for a CPU server with reload or
     restart sync, refused with nccl (it has no NCCL) and on GPUs (arbor speaks 0.33 there)."""
-    from arbor.preflight import vllm_version_problems
+    from arbor.preflight.serving import vllm_version_problems
 
     exe = _version_exe(tmp_path, "0.32.0+cpu")
     assert vllm_version_problems(exe, cpu=True, weight_sync="reload") == []
@@ -249,7 +249,7 @@ def test_preflight_speaks_the_cpu_build_without_gpus_and_refuses_nccl_with_it(tm
 
 
 def test_the_reload_plan_says_how_a_failure_is_restored() -> None:
-    from arbor.preflight import weight_sync_plan
+    from arbor.preflight.serving import weight_sync_plan
 
     cfg = load_config("smol-vllm")
     line = weight_sync_plan(cfg.cluster, cfg.rollout)
@@ -260,13 +260,13 @@ def test_the_reload_plan_says_how_a_failure_is_restored() -> None:
                                      "qwen3-8b-coreact", "smol-vllm"])
 def test_no_profile_endpoint_sits_on_the_nccl_transfer_store_port(profile: str) -> None:
     """The trainer's transfer TCPStore listens on cluster.vllm_port + 1: no endpoint of a profile may use it."""
-    from arbor.preflight import store_port_problems
+    from arbor.preflight.serving import store_port_problems
 
     assert store_port_problems(load_config(profile)) == []
 
 
 def test_an_endpoint_on_the_store_port_is_refused_naming_both() -> None:
-    from arbor.preflight import store_port_problems
+    from arbor.preflight.serving import store_port_problems
 
     cfg = load_config("qwen3-8b", {"cluster.vllm_port": 9000, "judge.base_url": "http://127.0.0.1:9001/v1"})
     [problem] = store_port_problems(cfg)

@@ -48,7 +48,7 @@ def _verl_row(i: int, question: str, golds: object, split: str = "train") -> dic
 
 
 def _train_flow_questions(data: str, **over: str) -> list:
-    """The question pool exactly as flows.train.open_run loads ``data.train``."""
+    """The question pool exactly as flows.run_setup.open_run loads ``data.train``."""
     cfg = load_config("tiny-cpu", {"data.train": data, **over})
     return load_questions(cfg.data.train, size=cfg.data.train_size, seed=cfg.run.seed, config=cfg,
                           fields=fields_of(cfg.data))

@@ -267,7 +267,7 @@ def test_preflight_refuses_a_vllm_arbor_does_not_speak_naming_both_versions(tmp_
 
 
 def test_preflight_says_which_sync_a_run_uses_and_what_it_needs() -> None:
-    from arbor.preflight import weight_sync_plan, weight_sync_problems
+    from arbor.preflight.serving import weight_sync_plan, weight_sync_problems
 
     nccl, restart, tiny = qwen_cfg(), qwen_cfg(**{"cluster.weight_sync": "restart"}), load_config("tiny-cpu")
     assert weight_sync_plan(nccl.cluster, nccl.rollout).startswith("weight sync: NCCL push over vLLM 0.33's RL routes")

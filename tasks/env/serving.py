@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from arbor.config import ArborConfig, PolicyConfig, RolloutConfig
+from arbor.liveness import Watch, watch_process
 
 
 @dataclass(frozen=True)
@@ -146,24 +146,14 @@ class Supervised:
         self.restarts = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self._retired: subprocess.Popen[bytes] | None = None  # the process ``stop()`` ended (not a death)
-        self._watching = threading.Event()
+        self._watches: list[Watch] = []
 
     def watch(self, name: str, on_death: Callable[[str], None], every_s: float = 0.25) -> None:
         """Call ``on_death(phrase)`` once, from a daemon thread, if the server exits without ``stop()`` (issue 49: a
         dead server ends the run naming it, ``arbor.stop.request``); a planned restart (``restart_on``) is no
         death. Replaces restarting (``ensure``) for a run that must not wait on a server that is gone."""
-        self._watching.set()
-
-        def loop() -> None:
-            while self._watching.is_set():
-                proc = self.proc
-                if proc is not None and proc is not self._retired and (code := proc.poll()) is not None \
-                        and proc is not self._retired and self._watching.is_set():
-                    on_death(f"{name} (pid {proc.pid}) exited with status {code}")
-                    return
-                time.sleep(every_s)
-
-        threading.Thread(target=loop, name=f"arbor-watch-{name}", daemon=True).start()
+        self._watches.append(watch_process(name, lambda: self.proc, on_death,
+                                           planned=lambda proc: proc is self._retired, every_s=every_s))
 
     def start(self) -> None:
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
@@ -224,5 +214,6 @@ class Supervised:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._watching.clear()
+        for w in self._watches:
+            w.stop()
         self.stop()

@@ -3,10 +3,28 @@
 Offline and quiet by default (STACK_NOTES): no usage telemetry, so an offline node logs no telemetry errors. Set
 when arbor is first imported, before Prefect or huggingface_hub read them, whether arbor runs from its CLI, a
 benchmark, a notebook or a Prefect worker that imports its flows; a value the user exported wins.
+
+DeepSpeed's CPU accelerator compiles its shm comm op on first use into torch's extension cache, one folder per
+Python and accelerator shared by every environment of the user. Two environments (two checkouts, a test's fresh
+venv) write different include paths into its build file, so each use after the other's recompiles it (85-190 s
+on two cores, measured session 30). Each environment gets a folder of its own unless TORCH_EXTENSIONS_DIR is set.
 """
 
+import hashlib as _hashlib
 import os as _os
+import sys as _sys
+from collections.abc import Mapping as _Mapping
+
+
+def torch_extensions_dir(prefix: str, environ: _Mapping[str, str]) -> str:
+    """The extension cache of the Python environment at ``prefix``: under the user's cache (XDG_CACHE_HOME or
+    ~/.cache), ``torch_extensions/arbor-py3XY-<hash of prefix>``."""
+    cache = environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
+    tag = _hashlib.sha256(_os.path.realpath(prefix).encode()).hexdigest()[:10]
+    return _os.path.join(cache, "torch_extensions", f"arbor-py{_sys.version_info[0]}{_sys.version_info[1]}-{tag}")
+
 
 for _key, _value in (("DO_NOT_TRACK", "1"), ("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
-                     ("HF_HUB_DISABLE_TELEMETRY", "1")):
+                     ("HF_HUB_DISABLE_TELEMETRY", "1"),
+                     ("TORCH_EXTENSIONS_DIR", torch_extensions_dir(_sys.prefix, _os.environ))):
     _os.environ.setdefault(_key, _value)

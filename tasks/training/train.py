@@ -33,6 +33,7 @@ from arbor.paths import PROJECT_ROOT, arbor_home
 from arbor.seeding import derive_seed
 from arbor.tasks.stages import fault_point
 from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training import checkpoint_async
 from arbor.tasks.training.head import chunked_logprobs
 from arbor.tasks.training.lora import add_lora
 from arbor.tasks.training.losses import LossOut, policy_loss, token_entropy, token_logprobs
@@ -848,7 +849,7 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    _pending: ckpt.PendingSave | None = None  # the save in flight (issue 48 item 5)
+    _pending: checkpoint_async.PendingSave | None = None  # the save in flight (issue 48 item 5)
     _pending_state: dict[str, Any] | None = None
     _last_write_s: float = 0.0  # the last finished background write (and commit), seconds
     save_timing: dict[str, float] | None = None  # the last save: wait_s, save_s (the step's share), write_s
@@ -859,7 +860,7 @@ class Trainer:
         ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.checkpoint``.
 
         ``wait=False`` (the step's save under ``checkpoint.async_save``, issue 48 item 5): the state is copied to host
-        memory (``ckpt.HostSnapshot``) and a background writer writes and commits it while the next step runs; the
+        memory (``checkpoint_async.HostSnapshot``) and a background writer writes and commits it while the next step runs; the
         returned path exists once it committed. A save first waits for the one in flight (at most one);
         ``save_timing`` records that wait, the copy's time and the previous write's."""
         t0 = time.perf_counter()
@@ -868,12 +869,12 @@ class Trainer:
         step = self.step if step is None else step
         tmp = self.ckpt_root / f"step_{step:06d}.tmp"
         if self.rank == 0:
-            ckpt.wait_in_flight(self.ckpt_root)  # another trainer of this process writing here (tests, benches)
+            checkpoint_async.wait_in_flight(self.ckpt_root)  # another trainer of this process writing here (tests, benches)
             ckpt.begin(self.ckpt_root, step)
         self._barrier()
         state = dict(step=step, policy_version=self.policy_version, data_position=dict(self.data_position),
                      metrics=dict(metrics or {}), run_id=self.run_id, world_size=self.world)
-        if wait or not ckpt.snapshot_supported(self.engine):
+        if wait or not checkpoint_async.snapshot_supported(self.engine):
             self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
             fault_point(step, "checkpoint", "mid")  # the stop drill holds here (ARBOR_FAULT=S:checkpoint:hold-mid)
             ckpt.save_hf(self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
@@ -889,18 +890,18 @@ class Trainer:
             return final
         t1 = time.perf_counter()
         pool = self.__dict__.setdefault("_snapshot_pool", {})  # pinned host buffers reused between saves (CUDA)
-        snap = ckpt.HostSnapshot(tmp, pool)
-        with ckpt.snapshotting(self.engine, snap):
+        snap = checkpoint_async.HostSnapshot(tmp, pool)
+        with checkpoint_async.snapshotting(self.engine, snap):
             self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        ckpt.snapshot_hf(snap, self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
+        checkpoint_async.snapshot_hf(snap, self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
                          adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
         snap.add(tmp / f"rng_rank{self.rank}.pt", ckpt.rng_state())
         snap.finish()
         single = self.world == 1
         cfg = self.cfg.checkpoint
-        self._pending = ckpt.PendingSave(
+        self._pending = checkpoint_async.PendingSave(
             self.ckpt_root, step, tmp, snap, commit_state=state if single else None,
-            retention=ckpt.Retention(cfg.keep_last, cfg.keep_best, cfg.best_metric) if single else None,
+            retention=checkpoint_async.Retention(cfg.keep_last, cfg.keep_best, cfg.best_metric) if single else None,
             serialization=bool(getattr(self.engine.checkpoint_engine, "zipfile_serialization", True)))
         self._pending_state = state
         self._pending.start()
@@ -952,7 +953,7 @@ class Trainer:
 
         The caller then replays the training stage of each later step from that step's stored batch."""
         self.finish_save()
-        ckpt.wait_in_flight(self.ckpt_root)
+        checkpoint_async.wait_in_flight(self.ckpt_root)
         path = ckpt.latest_complete(self.ckpt_root)
         if path is None:
             return None

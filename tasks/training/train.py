@@ -5,7 +5,8 @@ The trainer is a pure update worker (issue 32 item 2): ``Trainer.train_step(upda
 KL coefficient, each trajectory's version lag) and returns metrics. It knows no method. One step:
   1. every trajectory must come from the policy version it claims (weight sync), then
   2. pi_old: log-probs of the response tokens under the current weights at the rollout temperature: for the first
-     mini-batch its own forward's, detached (the weights are still pi_old's); a no-grad pass for the others;
+     mini-batch its own forward's, detached (the weights are still pi_old's; ``tasks.training.pi_old``); a no-grad
+     pass for the others;
   3. ``updates_per_batch`` optimizer updates: each mini-batch is packed by token count into micro-batches
      (``tasks.training.packing``), gradients accumulate over them, DeepSpeed clips and steps once per mini-batch;
   4. policy_version += 1 (the flow then syncs weights to the rollout engine and tags new rollouts with it).
@@ -48,6 +49,7 @@ from arbor.tasks.training.engine import (
 from arbor.tasks.training.head import PolicyHead, scoring_temperature
 from arbor.tasks.training.losses import LossOut, policy_loss
 from arbor.tasks.training.packing import Micro, make_micro, pack_micro_batches, packing_mode
+from arbor.tasks.training.pi_old import old_pass_members, pi_old_at
 from arbor.tasks.training.recompute import MemoryBudget
 from arbor.tasks.training.update import check_token_advantages, grpo_loss_settings
 from arbor.types import LossSettings, Trajectory, UpdateBatch
@@ -237,11 +239,10 @@ class Trainer:
                 # log-probs are pi_old (issue 48 item 2); a no-grad pass scores the later mini-batches' trajectories
                 # before the first optimizer step. The separate pass for every trajectory: reuse_pi_old False.
                 t0 = time.perf_counter()
-                first = set(minis[0]) if self.reuse_pi_old else set()
                 logp_old = [torch.zeros(0)] * len(batch)
                 logp_ref: list[torch.Tensor] | None = None  # None: the KL term measures against pi_old
                 scored = self.scored_tokens
-                later = [i for i in members if i not in first]
+                later = old_pass_members(members, minis[0], self.reuse_pi_old)
                 if later:
                     for i, v in zip(later, self.logprobs([batch[i] for i in later]), strict=True):
                         logp_old[i] = v
@@ -339,8 +340,7 @@ class Trainer:
         mode = "grad" if tc.entropy_coef != 0.0 else ("detached" if tc.entropy_diagnostic else "none")
         logp, ent = self.engine(m.ids, m.att, m.rows, m.cols, m.targets, entropy=mode, position_ids=m.pos)
         if mb and m.spans[-1][1] == n_pos and n_pos > 0 and float(m.mask.sum()) > 0:
-            old = (logp.detach().float() if old_from_forward
-                   else torch.cat([logp_old[i] for i in mb]).to(self.device))
+            old = pi_old_at(logp, logp_old, mb, old_from_forward, self.device)
             ref = old if logp_ref is None else torch.cat([logp_ref[i] for i in mb]).to(self.device)
             a = m.adv
             seq_lengths = [b - s for s, b in m.spans]  # the loss positions of each sample, in order

@@ -12,7 +12,7 @@ KL coefficient, each trajectory's version lag) and returns metrics. It knows no 
   4. policy_version += 1 (the flow then syncs weights to the rollout engine and tags new rollouts with it).
 
 The engine (DeepSpeed config, model load, LR schedule) is built by ``tasks.training.engine`` over the policy head
-(``tasks.training.head``).
+(``tasks.training.head``); checkpoints are saved and loaded by ``tasks.training.saver``.
 
 CPU (CI): one process, DeepSpeed's CPU accelerator, ZeRO-2 (ZeRO-3 in tests), fp32. GPUs: ``deepspeed`` launcher,
 ZeRO-3, bf16 (see ``tasks/training/trainer_service.py``, ``docs/gpu.md``).
@@ -31,9 +31,7 @@ import torch
 from arbor.config import ArborConfig
 from arbor.paths import arbor_home
 from arbor.seeding import derive_seed
-from arbor.tasks.stages import fault_point
 from arbor.tasks.training import checkpoint as ckpt
-from arbor.tasks.training import checkpoint_async
 from arbor.tasks.training.engine import (
     barrier,
     build_engine,
@@ -51,6 +49,7 @@ from arbor.tasks.training.losses import LossOut, policy_loss
 from arbor.tasks.training.packing import Micro, make_micro, pack_micro_batches, packing_mode
 from arbor.tasks.training.pi_old import old_pass_members, pi_old_at
 from arbor.tasks.training.recompute import MemoryBudget
+from arbor.tasks.training.saver import CheckpointSaver
 from arbor.tasks.training.update import check_token_advantages, grpo_loss_settings
 from arbor.types import LossSettings, Trajectory, UpdateBatch
 
@@ -108,6 +107,8 @@ class Trainer:
         self.ref_engine = self._reference_engine() if self.kl_coef > 0 and self.kl_reference == "frozen" else None
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.saver = CheckpointSaver(self.ckpt_root, cfg.checkpoint, rank=self.rank, world=self.world,
+                                     zero_stage=self.tc.zero_stage, model_path=self.model_path)
         self.packing = packing_mode(self.engine.module.lm)  # issue 48 item 3; the reference is the same model
         if self.rank == 0:
             print(f"trainer: micro-batches {self.packing} ({self.engine.module.lm.config._attn_implementation} "
@@ -137,50 +138,6 @@ class Trainer:
         engine, _, _, _ = deepspeed.initialize(model=head, config=ds)
         engine.eval()
         return engine
-
-    # ------------------------------------------------------------------ helpers
-    def _micro(self, trajs: list[Trajectory], dummy: bool = False,
-               advantages: list[torch.Tensor] | None = None, rows: list[list[int]] | None = None) -> Micro:
-        """``rows``: the micro-batch's rows (``pack_micro_batches``), laid out as packed rows unless padded."""
-        layout = [len(r) for r in rows] if rows and self.packing != "padded" else None
-        return make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                          [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs], dummy,
-                          advantages, layout).to(self.device)
-
-    def _pack(self, lengths: list[int]) -> list[list[list[int]]]:
-        """Micro-batches (rows of indices into ``lengths``) for this model's ``packing`` (issue 48 item 3)."""
-        return pack_micro_batches(lengths, self.tc.micro_batch_tokens, self.packing)
-
-    @torch.no_grad()
-    def logprobs(self, trajs: list[Trajectory], engine: Any = None) -> list[torch.Tensor]:
-        """log pi(loss tokens) under the current weights (or ``engine``'s: the frozen reference), one float32 CPU
-        tensor per trajectory (pi_old), in the order of the trajectory's loss-mask positions."""
-        engine = self.engine if engine is None else engine
-        out: list[torch.Tensor | None] = [None] * len(trajs)
-        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
-        for rows in self._rank_shards(self._pack(lengths)):
-            mb = [i for row in rows for i in row]
-            m = self._micro([trajs[i] for i in mb] if mb else [trajs[0]], dummy=not mb, rows=rows)
-            lp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
-            lp = lp.float().cpu()
-            self.scored_tokens += m.tokens if mb else 0
-            for i, (a, b) in zip(mb, m.spans, strict=False):
-                out[i] = lp[a:b].clone()
-        if self.world > 1:  # every rank needs every pi_old: gather the shards
-            import deepspeed.comm as dist
-
-            gathered: list[Any] = [None] * self.world
-            dist.all_gather_object(gathered, [(i, v) for i, v in enumerate(out) if v is not None])
-            for part in gathered:
-                for i, v in part:
-                    out[i] = v
-        return [v if v is not None else torch.zeros(0) for v in out]
-
-    def _rank_shards(self, micro: list[Any]) -> list[Any]:
-        """This rank's micro-batches (round robin); ranks with fewer get empty ones, so collectives line up."""
-        mine = micro[self.rank :: self.world]
-        n = math.ceil(len(micro) / self.world)
-        return mine + [[] for _ in range(n - len(mine))]
 
     # ------------------------------------------------------------------ the step
     def train_step(self, update: UpdateBatch, step: int) -> dict[str, float]:
@@ -317,12 +274,6 @@ class Trainer:
         metrics["policy_version"] = float(self.policy_version)
         return metrics
 
-    def _set_temperature(self, temperature: float) -> None:
-        """The temperature the policy (and the frozen reference) score tokens at, for one update phase."""
-        for engine in (self.engine, self.ref_engine):
-            if engine is not None:
-                engine.module.temperature = float(temperature)
-
     def _micro_loss(
         self, batch: list[Trajectory], rows: list[list[int]], logp_old: list[torch.Tensor], adv: list[torch.Tensor],
         n_loss_tokens: float, logp_ref: list[torch.Tensor] | None = None, old_from_forward: bool = False,
@@ -359,6 +310,56 @@ class Trainer:
         out.loss = out.loss * self.world
         return out, (m.tokens if mb else 0)
 
+    # ------------------------------------------------------------------ the step's helpers
+    @torch.no_grad()
+    def logprobs(self, trajs: list[Trajectory], engine: Any = None) -> list[torch.Tensor]:
+        """log pi(loss tokens) under the current weights (or ``engine``'s: the frozen reference), one float32 CPU
+        tensor per trajectory (pi_old), in the order of the trajectory's loss-mask positions."""
+        engine = self.engine if engine is None else engine
+        out: list[torch.Tensor | None] = [None] * len(trajs)
+        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+        for rows in self._rank_shards(self._pack(lengths)):
+            mb = [i for row in rows for i in row]
+            m = self._micro([trajs[i] for i in mb] if mb else [trajs[0]], dummy=not mb, rows=rows)
+            lp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
+            lp = lp.float().cpu()
+            self.scored_tokens += m.tokens if mb else 0
+            for i, (a, b) in zip(mb, m.spans, strict=False):
+                out[i] = lp[a:b].clone()
+        if self.world > 1:  # every rank needs every pi_old: gather the shards
+            import deepspeed.comm as dist
+
+            gathered: list[Any] = [None] * self.world
+            dist.all_gather_object(gathered, [(i, v) for i, v in enumerate(out) if v is not None])
+            for part in gathered:
+                for i, v in part:
+                    out[i] = v
+        return [v if v is not None else torch.zeros(0) for v in out]
+
+    def _micro(self, trajs: list[Trajectory], dummy: bool = False,
+               advantages: list[torch.Tensor] | None = None, rows: list[list[int]] | None = None) -> Micro:
+        """``rows``: the micro-batch's rows (``pack_micro_batches``), laid out as packed rows unless padded."""
+        layout = [len(r) for r in rows] if rows and self.packing != "padded" else None
+        return make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                          [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs], dummy,
+                          advantages, layout).to(self.device)
+
+    def _pack(self, lengths: list[int]) -> list[list[list[int]]]:
+        """Micro-batches (rows of indices into ``lengths``) for this model's ``packing`` (issue 48 item 3)."""
+        return pack_micro_batches(lengths, self.tc.micro_batch_tokens, self.packing)
+
+    def _rank_shards(self, micro: list[Any]) -> list[Any]:
+        """This rank's micro-batches (round robin); ranks with fewer get empty ones, so collectives line up."""
+        mine = micro[self.rank :: self.world]
+        n = math.ceil(len(micro) / self.world)
+        return mine + [[] for _ in range(n - len(mine))]
+
+    def _set_temperature(self, temperature: float) -> None:
+        """The temperature the policy (and the frozen reference) score tokens at, for one update phase."""
+        for engine in (self.engine, self.ref_engine):
+            if engine is not None:
+                engine.module.temperature = float(temperature)
+
     @torch.no_grad()
     def full_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[B, L, V] logits of the current policy (tests, evaluation; gathers all parameters under ZeRO-3)."""
@@ -384,90 +385,30 @@ class Trainer:
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    _pending: checkpoint_async.PendingSave | None = None  # the save in flight (issue 48 item 5)
-    _pending_state: dict[str, Any] | None = None
-    _last_write_s: float = 0.0  # the last finished background write (and commit), seconds
-    save_timing: dict[str, float] | None = None  # the last save: wait_s, save_s (the step's share), write_s
+    @property
+    def save_timing(self) -> dict[str, float] | None:
+        """The last save: wait_s (for the one in flight), save_s (the step's share), write_s (``CheckpointSaver``)."""
+        return self.saver.timing
 
     def save_checkpoint(self, step: int | None = None, metrics: dict[str, float] | None = None, *,
                         wait: bool = True) -> Path:
         """Atomic checkpoint of ``step`` (default: the last trained step) then retention (every rank calls):
-        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.checkpoint``.
+        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.saver``.
 
         ``wait=False`` (the step's save under ``checkpoint.async_save``, issue 48 item 5): the state is copied to host
-        memory (``checkpoint_async.HostSnapshot``) and a background writer writes and commits it while the next step runs; the
-        returned path exists once it committed. A save first waits for the one in flight (at most one);
-        ``save_timing`` records that wait, the copy's time and the previous write's."""
-        t0 = time.perf_counter()
-        self.finish_save()
-        waited = time.perf_counter() - t0
+        memory and a background writer writes and commits it while the next step runs; the returned path exists once
+        it committed. A save first waits for the one in flight (at most one); ``save_timing`` records that wait, the
+        copy's time and the previous write's."""
         step = self.step if step is None else step
-        tmp = self.ckpt_root / f"step_{step:06d}.tmp"
-        if self.rank == 0:
-            checkpoint_async.wait_in_flight(self.ckpt_root)  # another trainer of this process writing here (tests, benches)
-            ckpt.begin(self.ckpt_root, step)
-        barrier(self.world)
         state = dict(step=step, policy_version=self.policy_version, data_position=dict(self.data_position),
                      metrics=dict(metrics or {}), run_id=self.run_id, world_size=self.world)
-        if wait or not checkpoint_async.snapshot_supported(self.engine):
-            self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-            fault_point(step, "checkpoint", "mid")  # the stop drill holds here (ARBOR_FAULT=S:checkpoint:hold-mid)
-            ckpt.save_hf(self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
-                         adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
-            torch.save(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")
-            barrier(self.world)
-            final = ckpt.step_dir(self.ckpt_root, step)
-            if self.rank == 0:
-                final = ckpt.commit(tmp, step, state)
-                self._retain()
-            barrier(self.world)
-            self.save_timing = dict(wait_s=waited, save_s=time.perf_counter() - t0 - waited, write_s=0.0)
-            return final
-        t1 = time.perf_counter()
-        pool = self.__dict__.setdefault("_snapshot_pool", {})  # pinned host buffers reused between saves (CUDA)
-        snap = checkpoint_async.HostSnapshot(tmp, pool)
-        with checkpoint_async.snapshotting(self.engine, snap):
-            self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        checkpoint_async.snapshot_hf(snap, self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
-                         adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
-        snap.add(tmp / f"rng_rank{self.rank}.pt", ckpt.rng_state())
-        snap.finish()
-        single = self.world == 1
-        cfg = self.cfg.checkpoint
-        self._pending = checkpoint_async.PendingSave(
-            self.ckpt_root, step, tmp, snap, commit_state=state if single else None,
-            retention=checkpoint_async.Retention(cfg.keep_last, cfg.keep_best, cfg.best_metric) if single else None,
-            serialization=bool(getattr(self.engine.checkpoint_engine, "zipfile_serialization", True)))
-        self._pending_state = state
-        self._pending.start()
-        self.save_timing = dict(wait_s=waited, save_s=time.perf_counter() - t1, write_s=self._last_write_s,
-                                snapshot_bytes=float(snap.bytes))
-        return ckpt.step_dir(self.ckpt_root, step)
-
-    def _retain(self) -> None:
-        c = self.cfg.checkpoint
-        ckpt.apply_retention(self.ckpt_root, c.keep_last, c.keep_best, c.best_metric)
+        return self.saver.save(self.engine, step, state, wait=wait)
 
     def finish_save(self, abandon: bool = False) -> float:
         """Wait for the save in flight (issue 48 item 5), or with ``abandon`` stop it uncommitted; returns the
         seconds waited. Several ranks: every rank's writer finished, a barrier, then rank 0 commits (the commit of
         a save of several ranks happens here: at the next save, a resume or the run's end)."""
-        p, self._pending = self._pending, None
-        if p is None:
-            return 0.0
-        t0 = time.perf_counter()
-        if abandon:
-            p.cancel()
-            return 0.0
-        p.wait()
-        self._last_write_s = p.write_s
-        if self.world > 1:
-            barrier(self.world)
-            if self.rank == 0:
-                ckpt.commit(p.tmp, p.step, self._pending_state or {})
-                self._retain()
-            barrier(self.world)
-        return time.perf_counter() - t0
+        return self.saver.finish(abandon)
 
     def close(self) -> None:
         """The run's end: wait for the save in flight; under a stop (``arbor.stop``) abandon it instead, so the
@@ -487,20 +428,9 @@ class Trainer:
         A save in flight is waited for first (it may become the latest).
 
         The caller then replays the training stage of each later step from that step's stored batch."""
-        self.finish_save()
-        checkpoint_async.wait_in_flight(self.ckpt_root)
-        path = ckpt.latest_complete(self.ckpt_root)
-        if path is None:
+        state = self.saver.load_latest(self.engine)
+        if state is None:
             return None
-        load_path, _ = self.engine.load_checkpoint(
-            str(path), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True
-        )
-        if load_path is None:
-            raise RuntimeError(f"{path}/ds: DeepSpeed could not load the checkpoint")
-        state = ckpt.read_state(path)
-        rng_file = path / f"rng_rank{self.rank}.pt"
-        if rng_file.exists():
-            ckpt.set_rng_state(torch.load(rng_file, weights_only=False))
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         self.data_position = dict(state.get("data_position") or {})

@@ -30,6 +30,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from arbor.config import load_config  # noqa: E402
 from arbor.tasks.training import checkpoint as ckpt  # noqa: E402
+from arbor.tasks.training.checkpoint_async import in_flight  # noqa: E402
 from arbor.tasks.training.train import Trainer  # noqa: E402
 from arbor.tasks.training.update import policy_update  # noqa: E402
 from arbor.types import Trajectory  # noqa: E402
@@ -71,7 +72,7 @@ def run(mode: str, model_dir: Path, home: Path, vocab: int) -> dict[str, float]:
     else:
         out["save_wait_s"] = timed(tr.maybe_save, 2)[0]
         out["host_copy_gib"] = (tr.save_timing or {}).get("snapshot_bytes", 0.0) / 2**30
-        pending = ckpt.in_flight(tr.ckpt_root)
+        pending = in_flight(tr.ckpt_root)
         out["step_with_writer_s"] = step(3)
         out["writer_busy_after_step"] = float(pending is not None and not pending.done.is_set())
         out["second_save_wait_s"] = timed(tr.maybe_save, 3)[0]  # waits for step 2's write, then copies

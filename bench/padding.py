@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from arbor.tasks.training.train import pack_by_tokens, pack_micro_batches  # noqa: E402
+from arbor.tasks.training.packing import pack_by_tokens, pack_micro_batches  # noqa: E402
 
 PACKERS = ("before", "padded", "packed", "varlen")
 
@@ -103,8 +103,9 @@ def time_steps(packers: tuple[str, ...], lengths: list[tuple[int, int]], budget:
     micro-batch count. The packers take turns within each repeat."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from arbor.tasks.training.head import PolicyHead
     from arbor.tasks.training.losses import policy_loss
-    from arbor.tasks.training.train import PolicyHead, make_micro
+    from arbor.tasks.training.packing import make_micro
 
     torch.manual_seed(0)
     cfg = Qwen3Config(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,

@@ -46,15 +46,11 @@ import torch  # noqa: E402
 from transformers import Qwen3Config, Qwen3ForCausalLM  # noqa: E402
 
 from arbor.config import load_config  # noqa: E402
+from arbor.tasks.training.engine import synchronize  # noqa: E402
+from arbor.tasks.training.head import PolicyHead  # noqa: E402
 from arbor.tasks.training.losses import group_advantages, policy_loss  # noqa: E402
-from arbor.tasks.training.train import (  # noqa: E402
-    PolicyHead,
-    Trainer,
-    make_micro,
-    pack_micro_batches,
-    packing_mode,
-    synchronize,
-)
+from arbor.tasks.training.packing import make_micro, pack_micro_batches, packing_mode  # noqa: E402
+from arbor.tasks.training.train import Trainer  # noqa: E402
 from arbor.tasks.training.update import policy_update  # noqa: E402
 from arbor.types import Trajectory  # noqa: E402
 
@@ -163,7 +159,7 @@ class BareLoop:
     def __init__(self, model_dir: Path, cfg) -> None:
         from transformers import AutoModelForCausalLM
 
-        from arbor.tasks.training.train import scoring_temperature
+        from arbor.tasks.training.head import scoring_temperature
 
         lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         lm.config.use_cache = False

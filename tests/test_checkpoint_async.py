@@ -1,5 +1,5 @@
 """Checkpoints off the step's critical path (issue 48 item 5): the step's save copies the state to host memory and a
-background writer writes and commits it while the next step runs. Writes are held back (``ckpt.hold_writes``) so a
+background writer writes and commits it while the next step runs. Writes are held back (``checkpoint_async.hold_writes``) so a
 save is observably in flight: the save returned, the next step ran, nothing is committed yet."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from test_train import make_batch, make_trainer, params, tiny_model_dir
 
 from arbor.tasks.training import checkpoint as ckpt
+from arbor.tasks.training.checkpoint_async import hold_writes, in_flight
 
 pytestmark = pytest.mark.timeout(300)  # a save that waited for its held writer would hang: fail instead
 
@@ -52,9 +53,9 @@ def test_an_async_save_writes_the_saved_step_while_the_next_step_runs(
     tr.train_step(make_batch(1, 0), 1)
     at_save = params(tr)
     opt_at_save = optimizer_tensors(tr)
-    with ckpt.hold_writes():
+    with hold_writes():
         final = tr.save_checkpoint(1, {"mean_total_reward": 1.0}, wait=False)
-        pending = ckpt.in_flight(tr.ckpt_root)
+        pending = in_flight(tr.ckpt_root)
         assert pending is not None and pending.step == 1
         tr.train_step(make_batch(2, 1), 2)  # the next step runs with the save in flight
         assert not pending.written.is_set() and not pending.committed.is_set()
@@ -89,11 +90,11 @@ def test_a_crash_with_a_save_in_flight_leaves_the_previous_checkpoint_latest(mod
     tr.train_step(make_batch(1, 0), 1)
     first = tr.save_checkpoint(1, wait=False)
     tr.train_step(make_batch(2, 1), 2)
-    with ckpt.hold_writes():
+    with hold_writes():
         tr.save_checkpoint(2, wait=False)  # waits for step 1's writer, which was free to finish
         assert tr.save_timing is not None and tr.save_timing["wait_s"] >= 0.0
         assert ckpt.complete_steps(tr.ckpt_root) == [1] and ckpt.latest_complete(tr.ckpt_root) == first
-        pending = ckpt.in_flight(tr.ckpt_root)
+        pending = in_flight(tr.ckpt_root)
         assert pending is not None and pending.step == 2
         tr.finish_save(abandon=True)
     pending.done.wait()

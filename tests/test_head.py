@@ -7,9 +7,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from arbor.tasks.training.head import chunk_positions, chunked_logprobs
+from arbor.tasks.training.head import PolicyHead, chunk_positions, chunked_logprobs
 from arbor.tasks.training.losses import token_entropy, token_logprobs
-from arbor.tasks.training.train import PolicyHead
 
 TOL = dict(rtol=1e-6, atol=1e-6)
 

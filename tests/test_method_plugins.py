@@ -119,7 +119,7 @@ def test_token_advantages_reach_the_loss(model_dir: Path, tmp_path: Path) -> Non
 
 def test_micro_batch_reads_advantages_at_the_loss_positions() -> None:
     """make_micro gathers a per-token advantage exactly where the loss reads a token (loss_mask 1), by hand."""
-    from arbor.tasks.training.train import make_micro
+    from arbor.tasks.training.packing import make_micro
 
     m = make_micro([[1, 2], [3]], [[4, 5, 6], [7, 8]], [[1, 0, 1], [0, 1]],
                    advantages=[torch.tensor([0.1, 0.2, 0.3]), torch.tensor([0.4, 0.5])])

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from arbor.tasks.training.head import PolicyHead
 from arbor.tasks.training.losses import policy_loss
-from arbor.tasks.training.train import (
+from arbor.tasks.training.packing import (
     Micro,
-    PolicyHead,
     make_micro,
     pack_by_lengths,
     pack_by_tokens,
@@ -44,6 +44,13 @@ def sequences(lengths: list[tuple[int, int]], seed: int = 1) -> tuple[list[list[
 
 def score(head: PolicyHead, m: Micro, entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
     return head(m.ids, m.att, m.rows, m.cols, m.targets, entropy=entropy, position_ids=m.pos)
+
+
+def test_pack_by_tokens_by_hand() -> None:
+    # lengths [5, 3, 8, 2], budget 10, longest first: [8] | 5 -> 8*2 = 16 > 10: new bin [5]; 3 -> 5*2 = 10 fits;
+    # 2 -> 5*3 = 15 > 10: new bin [2]
+    assert pack_by_tokens([5, 3, 8, 2], 10) == [[2], [0, 1], [3]]
+    assert pack_by_tokens([50], 10) == [[0]]  # too long for the budget: alone
 
 
 def test_pack_by_lengths_by_hand() -> None:

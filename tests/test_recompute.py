@@ -11,6 +11,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from arbor.config import ConfigError, load_config
+from arbor.tasks.training.engine import load_model
 from arbor.tasks.training.recompute import (
     MODES,
     DecoderShape,
@@ -22,7 +23,6 @@ from arbor.tasks.training.recompute import (
     memory_budget,
     peak_memory_estimate,
 )
-from arbor.tasks.training.train import load_model
 
 SHAPE = DecoderShape(hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, layers=3, params=1000,
                      trainable=600)

@@ -29,7 +29,7 @@ from arbor.tasks.env.policy import (
     shipped_gguf,
     train_tokenizer,
 )
-from arbor.tasks.training.train import make_micro
+from arbor.tasks.training.packing import make_micro
 
 SYSTEM = "Answer by searching."
 QUESTION = "Who directed Doctor Strange?"

@@ -17,7 +17,8 @@ from arbor.tasks.env.datasets import load_questions
 from arbor.tasks.env.policy import load_policy
 from arbor.tasks.env.rollout import make_engine
 from arbor.tasks.env.search import make_search
-from arbor.tasks.training.train import PolicyHead, Trainer, scoring_temperature
+from arbor.tasks.training.head import PolicyHead, scoring_temperature
+from arbor.tasks.training.train import Trainer
 from arbor.tasks.training.update import policy_update
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from arbor.config import ArborConfig, load_config
 from arbor.tasks.methods import make_method
 from arbor.tasks.training import checkpoint as ckpt
-from arbor.tasks.training.train import Trainer, pack_by_tokens, scoring_temperature
+from arbor.tasks.training.head import scoring_temperature
+from arbor.tasks.training.train import Trainer
 from arbor.tasks.training.update import policy_update
 from arbor.types import Trajectory
 
@@ -82,13 +83,6 @@ def make_trainer(model_dir: Path, home: Path, **overrides: object) -> Any:
 
 def params(tr: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in tr.state_dict_for_sync().items()}
-
-
-def test_pack_by_tokens_by_hand() -> None:
-    # lengths [5, 3, 8, 2], budget 10, longest first: [8] | 5 -> 8*2 = 16 > 10: new bin [5]; 3 -> 5*2 = 10 fits;
-    # 2 -> 5*3 = 15 > 10: new bin [2]
-    assert pack_by_tokens([5, 3, 8, 2], 10) == [[2], [0, 1], [3]]
-    assert pack_by_tokens([50], 10) == [[0]]  # too long for the budget: alone
 
 
 def test_one_step_moves_logprobs_along_the_advantage(model_dir: Path, tmp_path: Path) -> None:

@@ -1,4 +1,8 @@
-"""Log-probs (and entropy) of the loss tokens without [positions x vocabulary] logits in memory (issue 48 item 1).
+"""The policy head: log-probs (and entropy) of the loss tokens only, without [positions x vocabulary] logits in memory
+(issue 48 item 1).
+
+:class:`PolicyHead` is the policy as DeepSpeed sees it (the HF causal LM scored at the loss positions, at the
+temperature the rollout sampled with: :func:`scoring_temperature`); a plain linear LM head is scored chunk by chunk.
 
 The policy head scores N loss positions against a V-token vocabulary at the scoring temperature T: per position
 ``z = (h W^T + b) / T`` (float32), ``log pi(y) = z_y - logsumexp(z)``, ``H = logsumexp(z) - sum softmax(z) z``.
@@ -122,3 +126,57 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, target
     logp, ent = ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), int(chunk),
                                       entropy != "none")
     return logp, (ent.detach() if entropy == "detached" else ent)
+
+
+def scoring_temperature(rollout_temperature: float) -> float:
+    """The temperature the trainer scores tokens at: the one the rollout sampled with, so that pi_old, pi_theta and
+    the rollout log-probs are the same distribution (TIS compares like with like; slime and verl divide the logits
+    by the rollout temperature too). Greedy rollouts (T = 0) record log-probs at T = 1, so they are scored at 1."""
+    return rollout_temperature if rollout_temperature > 0.0 else 1.0
+
+
+class PolicyHead(torch.nn.Module):
+    """The policy as DeepSpeed sees it: an HF causal LM whose forward returns log pi_T(target) (and the entropy)
+    only at the selected (row, position) pairs -- the loss tokens -- instead of [B, L, V] logits for every position.
+
+    ``temperature`` T divides the logits before the softmax: the policy being optimised is the sampling policy
+    softmax(z / T) the rollout engine drew from (``scoring_temperature``). Search-result tokens, prompts and padding
+    never reach the LM head (a large saving in memory and time with a 150k-token vocabulary). A plain linear head
+    is scored chunk by chunk (``tasks.training.head``: no [loss positions x vocabulary] logits in memory, the
+    chunks' logits recomputed in the backward; issue 48 item 1); the same values and gradients as full logits."""
+
+    def __init__(self, lm: torch.nn.Module, temperature: float = 1.0) -> None:
+        super().__init__()
+        if temperature <= 0.0:
+            raise ValueError(f"PolicyHead temperature must be > 0, got {temperature}")
+        self.lm = lm
+        self.temperature = float(temperature)
+
+    def chunked(self) -> bool:
+        """Whether the LM head is a plain linear layer, scored chunk by chunk (``tasks.training.head``; issue 48
+        item 1: no [loss positions x vocabulary] logits in memory); any other head takes the full-logits path."""
+        return type(self.lm.lm_head) is torch.nn.Linear
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
+                cols: torch.Tensor, targets: torch.Tensor, entropy: str = "none",
+                position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Packed rows (issue 48 item 3) come with ``position_ids`` and no ``attention_mask``; no KV cache either
+        way (with one, transformers would not read the packing from the position ids)."""
+        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    use_cache=False).last_hidden_state
+        if self.chunked():
+            head = self.lm.lm_head
+            logp, ent = chunked_logprobs(hidden[rows, cols], head.weight, head.bias, targets, self.temperature,
+                                         entropy)
+            return logp, ent
+        logits = self.lm.lm_head(hidden[rows, cols])
+        if self.temperature != 1.0:
+            logits = logits.float() / self.temperature
+        logp = token_logprobs(logits, targets)
+        if entropy == "grad":
+            ent = token_entropy(logits)
+        elif entropy == "detached":
+            ent = token_entropy(logits.detach())
+        else:
+            ent = torch.zeros_like(logp)
+        return logp, ent

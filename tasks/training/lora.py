@@ -14,7 +14,8 @@ Names: a wrapped layer ``...q_proj`` holds ``...q_proj.base.weight`` (W0, frozen
 (``base_model.model.<name>.lora_A.weight``), :func:`peft_adapter_config` writes the matching
 ``adapter_config.json``, so ``peft.PeftModel.from_pretrained(base, adapter_dir)`` loads what arbor trained.
 
-Pure: torch only; the trainers (``tasks.training.train``, ``tasks.rubric_model``) and ``tasks.training.checkpoint`` call it.
+Pure: torch only; the trainers' model load (``tasks.training.engine.load_model``, ``tasks.rubric_model``) and
+``tasks.training.checkpoint`` call it.
 """
 
 from __future__ import annotations

@@ -29,17 +29,16 @@ from arbor.config import ArborConfig
 from arbor.paths import arbor_home
 from arbor.seeding import derive_seed
 from arbor.tasks.training import checkpoint as ckpt
-from arbor.tasks.training.recompute import MemoryBudget
-from arbor.tasks.training.train import (
+from arbor.tasks.training.engine import (
     build_engine,
     deepspeed_config,
     init_single_process_env,
     load_model,
-    make_micro,
     merge,
-    pack_by_tokens,
     read_deepspeed_json,
 )
+from arbor.tasks.training.packing import make_micro, pack_by_tokens
+from arbor.tasks.training.recompute import MemoryBudget
 from arbor.timefmt import duration
 
 

@@ -5,10 +5,14 @@ The trainer is a pure update worker (issue 32 item 2): ``Trainer.train_step(upda
 KL coefficient, each trajectory's version lag) and returns metrics. It knows no method. One step:
   1. every trajectory must come from the policy version it claims (weight sync), then
   2. pi_old: log-probs of the response tokens under the current weights at the rollout temperature: for the first
-     mini-batch its own forward's, detached (the weights are still pi_old's); a no-grad pass for the others;
-  3. ``updates_per_batch`` optimizer updates: each mini-batch is packed by token count into padded micro-batches,
-     gradients accumulate over them, DeepSpeed clips and steps once per mini-batch;
+     mini-batch its own forward's, detached (the weights are still pi_old's; ``tasks.training.pi_old``); a no-grad
+     pass for the others;
+  3. ``updates_per_batch`` optimizer updates: each mini-batch is packed by token count into micro-batches
+     (``tasks.training.packing``), gradients accumulate over them, DeepSpeed clips and steps once per mini-batch;
   4. policy_version += 1 (the flow then syncs weights to the rollout engine and tags new rollouts with it).
+
+The engine (DeepSpeed config, model load, LR schedule) is built by ``tasks.training.engine`` over the policy head
+(``tasks.training.head``); checkpoints are saved and loaded by ``tasks.training.saver``.
 
 CPU (CI): one process, DeepSpeed's CPU accelerator, ZeRO-2 (ZeRO-3 in tests), fp32. GPUs: ``deepspeed`` launcher,
 ZeRO-3, bf16 (see ``tasks/training/trainer_service.py``, ``docs/gpu.md``).
@@ -16,499 +20,38 @@ ZeRO-3, bf16 (see ``tasks/training/trainer_service.py``, ``docs/gpu.md``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from arbor.config import ArborConfig
-from arbor.config.rollout import LoRAConfig
-from arbor.paths import PROJECT_ROOT, arbor_home
+from arbor.paths import arbor_home
 from arbor.seeding import derive_seed
-from arbor.tasks.stages import fault_point
 from arbor.tasks.training import checkpoint as ckpt
-from arbor.tasks.training.head import chunked_logprobs
-from arbor.tasks.training.lora import add_lora
-from arbor.tasks.training.losses import LossOut, policy_loss, token_entropy, token_logprobs
-from arbor.tasks.training.recompute import MemoryBudget, apply_recompute, resolve_recompute
+from arbor.tasks.training.engine import (
+    barrier,
+    build_engine,
+    deepspeed_config,
+    init_single_process_env,
+    load_model,
+    merge,
+    prebuild_deepspeed_ops,
+    read_deepspeed_json,
+    register_head_weight,
+    synchronize,
+)
+from arbor.tasks.training.head import PolicyHead, scoring_temperature
+from arbor.tasks.training.losses import LossOut, policy_loss
+from arbor.tasks.training.packing import Micro, make_micro, pack_micro_batches, packing_mode
+from arbor.tasks.training.pi_old import old_pass_members, pi_old_at
+from arbor.tasks.training.recompute import MemoryBudget
+from arbor.tasks.training.saver import CheckpointSaver
 from arbor.tasks.training.update import check_token_advantages, grpo_loss_settings
 from arbor.types import LossSettings, Trajectory, UpdateBatch
-
-
-# ---------------------------------------------------------------------------------------------- environment
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def init_single_process_env(port: int | None = None) -> None:
-    """Rendezvous variables for a single-process DeepSpeed group (the CPU path); launcher values are kept.
-
-    A single-process group whose inherited MASTER_PORT is taken (a child of a process that trained, e.g. a flow
-    run by a worker or a test) moves to a free port instead of failing with EADDRINUSE."""
-    import torch.distributed as dist
-
-    from arbor.quiet import quiet
-
-    quiet()  # before DeepSpeed picks its accelerator (no CUDA: CPU, without its warning)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port or 29500 + os.getpid() % 1000))
-    single = os.environ.get("WORLD_SIZE", "1") == "1"
-    if single and not (dist.is_available() and dist.is_initialized()) and not _port_free(int(os.environ["MASTER_PORT"])):
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-
-
-def prebuild_deepspeed_ops() -> list[str]:
-    """Compile the ops DeepSpeed's CPU accelerator builds on first use (the shm comm op), so tests don't pay ~25 s.
-
-    Run once at set-up: ``python -m arbor.tasks.training.train --prebuild-ops``. The build is cached in ~/.cache/torch_extensions
-    (``TORCH_EXTENSIONS_DIR``). On a GPU machine nothing is needed (NCCL; torch AdamW).
-    """
-    import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
-
-    built = []
-    if get_accelerator().device_name() == "cpu":
-        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-        if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-            builder.load()
-            built.append(builder.absolute_name())
-    return built
-
-
-def read_deepspeed_json(path: str | None) -> dict[str, Any]:
-    """The profile's DeepSpeed JSON (``train.deepspeed_config``), relative paths from the project root."""
-    if not path:
-        return {}
-    p = Path(path)
-    p = p if p.is_absolute() else PROJECT_ROOT / p
-    if not p.exists():
-        raise FileNotFoundError(f"train.deepspeed_config: {p} does not exist")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"train.deepspeed_config: {p}:{e.lineno}: not valid JSON ({e.msg})") from e
-    if not isinstance(data, dict):
-        raise ValueError(f"train.deepspeed_config: {p}: expected a JSON object")
-    return data
-
-
-def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def deepspeed_config(
-    *, zero_stage: int, bf16: bool, grad_clip: float, extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The DeepSpeed config the trainer uses; ``extra`` (the profile's JSON, then ``train.deepspeed``) is merged
-    over it. Gradient accumulation is driven by the trainer (token-packed micro-batches,
-    ``set_gradient_accumulation_boundary``), so DeepSpeed sees micro-batch 1 and gas 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    cfg: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "train_batch_size": world,
-        "gradient_clipping": grad_clip,
-        "bf16": {"enabled": bf16},
-        "zero_optimization": {"stage": zero_stage},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-    if zero_stage == 3:
-        cfg["zero_optimization"].update({"stage3_gather_16bit_weights_on_model_save": True})
-    cfg = merge(cfg, extra or {})
-    # the trainer owns these: the stage and precision come from the profile's keys, batching from the trainer
-    cfg["zero_optimization"]["stage"] = zero_stage
-    cfg["bf16"] = {**cfg.get("bf16", {}), "enabled": bf16}
-    cfg.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=world,
-               gradient_clipping=grad_clip)
-    return cfg
-
-
-def lr_factor(schedule: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """LR multiplier per optimizer update u: linear warm-up to 1 over ``warmup_steps``, then constant (RL) or
-    cosine to 0 at ``total_steps`` (SFT: lr 7e-6, 10% warm-up, App. B.2)."""
-
-    def f(u: int) -> float:
-        if warmup_steps > 0 and u < warmup_steps:
-            return (u + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = (u - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return f
-
-
-def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any], gradient_checkpointing: bool | str,
-               lora: LoRAConfig | None = None, seed: int = 0, memory: MemoryBudget | None = None):
-    """HF causal LM from a local directory.
-
-    Under ZeRO-3, when ``accelerate`` is installed, transformers partitions the weights while loading (zero.Init via
-    ``HfDeepSpeedConfig``); otherwise each rank loads the full model into CPU memory and ``deepspeed.initialize``
-    partitions it (14B in bf16: 28 GB of host memory per rank).
-
-    ``lora`` enabled (``policy.lora``): the weights are frozen and ``lora.targets`` get adapters (Hu et al. 2021;
-    ``tasks.training.lora.add_lora``), their A drawn from ``seed`` so every run (and a resume without a checkpoint) starts
-    from the same adapters; only they train. Apply before ``deepspeed.initialize``: a checkpoint holds this module
-    structure.
-
-    ``gradient_checkpointing``: a recompute mode (``tasks.training.recompute``: none, every_other, all; a bool is all
-    or none) or ``auto``, chosen by ``memory`` (issue 48 item 4) and logged once."""
-    import importlib.util
-
-    from transformers import AutoModelForCausalLM
-
-    p = Path(model_path)
-    if not (p / "config.json").exists():
-        raise FileNotFoundError(f"{p}: not an HF model directory (no config.json)")
-    keep_alive = None
-    if ds_config["zero_optimization"]["stage"] == 3 and importlib.util.find_spec("accelerate") is not None:
-        from transformers.integrations import HfDeepSpeedConfig
-
-        keep_alive = HfDeepSpeedConfig(ds_config)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.bfloat16 if bf16 else torch.float32)
-    del keep_alive
-    model.config.use_cache = False
-    if lora is not None and lora.enabled:
-        g = torch.Generator().manual_seed(derive_seed(seed, "policy-lora-init") % (2**63))
-        add_lora(model, lora.r, lora.alpha, lora.dropout, lora.targets, generator=g)
-    setting = gradient_checkpointing if isinstance(gradient_checkpointing, str) else (
-        "all" if gradient_checkpointing else "none")
-    mode, account = resolve_recompute(model, setting, memory, dtype_bytes=2 if bf16 else 4,
-                                      zero_stage=ds_config["zero_optimization"]["stage"],
-                                      world=int(os.environ.get("WORLD_SIZE", "1")))
-    apply_recompute(model, mode)
-    if setting == "auto" and os.environ.get("RANK", "0") == "0":
-        print(account, flush=True)  # once per model, rank 0: which mode, the estimates and the budget
-    return model
-
-
-def build_engine(
-    model: torch.nn.Module,
-    *,
-    ds_config: dict[str, Any],
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float],
-    schedule: str,
-    warmup_steps: int,
-    total_steps: int,
-    temperature: float = 1.0,
-):
-    """``deepspeed.initialize`` over ``PolicyHead(model, temperature)`` with AdamW and a LambdaLR schedule (the
-    engine steps it at each update). ``engine.module.lm`` is the HF model. RL passes the rollout temperature; SFT
-    (maximum likelihood) keeps 1. The optimizer gets the trainable parameters only (with LoRA: the adapters; the
-    frozen weights get no Adam state and no weight decay)."""
-    import deepspeed
-
-    init_single_process_env()
-    head = PolicyHead(model, temperature)
-    register_head_weight(head, ds_config)
-    trainable = [p for p in head.parameters() if p.requires_grad]
-    if not trainable:
-        raise ValueError("build_engine: the model has no trainable parameter")
-    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=betas)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(schedule, warmup_steps, total_steps))
-    engine, _, _, _ = deepspeed.initialize(model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
-    return engine
-
-
-def register_head_weight(head: PolicyHead, ds_config: dict[str, Any]) -> None:
-    """Under ZeRO-3, tell DeepSpeed that ``head`` reads the LM head's weight (and bias) itself: the chunked head
-    (``tasks.training.head``) uses them outside ``lm_head.forward``, so they must be gathered for ``head``'s
-    forward and backward (``deepspeed.zero.register_external_parameter``)."""
-    if ds_config["zero_optimization"]["stage"] != 3 or not head.chunked():
-        return
-    import deepspeed
-
-    for p in (head.lm.lm_head.weight, head.lm.lm_head.bias):
-        if p is not None:
-            deepspeed.zero.register_external_parameter(head, p)
-
-
-def synchronize() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-# ---------------------------------------------------------------------------------------------- batching
-def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Micro-batches of sequence indices whose padded size (count x longest) stays within ``max_tokens``.
-
-    Sequences are taken longest first (less padding); one longer than the budget gets a micro-batch of its own."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    bins: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and new_max * (len(cur) + 1) > max_tokens:
-            bins.append(cur)
-            cur, cur_max = [], 0
-            new_max = lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        bins.append(cur)
-    return bins
-
-
-def pack_by_lengths(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Padded micro-batches of sequences of similar lengths (issue 48 item 3, the fallback where the attention
-    cannot keep packed sequences apart): as few micro-batches as ``pack_by_tokens`` makes, cut where they waste the
-    fewest padded tokens.
-
-    Sequences are sorted longest first and cut into runs; a run of n costs n x its first (longest) length, which
-    must stay within ``max_tokens`` (a sequence longer than the budget gets a micro-batch of its own). Among the
-    cuts with the fewest runs (greedy's count is the least), dynamic programming keeps the one with the least
-    padding, the earliest cut on ties. Returns indices, each micro-batch longest first."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    s = [lengths[i] for i in order]
-    n = len(s)
-    prefix = [0]
-    for x in s:
-        prefix.append(prefix[-1] + x)
-    # best[i]: (micro-batches, padded tokens) of the cheapest cut of s[i:]; nxt[i]: where its first run ends
-    best: list[tuple[int, int]] = [(0, 0)] * (n + 1)
-    nxt = [n] * (n + 1)
-    for i in range(n - 1, -1, -1):
-        best[i] = (n + 1, 0)
-        for j in range(i + 1, n + 1):
-            if j - i > 1 and (j - i) * s[i] > max_tokens:
-                break
-            count, pad = best[j]
-            cand = (count + 1, pad + (j - i) * s[i] - (prefix[j] - prefix[i]))
-            if cand < best[i]:
-                best[i], nxt[i] = cand, j
-    out: list[list[int]] = []
-    i = 0
-    while i < n:
-        out.append(order[i : nxt[i]])
-        i = nxt[i]
-    return out
-
-
-def pack_rows(lengths: list[int], max_tokens: int, one_row: bool = False) -> list[list[list[int]]]:
-    """Padding-free micro-batches (issue 48 item 3): each a list of rows, each row the indices of sequences laid
-    end to end, their position ids restarting at 0 (``make_micro(layout=...)``), so that attention keeps them apart.
-
-    First fit, longest first: the micro-batches are tried in order, in each the first row with room for the
-    sequence, else a new row while rows x width stays within ``max_tokens``; a sequence that fits none opens a
-    micro-batch. A micro-batch's width is the length of the sequence that opened it (its longest): the attention
-    of a masked kernel (sdpa, eager) costs rows x width^2, no more than padding each of its sequences to that
-    width would. ``one_row`` (flash attention's variable-length kernel, which needs one row and skips the masked
-    pairs): one row of up to ``max_tokens`` per micro-batch. A sequence longer than the budget is alone."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    micro: list[list[list[int]]] = []
-    shape: list[tuple[int, int]] = []  # per micro-batch: (width, most rows)
-    fill: list[list[int]] = []  # per micro-batch: tokens in each row
-    for i in order:
-        n = lengths[i]
-        for m, (width, most) in enumerate(shape):
-            room = [r for r, used in enumerate(fill[m]) if used + n <= width]
-            if room:
-                micro[m][room[0]].append(i)
-                fill[m][room[0]] += n
-                break
-            if len(fill[m]) < most and n <= width:
-                micro[m].append([i])
-                fill[m].append(n)
-                break
-        else:
-            width = max(n, max_tokens) if one_row else n
-            shape.append((width, 1 if one_row else max(1, max_tokens // n)))
-            micro.append([[i]])
-            fill.append([n])
-    return micro
-
-
-PACKING_ATTENTION = {"sdpa": "packed", "eager": "packed", "flash_attention_2": "varlen", "flash_attention_3": "varlen"}
-PACKING_MODELS = ("llama", "qwen2", "qwen3")  # decoders whose transformers source was read (docs/decisions.md)
-
-
-def packing_mode(lm: torch.nn.Module) -> str:
-    """How micro-batches are laid out for ``lm`` (issue 48 item 3): ``"packed"`` (several sequences a row, position
-    ids restarting at 0; transformers then builds a block-diagonal causal mask from the position ids when no
-    attention mask is given: sdpa, eager), ``"varlen"`` (one such row per micro-batch: flash attention's
-    variable-length kernel, which reads the sequence starts from the position ids only when the batch has one row),
-    or ``"padded"`` (one sequence a row, right-padded, ``pack_by_lengths``) for any other attention implementation
-    or model type, or a model that does not build its mask with transformers' ``create_causal_mask``."""
-    import sys
-
-    from transformers import masking_utils
-
-    config = getattr(lm, "config", None)
-    mode = PACKING_ATTENTION.get(getattr(config, "_attn_implementation", None) or "", "padded")
-    base = getattr(lm, "base_model", lm)
-    module = sys.modules.get(type(base).__module__)
-    if getattr(config, "model_type", None) not in PACKING_MODELS or (
-            getattr(module, "create_causal_mask", None) is not masking_utils.create_causal_mask):
-        return "padded"
-    return mode
-
-
-def pack_micro_batches(lengths: list[int], max_tokens: int, packing: str) -> list[list[list[int]]]:
-    """Micro-batches as rows of sequence indices for a ``packing_mode``: padded ones hold one sequence a row."""
-    if packing == "padded":
-        return [[[i] for i in mb] for mb in pack_by_lengths(lengths, max_tokens)]
-    return pack_rows(lengths, max_tokens, one_row=packing == "varlen")
-
-
-def scoring_temperature(rollout_temperature: float) -> float:
-    """The temperature the trainer scores tokens at: the one the rollout sampled with, so that pi_old, pi_theta and
-    the rollout log-probs are the same distribution (TIS compares like with like; slime and verl divide the logits
-    by the rollout temperature too). Greedy rollouts (T = 0) record log-probs at T = 1, so they are scored at 1."""
-    return rollout_temperature if rollout_temperature > 0.0 else 1.0
-
-
-class PolicyHead(torch.nn.Module):
-    """The policy as DeepSpeed sees it: an HF causal LM whose forward returns log pi_T(target) (and the entropy)
-    only at the selected (row, position) pairs -- the loss tokens -- instead of [B, L, V] logits for every position.
-
-    ``temperature`` T divides the logits before the softmax: the policy being optimised is the sampling policy
-    softmax(z / T) the rollout engine drew from (``scoring_temperature``). Search-result tokens, prompts and padding
-    never reach the LM head (a large saving in memory and time with a 150k-token vocabulary). A plain linear head
-    is scored chunk by chunk (``tasks.training.head``: no [loss positions x vocabulary] logits in memory, the
-    chunks' logits recomputed in the backward; issue 48 item 1); the same values and gradients as full logits."""
-
-    def __init__(self, lm: torch.nn.Module, temperature: float = 1.0) -> None:
-        super().__init__()
-        if temperature <= 0.0:
-            raise ValueError(f"PolicyHead temperature must be > 0, got {temperature}")
-        self.lm = lm
-        self.temperature = float(temperature)
-
-    def chunked(self) -> bool:
-        """Whether the LM head is a plain linear layer, scored chunk by chunk (``tasks.training.head``; issue 48
-        item 1: no [loss positions x vocabulary] logits in memory); any other head takes the full-logits path."""
-        return type(self.lm.lm_head) is torch.nn.Linear
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
-                cols: torch.Tensor, targets: torch.Tensor, entropy: str = "none",
-                position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Packed rows (issue 48 item 3) come with ``position_ids`` and no ``attention_mask``; no KV cache either
-        way (with one, transformers would not read the packing from the position ids)."""
-        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    use_cache=False).last_hidden_state
-        if self.chunked():
-            head = self.lm.lm_head
-            logp, ent = chunked_logprobs(hidden[rows, cols], head.weight, head.bias, targets, self.temperature,
-                                         entropy)
-            return logp, ent
-        logits = self.lm.lm_head(hidden[rows, cols])
-        if self.temperature != 1.0:
-            logits = logits.float() / self.temperature
-        logp = token_logprobs(logits, targets)
-        if entropy == "grad":
-            ent = token_entropy(logits)
-        elif entropy == "detached":
-            ent = token_entropy(logits.detach())
-        else:
-            ent = torch.zeros_like(logp)
-        return logp, ent
-
-
-@dataclass
-class Micro:
-    """One micro-batch: padded sequences (or packed rows: ``pos`` set, ``att`` None; issue 48 item 3) plus the
-    flat list of loss positions (row, col, target)."""
-
-    ids: torch.Tensor
-    att: torch.Tensor | None
-    rows: torch.Tensor
-    cols: torch.Tensor
-    targets: torch.Tensor
-    rollout_lp: torch.Tensor
-    mask: torch.Tensor  # 1 per loss position; all 0 for a padding micro-batch
-    spans: list[tuple[int, int]]  # per sequence: its slice of the flat positions
-    tokens: int  # real (unpadded) tokens
-    adv: torch.Tensor  # the per-token advantage at each loss position (zeros when none was given)
-    pos: torch.Tensor | None = None  # packed rows: position ids restarting at 0 for each sequence
-
-    def to(self, device: Any) -> Micro:
-        return Micro(self.ids.to(device), None if self.att is None else self.att.to(device), self.rows.to(device),
-                     self.cols.to(device), self.targets.to(device), self.rollout_lp.to(device), self.mask.to(device),
-                     self.spans, self.tokens, self.adv.to(device), None if self.pos is None else self.pos.to(device))
-
-
-def make_micro(prompts: list[list[int]], responses: list[list[int]], masks: list[list[int]],
-               rollout_lps: list[list[float]] | None = None, dummy: bool = False,
-               advantages: list[torch.Tensor] | None = None, layout: list[int] | None = None) -> Micro:
-    """Right-padded sequences and the loss positions: response token j of row b is predicted at P_b - 1 + j.
-    ``advantages`` (one value per response token, ``Method.token_advantages``) are read at the same positions.
-
-    ``layout`` (issue 48 item 3): how many of the sequences, in order, each row holds end to end (``pack_rows``);
-    position ids restart at 0 with each sequence and a row's padded tail counts as a sequence of its own, so no
-    attention mask is needed (``att`` None). The loss positions keep the sequences' order either way."""
-    seqs = [p + r for p, r in zip(prompts, responses, strict=True)]
-    per_row = layout if layout is not None else [1] * len(seqs)
-    if sum(per_row) != len(seqs) or min(per_row) < 1:
-        raise ValueError(f"make_micro: layout {per_row} does not place {len(seqs)} sequences")
-    starts: list[tuple[int, int]] = []  # per sequence: (row, first column)
-    row_len: list[int] = []
-    for r, count in enumerate(per_row):
-        row_len.append(0)
-        for _ in range(count):
-            starts.append((r, row_len[r]))
-            row_len[r] += len(seqs[len(starts) - 1])
-    L = max(row_len)
-    ids = torch.zeros((len(row_len), L), dtype=torch.long)
-    att = torch.zeros((len(row_len), L), dtype=torch.long)
-    pos = torch.zeros((len(row_len), L), dtype=torch.long)
-    rows: list[int] = []
-    cols: list[int] = []
-    tgts: list[int] = []
-    rlp: list[float] = []
-    spans = []
-    adv: list[torch.Tensor] = []
-    for b, (p, r, m) in enumerate(zip(prompts, responses, masks, strict=True)):
-        row, c0 = starts[b]
-        ids[row, c0 : c0 + len(p) + len(r)] = torch.tensor(p + r)
-        att[row, c0 : c0 + len(p) + len(r)] = 1
-        pos[row, c0 : c0 + len(p) + len(r)] = torch.arange(len(p) + len(r))
-        start = len(rows)
-        keep = [j for j, k in enumerate(m) if k]
-        for j in keep:
-            rows.append(row)
-            cols.append(c0 + len(p) - 1 + j)
-            tgts.append(r[j])
-            rlp.append(rollout_lps[b][j] if rollout_lps is not None else 0.0)
-        if advantages is not None:
-            adv.append(advantages[b][torch.tensor(keep, dtype=torch.long)])
-        spans.append((start, len(rows)))
-    if not rows:  # no loss token at all: one placeholder position, masked out
-        rows, cols, tgts, rlp, dummy, adv = [0], [0], [0], [0.0], True, []
-    mask = torch.zeros(len(rows)) if dummy else torch.ones(len(rows))
-    if layout is not None:  # a row's padded tail: positions from 0 again, a sequence of its own
-        for row, n in enumerate(row_len):
-            pos[row, n:] = torch.arange(L - n)
-    return Micro(ids, None if layout is not None else att, torch.tensor(rows), torch.tensor(cols),
-                 torch.tensor(tgts), torch.tensor(rlp, dtype=torch.float32), mask, spans, sum(len(s) for s in seqs),
-                 torch.cat(adv) if adv else torch.zeros(len(rows)), pos if layout is not None else None)
 
 
 def check_trajectory(t: Trajectory) -> None:
@@ -564,6 +107,8 @@ class Trainer:
         self.ref_engine = self._reference_engine() if self.kl_coef > 0 and self.kl_reference == "frozen" else None
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.saver = CheckpointSaver(self.ckpt_root, cfg.checkpoint, rank=self.rank, world=self.world,
+                                     zero_stage=self.tc.zero_stage, model_path=self.model_path)
         self.packing = packing_mode(self.engine.module.lm)  # issue 48 item 3; the reference is the same model
         if self.rank == 0:
             print(f"trainer: micro-batches {self.packing} ({self.engine.module.lm.config._attn_implementation} "
@@ -593,56 +138,6 @@ class Trainer:
         engine, _, _, _ = deepspeed.initialize(model=head, config=ds)
         engine.eval()
         return engine
-
-    # ------------------------------------------------------------------ helpers
-    def _barrier(self) -> None:
-        import deepspeed.comm as dist
-
-        if self.world > 1:
-            dist.barrier()
-
-    def _micro(self, trajs: list[Trajectory], dummy: bool = False,
-               advantages: list[torch.Tensor] | None = None, rows: list[list[int]] | None = None) -> Micro:
-        """``rows``: the micro-batch's rows (``pack_micro_batches``), laid out as packed rows unless padded."""
-        layout = [len(r) for r in rows] if rows and self.packing != "padded" else None
-        return make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                          [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs], dummy,
-                          advantages, layout).to(self.device)
-
-    def _pack(self, lengths: list[int]) -> list[list[list[int]]]:
-        """Micro-batches (rows of indices into ``lengths``) for this model's ``packing`` (issue 48 item 3)."""
-        return pack_micro_batches(lengths, self.tc.micro_batch_tokens, self.packing)
-
-    @torch.no_grad()
-    def logprobs(self, trajs: list[Trajectory], engine: Any = None) -> list[torch.Tensor]:
-        """log pi(loss tokens) under the current weights (or ``engine``'s: the frozen reference), one float32 CPU
-        tensor per trajectory (pi_old), in the order of the trajectory's loss-mask positions."""
-        engine = self.engine if engine is None else engine
-        out: list[torch.Tensor | None] = [None] * len(trajs)
-        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
-        for rows in self._rank_shards(self._pack(lengths)):
-            mb = [i for row in rows for i in row]
-            m = self._micro([trajs[i] for i in mb] if mb else [trajs[0]], dummy=not mb, rows=rows)
-            lp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
-            lp = lp.float().cpu()
-            self.scored_tokens += m.tokens if mb else 0
-            for i, (a, b) in zip(mb, m.spans, strict=False):
-                out[i] = lp[a:b].clone()
-        if self.world > 1:  # every rank needs every pi_old: gather the shards
-            import deepspeed.comm as dist
-
-            gathered: list[Any] = [None] * self.world
-            dist.all_gather_object(gathered, [(i, v) for i, v in enumerate(out) if v is not None])
-            for part in gathered:
-                for i, v in part:
-                    out[i] = v
-        return [v if v is not None else torch.zeros(0) for v in out]
-
-    def _rank_shards(self, micro: list[Any]) -> list[Any]:
-        """This rank's micro-batches (round robin); ranks with fewer get empty ones, so collectives line up."""
-        mine = micro[self.rank :: self.world]
-        n = math.ceil(len(micro) / self.world)
-        return mine + [[] for _ in range(n - len(mine))]
 
     # ------------------------------------------------------------------ the step
     def train_step(self, update: UpdateBatch, step: int) -> dict[str, float]:
@@ -701,11 +196,10 @@ class Trainer:
                 # log-probs are pi_old (issue 48 item 2); a no-grad pass scores the later mini-batches' trajectories
                 # before the first optimizer step. The separate pass for every trajectory: reuse_pi_old False.
                 t0 = time.perf_counter()
-                first = set(minis[0]) if self.reuse_pi_old else set()
                 logp_old = [torch.zeros(0)] * len(batch)
                 logp_ref: list[torch.Tensor] | None = None  # None: the KL term measures against pi_old
                 scored = self.scored_tokens
-                later = [i for i in members if i not in first]
+                later = old_pass_members(members, minis[0], self.reuse_pi_old)
                 if later:
                     for i, v in zip(later, self.logprobs([batch[i] for i in later]), strict=True):
                         logp_old[i] = v
@@ -780,12 +274,6 @@ class Trainer:
         metrics["policy_version"] = float(self.policy_version)
         return metrics
 
-    def _set_temperature(self, temperature: float) -> None:
-        """The temperature the policy (and the frozen reference) score tokens at, for one update phase."""
-        for engine in (self.engine, self.ref_engine):
-            if engine is not None:
-                engine.module.temperature = float(temperature)
-
     def _micro_loss(
         self, batch: list[Trajectory], rows: list[list[int]], logp_old: list[torch.Tensor], adv: list[torch.Tensor],
         n_loss_tokens: float, logp_ref: list[torch.Tensor] | None = None, old_from_forward: bool = False,
@@ -803,8 +291,7 @@ class Trainer:
         mode = "grad" if tc.entropy_coef != 0.0 else ("detached" if tc.entropy_diagnostic else "none")
         logp, ent = self.engine(m.ids, m.att, m.rows, m.cols, m.targets, entropy=mode, position_ids=m.pos)
         if mb and m.spans[-1][1] == n_pos and n_pos > 0 and float(m.mask.sum()) > 0:
-            old = (logp.detach().float() if old_from_forward
-                   else torch.cat([logp_old[i] for i in mb]).to(self.device))
+            old = pi_old_at(logp, logp_old, mb, old_from_forward, self.device)
             ref = old if logp_ref is None else torch.cat([logp_ref[i] for i in mb]).to(self.device)
             a = m.adv
             seq_lengths = [b - s for s, b in m.spans]  # the loss positions of each sample, in order
@@ -822,6 +309,56 @@ class Trainer:
         # DeepSpeed averages gradients over data-parallel ranks; the loss is a sum over the whole mini-batch.
         out.loss = out.loss * self.world
         return out, (m.tokens if mb else 0)
+
+    # ------------------------------------------------------------------ the step's helpers
+    @torch.no_grad()
+    def logprobs(self, trajs: list[Trajectory], engine: Any = None) -> list[torch.Tensor]:
+        """log pi(loss tokens) under the current weights (or ``engine``'s: the frozen reference), one float32 CPU
+        tensor per trajectory (pi_old), in the order of the trajectory's loss-mask positions."""
+        engine = self.engine if engine is None else engine
+        out: list[torch.Tensor | None] = [None] * len(trajs)
+        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+        for rows in self._rank_shards(self._pack(lengths)):
+            mb = [i for row in rows for i in row]
+            m = self._micro([trajs[i] for i in mb] if mb else [trajs[0]], dummy=not mb, rows=rows)
+            lp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
+            lp = lp.float().cpu()
+            self.scored_tokens += m.tokens if mb else 0
+            for i, (a, b) in zip(mb, m.spans, strict=False):
+                out[i] = lp[a:b].clone()
+        if self.world > 1:  # every rank needs every pi_old: gather the shards
+            import deepspeed.comm as dist
+
+            gathered: list[Any] = [None] * self.world
+            dist.all_gather_object(gathered, [(i, v) for i, v in enumerate(out) if v is not None])
+            for part in gathered:
+                for i, v in part:
+                    out[i] = v
+        return [v if v is not None else torch.zeros(0) for v in out]
+
+    def _micro(self, trajs: list[Trajectory], dummy: bool = False,
+               advantages: list[torch.Tensor] | None = None, rows: list[list[int]] | None = None) -> Micro:
+        """``rows``: the micro-batch's rows (``pack_micro_batches``), laid out as packed rows unless padded."""
+        layout = [len(r) for r in rows] if rows and self.packing != "padded" else None
+        return make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                          [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs], dummy,
+                          advantages, layout).to(self.device)
+
+    def _pack(self, lengths: list[int]) -> list[list[list[int]]]:
+        """Micro-batches (rows of indices into ``lengths``) for this model's ``packing`` (issue 48 item 3)."""
+        return pack_micro_batches(lengths, self.tc.micro_batch_tokens, self.packing)
+
+    def _rank_shards(self, micro: list[Any]) -> list[Any]:
+        """This rank's micro-batches (round robin); ranks with fewer get empty ones, so collectives line up."""
+        mine = micro[self.rank :: self.world]
+        n = math.ceil(len(micro) / self.world)
+        return mine + [[] for _ in range(n - len(mine))]
+
+    def _set_temperature(self, temperature: float) -> None:
+        """The temperature the policy (and the frozen reference) score tokens at, for one update phase."""
+        for engine in (self.engine, self.ref_engine):
+            if engine is not None:
+                engine.module.temperature = float(temperature)
 
     @torch.no_grad()
     def full_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -844,94 +381,34 @@ class Trainer:
     def export_hf(self, path: str | Path) -> Path:
         """HF safetensors checkpoint of the current weights, LoRA merged in (collective under ZeRO-3)."""
         out = ckpt.save_hf(self.engine, Path(path), self.tc.zero_stage, self.model_path, self.rank)
-        self._barrier()
+        barrier(self.world)
         return out
 
     # ------------------------------------------------------------------ checkpoints
-    _pending: ckpt.PendingSave | None = None  # the save in flight (issue 48 item 5)
-    _pending_state: dict[str, Any] | None = None
-    _last_write_s: float = 0.0  # the last finished background write (and commit), seconds
-    save_timing: dict[str, float] | None = None  # the last save: wait_s, save_s (the step's share), write_s
+    @property
+    def save_timing(self) -> dict[str, float] | None:
+        """The last save: wait_s (for the one in flight), save_s (the step's share), write_s (``CheckpointSaver``)."""
+        return self.saver.timing
 
     def save_checkpoint(self, step: int | None = None, metrics: dict[str, float] | None = None, *,
                         wait: bool = True) -> Path:
         """Atomic checkpoint of ``step`` (default: the last trained step) then retention (every rank calls):
-        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.checkpoint``.
+        ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.saver``.
 
         ``wait=False`` (the step's save under ``checkpoint.async_save``, issue 48 item 5): the state is copied to host
-        memory (``ckpt.HostSnapshot``) and a background writer writes and commits it while the next step runs; the
-        returned path exists once it committed. A save first waits for the one in flight (at most one);
-        ``save_timing`` records that wait, the copy's time and the previous write's."""
-        t0 = time.perf_counter()
-        self.finish_save()
-        waited = time.perf_counter() - t0
+        memory and a background writer writes and commits it while the next step runs; the returned path exists once
+        it committed. A save first waits for the one in flight (at most one); ``save_timing`` records that wait, the
+        copy's time and the previous write's."""
         step = self.step if step is None else step
-        tmp = self.ckpt_root / f"step_{step:06d}.tmp"
-        if self.rank == 0:
-            ckpt.wait_in_flight(self.ckpt_root)  # another trainer of this process writing here (tests, benches)
-            ckpt.begin(self.ckpt_root, step)
-        self._barrier()
         state = dict(step=step, policy_version=self.policy_version, data_position=dict(self.data_position),
                      metrics=dict(metrics or {}), run_id=self.run_id, world_size=self.world)
-        if wait or not ckpt.snapshot_supported(self.engine):
-            self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-            fault_point(step, "checkpoint", "mid")  # the stop drill holds here (ARBOR_FAULT=S:checkpoint:hold-mid)
-            ckpt.save_hf(self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
-                         adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
-            torch.save(ckpt.rng_state(), tmp / f"rng_rank{self.rank}.pt")
-            self._barrier()
-            final = ckpt.step_dir(self.ckpt_root, step)
-            if self.rank == 0:
-                final = ckpt.commit(tmp, step, state)
-                self._retain()
-            self._barrier()
-            self.save_timing = dict(wait_s=waited, save_s=time.perf_counter() - t0 - waited, write_s=0.0)
-            return final
-        t1 = time.perf_counter()
-        pool = self.__dict__.setdefault("_snapshot_pool", {})  # pinned host buffers reused between saves (CUDA)
-        snap = ckpt.HostSnapshot(tmp, pool)
-        with ckpt.snapshotting(self.engine, snap):
-            self.engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        ckpt.snapshot_hf(snap, self.engine, tmp / "hf", self.tc.zero_stage, self.model_path, self.rank,
-                         adapter_dir=tmp / "adapter", base_model=self.model_path.resolve())
-        snap.add(tmp / f"rng_rank{self.rank}.pt", ckpt.rng_state())
-        snap.finish()
-        single = self.world == 1
-        cfg = self.cfg.checkpoint
-        self._pending = ckpt.PendingSave(
-            self.ckpt_root, step, tmp, snap, commit_state=state if single else None,
-            retention=ckpt.Retention(cfg.keep_last, cfg.keep_best, cfg.best_metric) if single else None,
-            serialization=bool(getattr(self.engine.checkpoint_engine, "zipfile_serialization", True)))
-        self._pending_state = state
-        self._pending.start()
-        self.save_timing = dict(wait_s=waited, save_s=time.perf_counter() - t1, write_s=self._last_write_s,
-                                snapshot_bytes=float(snap.bytes))
-        return ckpt.step_dir(self.ckpt_root, step)
-
-    def _retain(self) -> None:
-        c = self.cfg.checkpoint
-        ckpt.apply_retention(self.ckpt_root, c.keep_last, c.keep_best, c.best_metric)
+        return self.saver.save(self.engine, step, state, wait=wait)
 
     def finish_save(self, abandon: bool = False) -> float:
         """Wait for the save in flight (issue 48 item 5), or with ``abandon`` stop it uncommitted; returns the
         seconds waited. Several ranks: every rank's writer finished, a barrier, then rank 0 commits (the commit of
         a save of several ranks happens here: at the next save, a resume or the run's end)."""
-        p, self._pending = self._pending, None
-        if p is None:
-            return 0.0
-        t0 = time.perf_counter()
-        if abandon:
-            p.cancel()
-            return 0.0
-        p.wait()
-        self._last_write_s = p.write_s
-        if self.world > 1:
-            self._barrier()
-            if self.rank == 0:
-                ckpt.commit(p.tmp, p.step, self._pending_state or {})
-                self._retain()
-            self._barrier()
-        return time.perf_counter() - t0
+        return self.saver.finish(abandon)
 
     def close(self) -> None:
         """The run's end: wait for the save in flight; under a stop (``arbor.stop``) abandon it instead, so the
@@ -951,20 +428,9 @@ class Trainer:
         A save in flight is waited for first (it may become the latest).
 
         The caller then replays the training stage of each later step from that step's stored batch."""
-        self.finish_save()
-        ckpt.wait_in_flight(self.ckpt_root)
-        path = ckpt.latest_complete(self.ckpt_root)
-        if path is None:
+        state = self.saver.load_latest(self.engine)
+        if state is None:
             return None
-        load_path, _ = self.engine.load_checkpoint(
-            str(path), tag="ds", load_optimizer_states=True, load_lr_scheduler_states=True
-        )
-        if load_path is None:
-            raise RuntimeError(f"{path}/ds: DeepSpeed could not load the checkpoint")
-        state = ckpt.read_state(path)
-        rng_file = path / f"rng_rank{self.rank}.pt"
-        if rng_file.exists():
-            ckpt.set_rng_state(torch.load(rng_file, weights_only=False))
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         self.data_position = dict(state.get("data_position") or {})

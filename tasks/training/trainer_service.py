@@ -197,7 +197,8 @@ def _committed(trainer: Any) -> int | None:
 
 def serve(channel: Path, model_path: Path, home: Path) -> int:
     """The service loop (every rank). Rank 0 reads commands and broadcasts them; all ranks execute."""
-    from arbor.tasks.training.train import Trainer, init_single_process_env
+    from arbor.tasks.training.engine import init_single_process_env
+    from arbor.tasks.training.train import Trainer
 
     init_single_process_env()
     cfg = ArborConfig.model_validate_json((channel / "config.json").read_text())

@@ -23,9 +23,9 @@ source_traj_id, utility
 KeywordSearch, LenientJudge, em_minus_search_cost
 # torch's ProcessGroupNCCL.Options timeout, read by torch (tasks/training/vllm_sync.py, NcclCommunicator)
 _._timeout
-# DeepSpeed's CheckpointEngine interface, called by engine.save_checkpoint (tasks/training/checkpoint.py SnapshotCheckpointEngine)
+# DeepSpeed's CheckpointEngine interface, called by engine.save_checkpoint (tasks/training/checkpoint_async.py SnapshotCheckpointEngine)
 _.create, _.is_decoupled, _.set_commit_info, _.get_commit_info, _.cleanup, _.preserves_storage_sharing
-# registered with atexit (tasks/training/checkpoint.py)
+# registered with atexit (tasks/training/checkpoint_async.py)
 _wait_at_exit
 # module attribute hooks (PEP 562): a method package loads its method lazily (tasks/methods/arbor, rar)
 __getattr__

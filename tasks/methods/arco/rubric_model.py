@@ -233,7 +233,7 @@ class RubricModelTrainer:
         from transformers import AutoModelForCausalLM
 
         from arbor.tasks.env.policy import load_tokenizer
-        from arbor.tasks.training.train import deepspeed_config, init_single_process_env
+        from arbor.tasks.training.engine import deepspeed_config, init_single_process_env
 
         init_single_process_env()
         self.cfg = cfg

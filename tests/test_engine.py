@@ -1,0 +1,80 @@
+"""The DeepSpeed side of the trainers (``tasks.training.engine``) by hand: the LR schedule, the config the
+trainer owns over the profile's JSON, the JSON's reading, and the rendezvous port of a single process."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from arbor.tasks.training.engine import (
+    _port_free,
+    deepspeed_config,
+    init_single_process_env,
+    lr_factor,
+    merge,
+    read_deepspeed_json,
+)
+
+
+def test_lr_factor_warm_up_then_constant_or_cosine() -> None:
+    const = lr_factor("constant", warmup_steps=2, total_steps=10)
+    assert [const(u) for u in (0, 1, 2, 9, 50)] == [0.5, 1.0, 1.0, 1.0, 1.0]
+    cos = lr_factor("cosine", warmup_steps=2, total_steps=10)
+    # after the warm-up: progress (u - 2) / 8, factor (1 + cos(pi progress)) / 2, 0 from the last step on
+    assert [cos(u) for u in (0, 1, 2, 6, 10, 20)] == pytest.approx([0.5, 1.0, 1.0, 0.5, 0.0, 0.0])
+    assert cos(4) == pytest.approx(0.5 * (1 + math.cos(math.pi / 4)))
+    assert lr_factor("cosine", warmup_steps=0, total_steps=4)(0) == 1.0  # no warm-up: the full rate at once
+
+
+def test_merge_is_deep_and_leaves_its_inputs_alone() -> None:
+    base = {"a": {"b": 1, "c": 2}, "d": 1}
+    assert merge(base, {"a": {"b": 3}, "d": {"x": 1}}) == {"a": {"b": 3, "c": 2}, "d": {"x": 1}}
+    assert base == {"a": {"b": 1, "c": 2}, "d": 1}
+
+
+def test_the_trainer_owns_stage_precision_and_batching(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    extra = {"zero_optimization": {"stage": 1, "overlap_comm": True}, "bf16": {"enabled": False, "x": 1},
+             "train_batch_size": 64, "gradient_clipping": 5.0, "gradient_accumulation_steps": 8,
+             "optimizer": {"type": "Adam"}}
+    cfg = deepspeed_config(zero_stage=3, bf16=True, grad_clip=1.0, extra=extra)
+    assert cfg["zero_optimization"] == {"stage": 3, "overlap_comm": True, "stage3_gather_16bit_weights_on_model_save": True}
+    assert cfg["bf16"] == {"enabled": True, "x": 1}
+    assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"],
+            cfg["gradient_clipping"]) == (2, 1, 1, 1.0)
+    assert cfg["optimizer"] == {"type": "Adam"}  # other keys of the profile's JSON pass through
+    assert "stage3_gather_16bit_weights_on_model_save" not in deepspeed_config(
+        zero_stage=2, bf16=False, grad_clip=1.0)["zero_optimization"]
+
+
+def test_read_deepspeed_json(tmp_path: Path) -> None:
+    assert read_deepspeed_json(None) == {}
+    assert read_deepspeed_json("configs/deepspeed/qwen3-8b.json")["zero_optimization"]  # relative: the project root
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_deepspeed_json(str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text('{\n  "a": 1,\n}')
+    with pytest.raises(ValueError, match=r"bad.json:3: not valid JSON"):
+        read_deepspeed_json(str(tmp_path / "bad.json"))
+    (tmp_path / "list.json").write_text("[1]")
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        read_deepspeed_json(str(tmp_path / "list.json"))
+
+
+def test_a_single_process_moves_off_a_taken_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # as in a fresh process (other tests may start a group)
+    for key in ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        assert not _port_free(port)
+        init_single_process_env()
+        assert os.environ["MASTER_PORT"] != str(port) and _port_free(int(os.environ["MASTER_PORT"]))
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("0", "1", "0")

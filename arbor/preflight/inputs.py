@@ -111,7 +111,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
     """Input files the run reads, checked before anything starts (key and file named)."""
     missing: list[str] = []
     ds = cfg.train.deepspeed_config
-    if ds:  # tasks.training.train.read_deepspeed_json: relative to the project root
+    if ds:  # tasks.training.engine.read_deepspeed_json: relative to the project root
         p = Path(ds).expanduser()
         p = p if p.is_absolute() else PROJECT_ROOT / p
         problem = _json_object_problem(p) if p.exists() else f"no such file {p}"

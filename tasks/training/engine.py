@@ -63,8 +63,9 @@ def init_single_process_env(port: int | None = None) -> None:
 def prebuild_deepspeed_ops() -> list[str]:
     """Compile the ops DeepSpeed's CPU accelerator builds on first use (the shm comm op), so tests don't pay ~25 s.
 
-    Run once at set-up: ``python -m arbor.tasks.training.train --prebuild-ops``. The build is cached in ~/.cache/torch_extensions
-    (``TORCH_EXTENSIONS_DIR``). On a GPU machine nothing is needed (NCCL; torch AdamW).
+    Run once at set-up: ``python -m arbor.tasks.training.train --prebuild-ops``. The build is cached in
+    ``TORCH_EXTENSIONS_DIR``, which importing arbor points at a folder of this torch installation's own
+    (``arbor.torch_extensions_dir``). On a GPU machine nothing is needed (NCCL; torch AdamW).
     """
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator

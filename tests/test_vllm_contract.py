@@ -16,6 +16,7 @@ import re
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -150,6 +151,66 @@ def test_sync_lands_bit_identical_weights_and_confirms_the_version(trainer: Trai
         assert all(torch.equal(server.weights[0][k], sd2[k]) for k in sd2)
         assert [p for _, p, _ in server.requests].count("/init_weight_transfer_engine") == 1
         sync.close()
+
+
+def test_a_sync_after_a_failed_one_reinitialises_the_transfer_on_the_same_store() -> None:
+    """The error of a refused update promises a re-init on the next sync: it happens, on the one TCPStore this
+    process holds on the transfer port. Before issue 59 the re-init opened a second store on the port while the
+    first was still held by the previous group: EADDRINUSE."""
+    from arbor.tasks.training.vllm_sync import VllmSyncError
+
+    sd = {"w": torch.arange(6.0).view(2, 3), "b": torch.ones(4)}
+    # gloo_timeout_s: the first group's broadcast, which the server never received, is given up after it
+    with scripted(qwen_cfg(), weights=zeros_like(sd), lose_session_after_start=True, gloo_timeout_s=3) as server:
+        sync = client(server, packed=False, gloo_timeout_s=3)
+        with pytest.raises(VllmSyncError, match=r"start_weight_update must be called.*re-init"):
+            sync.push(lambda: iter(sd.items()), 1)
+        assert not sync.ready
+        server.lose_session_after_start = False  # the server is well again
+        report = sync.push(lambda: iter(sd.items()), 2)
+        assert report.version == "2" == server.weight_version
+        assert all(torch.equal(server.weights[0][k], sd[k]) for k in sd)
+        assert [p for _, p, _ in server.requests].count("/init_weight_transfer_engine") == 2
+        sync.close()
+
+
+class StandInNccl:
+    """What ``NcclCommunicator`` uses of torch's ``ProcessGroupNCCL`` (the CPU build has none): like the real one it
+    holds the store it is given, and rank 0's eager connect publishes a fresh 128-byte unique id under key "0"."""
+
+    class Options:
+        _timeout: Any = None
+
+    def __init__(self, store: Any, rank: int, size: int, opts: Any) -> None:
+        self.store = store
+
+    def eager_connect_single_device(self, device: torch.device) -> None:
+        self.store.set("0", os.urandom(128))
+
+    def shutdown(self) -> None:
+        self.store = None
+
+
+def test_a_second_nccl_rendezvous_in_the_same_process_reuses_its_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real TCPStore on a free loopback port: a re-init (same communicator) and a second communicator of the same
+    process rendezvous again on it, each reading its own group's unique id, never the previous one left in the
+    store. Before issue 59 the second rendezvous failed: the port was held by the first group's store."""
+    import torch.distributed as dist
+
+    from arbor.tasks.training.vllm_sync import NcclCommunicator
+
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", StandInNccl, raising=False)
+    port = free_port()
+    comm = NcclCommunicator("127.0.0.1", port, torch.device("cpu"), timeout_s=5)
+    ids = [comm.rendezvous(2)["nccl_unique_id_b64"]]
+    first_group = comm.pg
+    ids.append(comm.rendezvous(2)["nccl_unique_id_b64"])  # the re-init after a failed sync
+    other = NcclCommunicator("127.0.0.1", port, torch.device("cpu"), timeout_s=5)
+    ids.append(other.rendezvous(2)["nccl_unique_id_b64"])
+    assert len(set(ids)) == 3
+    assert first_group.store is comm.pg.store is other.pg.store  # one store per process and port
+    comm.close()
+    other.close()
 
 
 def test_without_dev_mode_the_sync_says_to_set_it(trainer: Trainer) -> None:
@@ -333,3 +394,4 @@ def test_fixture_matches_the_sdist() -> None:
                 "start_weight_update called while a weight update is already "):
         assert msg in worker
     assert '"--served-model-name"' in (v / "engine/arg_utils.py").read_text()
+

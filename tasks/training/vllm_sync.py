@@ -22,6 +22,8 @@ The communicator is ``NcclCommunicator`` on GPUs (a private ``TCPStore`` + ``Pro
 is sent as ``nccl_unique_id_b64``). ``GlooCommunicator`` is the CPU stand-in used by the tests and
 ``bench/weight_sync.py``: it sends 0.33's other rendezvous form (``master_address``/``master_port``), which a real
 vLLM GPU worker answers with its own NCCL group, not gloo; everything else (phases, packing, checks) is the same code.
+Both rendezvous on the process's one TCPStore on the transfer port (:func:`transfer_store`), so the re-init after a
+failed sync joins again on it (issue 59).
 """
 
 from __future__ import annotations
@@ -145,6 +147,32 @@ class VllmControl:
 
 
 # --------------------------------------------------------------------------------------------- communicators
+_STORES: dict[tuple[str, int], Any] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def transfer_store(host: str, port: int) -> Any:
+    """This process's one listening ``TCPStore`` on ``host:port`` for the weight transfer (issue 59), emptied for the
+    rendezvous about to start.
+
+    A failed sync re-initialises the transfer on the next one (``VllmWeightSync.ready``), but the previous group
+    (``ProcessGroupNCCL`` / ``ProcessGroupGloo``) still holds its store, whose socket stays bound until the last
+    reference goes: torch 2.13's ``TCPStore`` has no close or shutdown (``torch/_C/_distributed_c10d.pyi``), so a
+    second listening store on the port failed with EADDRINUSE. The store is made once and kept; each later
+    rendezvous deletes every key first (``list_keys``, ``delete_key``), so nobody reads the previous group's NCCL
+    unique id (key "0") or gloo's rank addresses."""
+    import torch.distributed as dist
+
+    with _STORES_LOCK:
+        store = _STORES.get((host, port))
+        if store is None:
+            store = _STORES[(host, port)] = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
+        else:
+            for key in store.list_keys():
+                store.delete_key(key)
+        return store
+
+
 class Work(Protocol):
     def is_completed(self) -> bool: ...
     def wait(self) -> Any: ...
@@ -173,10 +201,9 @@ class GlooCommunicator:
         self.world_size = 0
 
     def rendezvous(self, world_size: int) -> dict[str, Any]:
-        import torch.distributed as dist
-
         self.world_size = world_size
-        self.store = dist.TCPStore(self.host, self.port, is_master=True, wait_for_workers=False)
+        self.pg = None  # a previous group (a re-init after a failed sync) is not used again
+        self.store = transfer_store(self.host, self.port)
         return {"master_address": self.host, "master_port": self.port}
 
     def join(self) -> None:
@@ -208,7 +235,7 @@ class NcclCommunicator:
     def rendezvous(self, world_size: int) -> dict[str, Any]:
         import torch.distributed as dist
 
-        store = dist.TCPStore(self.host, self.port, is_master=True, wait_for_workers=False)
+        store = transfer_store(self.host, self.port)
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = datetime.timedelta(seconds=self.timeout_s)
         self.pg = dist.ProcessGroupNCCL(store, 0, world_size, opts)
@@ -351,19 +378,12 @@ class VllmWeightSync:
         """Wait for one broadcast; if the server refused the update meanwhile, stop waiting and say why."""
         while not work.is_completed():
             if update.done.wait(0.02) and update.error is not None:
-                self.ready = False  # the group is left mid-collective: unusable
-                raise update.error
+                raise update.error  # the group is left mid-collective: push marks it for a new init
         work.wait()
 
-    def push(self, named_tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]], version: int | str) -> SyncReport:
-        """start -> update (+ broadcast) -> finish(weight_version) -> confirm -> reset prefix cache.
-        ``named_tensors`` is called twice (metadata, then data): it must be re-iterable."""
-        if not self.ready:
-            self.init()
-        t0 = time.perf_counter()
-        info = update_info(named_tensors())
-        check_update_info(info)
-        self.http.call("POST", "/start_weight_update")
+    def _send(self, info: dict[str, list[Any]],
+              named_tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> int:
+        """``/update_weights`` in the background while rank 0 broadcasts; returns the bytes sent."""
         update = _Background(lambda: self.http.call("POST", "/update_weights", {"update_info": info}))
         total = 0
         dev = self.comm.device
@@ -380,6 +400,22 @@ class VllmWeightSync:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         update.result(self.timeout_s)
+        return total
+
+    def push(self, named_tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]], version: int | str) -> SyncReport:
+        """start -> update (+ broadcast) -> finish(weight_version) -> confirm -> reset prefix cache.
+        ``named_tensors`` is called twice (metadata, then data): it must be re-iterable."""
+        if not self.ready:
+            self.init()
+        t0 = time.perf_counter()
+        info = update_info(named_tensors())
+        check_update_info(info)
+        self.http.call("POST", "/start_weight_update")
+        try:
+            total = self._send(info, named_tensors)
+        except BaseException:
+            self.ready = False  # the group may be left mid-collective: the next sync initialises it again
+            raise
         v = str(version)
         self.http.call("POST", "/finish_weight_update", {"weight_version": v})
         self.http.confirm_version(v)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import logging
 import os
 import re
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ import pytest
 import torch
 
 from arbor.config import load_config
+from arbor.liveness import DependencyStalled
 from arbor.preflight import check
 from arbor.tasks.env.agent import GenRequest
 from arbor.tasks.env.policy import build_tiny_policy, train_tokenizer
@@ -108,6 +112,72 @@ def test_the_launch_serves_the_name_rollout_requests_name(tokenizer) -> None:
         wrong = OpenAIEngine(cfg, tokenizer, search=None, base_url=spec.base_url, served_model="Qwen3-8B")
         with pytest.raises(RolloutError, match=r"does not serve model 'Qwen3-8B'.*--served-model-name Qwen3-8B"):
             wrong.complete([GenRequest([1], 2, 0)], temperature=1.0, stop_strings=[])
+
+
+def test_a_503_while_paused_is_retried_after_resume(tokenizer, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM 0.33 answers a generation request sent during ``/pause`` (abort or wait mode) with 503 until
+    ``/resume`` (0.32 queued it): the rollout client retries it, saying why, and gets the completion once resumed.
+    Before issue 59 the first 503 ended the rollout (RolloutError)."""
+    from arbor.tasks.training.vllm_sync import VllmControl
+
+    cfg = qwen_cfg()
+    spec = vllm_serve_spec(cfg, "/ckpt/step_000010/hf")
+    with ScriptedVllm.from_spec(spec, weights={}) as server:
+        http = VllmControl(server.base_url)
+        http.pause("abort")
+        assert http.call("GET", "/is_paused") == {"is_paused": True}
+
+        def resume_once_refused() -> None:  # the trainer's /resume, after the server refused a request
+            if server.refused.wait(60):
+                http.resume()
+
+        threading.Thread(target=resume_once_refused, daemon=True).start()
+        engine = OpenAIEngine(cfg, tokenizer, search=None, base_url=spec.base_url)
+        engine.pause_backoff_s = 0.01
+        with caplog.at_level(logging.WARNING, logger="arbor.rollout"):
+            gens = engine.complete([GenRequest([1, 2, 3], 4, 0)], temperature=1.0, stop_strings=[])
+        assert gens[0].token_ids == [7, 8, 9, 10]
+        assert server.refusals >= 1 and not http.call("GET", "/is_paused")["is_paused"]
+        assert "HTTP 503" in caplog.text and "Generation is paused. Please retry after it resumes." in caplog.text
+
+
+def test_a_server_left_paused_ends_the_rollout_within_its_stall_deadline(tokenizer) -> None:
+    """Retries stop before ``rollout.stall_s`` has passed since the request was first sent; the run ends naming the
+    server and the pause (a stall: stage retries are not spent on it)."""
+    from arbor.tasks.training.vllm_sync import VllmControl
+
+    cfg = qwen_cfg(**{"rollout.stall_s": 0.5})
+    spec = vllm_serve_spec(cfg, "/ckpt/step_000010/hf")
+    with ScriptedVllm.from_spec(spec, weights={}) as server:
+        VllmControl(server.base_url).pause("wait")
+        engine = OpenAIEngine(cfg, tokenizer, search=None, base_url=spec.base_url)
+        engine.pause_backoff_s = 0.05
+        t0 = time.monotonic()
+        paused = r"answered HTTP 503 \(Generation is paused.*rollout\.stall_s=0\.5 s.*POST /resume"
+        with pytest.raises(DependencyStalled, match=paused):
+            engine.complete([GenRequest([1, 2, 3], 4, 0)], temperature=1.0, stop_strings=[])
+        assert time.monotonic() - t0 < 0.5 + 5.0  # bounded by the deadline (slack for a loaded machine)
+        assert 2 <= server.refusals < 20
+
+
+def test_a_request_sent_during_a_keep_pause_waits_and_is_answered_after_resume(tokenizer) -> None:
+    """``/pause?mode=keep`` (what arbor's reload sync sends) queues new requests in 0.32 and 0.33: no 503."""
+    from arbor.tasks.training.vllm_sync import VllmControl
+
+    cfg = qwen_cfg()
+    spec = vllm_serve_spec(cfg, "/ckpt/step_000010/hf")
+    with ScriptedVllm.from_spec(spec, weights={}) as server:
+        http = VllmControl(server.base_url)
+        http.pause("keep")
+        engine = OpenAIEngine(cfg, tokenizer, search=None, base_url=spec.base_url)
+        out: list[Any] = []
+        t = threading.Thread(target=lambda: out.append(engine.complete([GenRequest([1], 2, 0)], temperature=1.0,
+                                                                       stop_strings=[])), daemon=True)
+        t.start()
+        assert server.held.wait(60) and out == []
+        http.resume()
+        t.join(60)
+        assert out[0][0].token_ids == [7, 8] and server.refusals == 0
 
 
 def test_the_launch_turns_on_the_rl_routes_on_localhost_only() -> None:
@@ -394,4 +464,7 @@ def test_fixture_matches_the_sdist() -> None:
                 "start_weight_update called while a weight update is already "):
         assert msg in worker
     assert '"--served-model-name"' in (v / "engine/arg_utils.py").read_text()
-
+    core = (v / "v1/engine/core.py").read_text()
+    assert CONTRACT["paused"]["message"] in core and 'self.reject_new_requests = mode != "keep"' in core
+    assert "status_code = HTTPStatus.SERVICE_UNAVAILABLE" in (v / "exceptions.py").read_text()
+    assert f'"{CONTRACT["paused"]["type"]}"' in (v / "entrypoints/serve/exception_handling/error_response.py").read_text()

@@ -80,6 +80,12 @@ class ScriptedVllm:
         self.weight_version = "default"  # v1/engine/core.py:147
         self.active = False  # gpu_worker.py:236 _weight_update_active
         self.pgs: list[Any] = []
+        self.paused: str | None = None  # the /pause mode in force; None: generating
+        self.running = threading.Event()  # cleared while paused: kept requests wait on it
+        self.running.set()
+        self.refused = threading.Event()  # set at each completion answered 503 while paused
+        self.refusals = 0
+        self.held = threading.Event()  # set at each completion kept (not answered) while paused in keep mode
         self.packed = False
         self.buffer_bytes = 1 << 30
         self._httpd: ThreadingHTTPServer | None = None
@@ -112,6 +118,9 @@ class ScriptedVllm:
                 ("GET", "/get_world_size"): lambda q, b: {"world_size": self.n_workers},
                 ("POST", "/reset_prefix_cache"): self.reset_prefix_cache,
                 ("POST", "/weight_checker"): self.weight_checker,
+                ("POST", "/pause"): self.pause,
+                ("POST", "/resume"): self.resume,
+                ("GET", "/is_paused"): lambda q, b: {"is_paused": self.paused is not None},  # api_router.py:145-159
             })
         return table
 
@@ -125,6 +134,7 @@ class ScriptedVllm:
             raise HttpError(404, {"error": {
                 "message": f"The model `{model}` does not exist. Valid aliases: {', '.join(self.served)}.",
                 "type": "NotFoundError", "param": "model", "code": 404}})
+        self._admit()
         n = int(body.get("max_tokens") or 16)
         ids = [(7 + i) % 50 for i in range(n)]
         return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "model": model or self.served[0],
@@ -132,6 +142,44 @@ class ScriptedVllm:
                              "stop_reason": None,
                              "logprobs": {"tokens": [f"token_id:{i}" for i in ids], "token_logprobs": [-1.0] * n,
                                           "top_logprobs": None, "text_offset": [0] * n}}]}
+
+    def _admit(self) -> None:
+        """A generation request reaching a paused engine. 0.33: after ``/pause`` in abort or wait mode the engine
+        core refuses new requests (v1/engine/core.py:2225-2233 sets ``reject_new_requests`` unless mode is keep;
+        1759 and 1796-1816 answer each with a retryable ``engine_paused`` error), which reaches the client as
+        ``RetryableRequestError`` (v1/engine/output_processor.py:764-767, outputs.py:30-35), re-raised by
+        ``generate`` (v1/engine/async_llm.py:821-827) and answered 503 ``ServiceUnavailableError``
+        (exceptions.py:139-144, serve/exception_handling/handlers/vllm_error.py:22-23, error_response.py:61-68).
+        In keep mode the request waits in the queue and runs after ``/resume`` (core.py:2214; 0.32 does this in
+        every mode: it has no ``reject_new_requests``)."""
+        if self.paused in ("abort", "wait"):
+            self.refusals += 1
+            self.refused.set()
+            paused = CONTRACT["paused"]
+            raise HttpError(paused["status"], {"error": {"message": paused["message"], "type": paused["type"],
+                                                         "param": None, "code": paused["status"]}})
+        if self.paused == "keep":
+            self.held.set()
+            self.running.wait()
+
+    def pause(self, q: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /pause?mode=abort|wait|keep`` (rl/online/api_router.py:31-75; abort is the default, any other
+        mode fails FastAPI's check of the ``PauseMode`` literal, v1/engine/__init__.py:33). Nothing runs here, so
+        there is nothing to abort or drain."""
+        mode = q.get("mode", ["abort"])[0]
+        if mode not in ("abort", "wait", "keep"):
+            raise HttpError(422, {"detail": [{"type": "literal_error", "loc": ["query", "mode"],
+                                              "msg": "Input should be 'abort', 'wait' or 'keep'"}]})
+        self.paused = mode
+        self.running.clear()
+        return {"status": "paused"}
+
+    def resume(self, q: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /resume`` (api_router.py:78-94): new requests are admitted again (core.py:2235-2237), kept ones
+        run."""
+        self.paused = None
+        self.running.set()
+        return {"status": "resumed"}
 
     def _engine(self) -> None:
         if not self.engine_configured:  # gpu_worker.py:1512-1517
@@ -306,6 +354,7 @@ class ScriptedVllm:
         return self
 
     def stop(self) -> None:
+        self.running.set()  # no handler thread stays kept
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()

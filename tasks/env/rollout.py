@@ -22,6 +22,7 @@ with ``decoding.py``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -32,14 +33,31 @@ import torch
 
 from arbor.config import ArborConfig
 from arbor.liveness import DependencyStalled, transport_timeout
+from arbor.retry_after import requested_wait_s
 from arbor.tasks.env.agent import AgentState, Generation, GenRequest
 from arbor.tasks.env.decoding import eos_token_ids, generate_turns, run_agent_batch
 from arbor.tasks.env.rollout_driver import EngineBase, GroupWatch, OnGroup, report_all
 from arbor.types import Trajectory
 
+log = logging.getLogger("arbor.rollout")
+
 
 class RolloutError(RuntimeError):
     """A rollout engine failed (server error, bad response); the message says which request and why."""
+
+
+class RolloutServerPaused(DependencyStalled):
+    """The completions server answered 503 to every try of one request, and the next try would come after
+    ``rollout.stall_s`` from the first (issue 59): vLLM 0.33 answers so to every generation request while paused in
+    abort or wait mode, until ``/resume``. A stall like a silent server's: stage retries are not spent on it, the run
+    ends resumable."""
+
+    def __init__(self, url: str, stall_s: float, tries: int, reason: str) -> None:
+        super().__init__("the rollout server", url, stall_s)
+        self.args = (f"the rollout server at {self.url} answered HTTP 503 ({reason}) to {tries} tries of a request, "
+                     f"and the next would come after rollout.stall_s={stall_s:g} s from the first: vLLM 0.33 refuses "
+                     "requests so while paused (POST /pause, mode abort or wait) until POST /resume: resume the "
+                     "server, then the run (arbor train --resume RUN_ID)",)
 
 
 # --------------------------------------------------------------------------------------------- transformers
@@ -140,6 +158,12 @@ class OpenAIEngine(EngineBase):
     distribution (after temperature / top-p), like the transformers engine's (see docs/decisions.md).
     """
 
+    # a 503 (vLLM 0.33 while paused, issue 59) is retried after this wait, doubled each time up to the max (or the
+    # server's Retry-After), for at most pause_max_tries tries and never past rollout.stall_s from the first
+    pause_backoff_s = 0.5
+    pause_backoff_max_s = 8.0
+    pause_max_tries = 200
+
     def __init__(self, cfg: ArborConfig, tokenizer: Any, search: Any, base_url: str | None = None,
                  served_model: str | None = None) -> None:
         super().__init__(cfg, tokenizer, search)
@@ -209,11 +233,27 @@ class OpenAIEngine(EngineBase):
         """One completion; ``body`` overrides fields of ``request_body`` (``complete``'s temperature and stops)."""
         import httpx
 
-        async with sem:
-            try:
-                resp = await client.post(self.url, json={**self.request_body(req), **body}, headers=self.headers)
-            except httpx.ReadTimeout as e:  # accepted, then silent (issue 60): the run ends naming the server
-                raise DependencyStalled("the rollout server", self.url, client.timeout.read) from e
+        r = self.cfg.rollout
+        stall_s = r.stall_s or r.request_timeout_s
+        deadline = time.monotonic() + stall_s
+        for tries in range(1, self.pause_max_tries + 1):
+            async with sem:
+                try:
+                    resp = await client.post(self.url, json={**self.request_body(req), **body}, headers=self.headers)
+                except httpx.ReadTimeout as e:  # accepted, then silent (issue 60): the run ends naming the server
+                    raise DependencyStalled("the rollout server", self.url, client.timeout.read) from e
+            if resp.status_code != 503:
+                break
+            reason = error_message(resp)
+            wait = requested_wait_s(resp.headers)
+            if wait is None:
+                wait = min(self.pause_backoff_max_s, self.pause_backoff_s * 2 ** (tries - 1))
+            if tries == self.pause_max_tries or time.monotonic() + wait > deadline:
+                raise RolloutServerPaused(self.url, stall_s, tries, reason)
+            log.warning("POST %s answered HTTP 503 (%s): retrying in %.2f s (try %d; vLLM 0.33 refuses requests "
+                        "while paused, until /resume; given up once rollout.stall_s=%g s has passed)",
+                        self.url, reason, wait, tries + 1, stall_s)
+            await asyncio.sleep(wait)  # outside the semaphore: other requests go on meanwhile
         if resp.status_code == 404 and "does not exist" in resp.text:  # vLLM 0.33 serving.py::_check_model
             raise RolloutError(f"POST {self.url}: the server does not serve model {self.served_model!r} "
                                f"({resp.text[:300]}): start it with --served-model-name {self.served_model} "
@@ -266,6 +306,14 @@ class OpenAIEngine(EngineBase):
                                                              stop=list(stop_strings)) for r in requests))
 
         return asyncio.run(run())
+
+
+def error_message(resp: Any) -> str:
+    """The message of an OpenAI-style error body (``{"error": {"message": ...}}``, vLLM's), else the text."""
+    try:
+        return str(resp.json()["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return resp.text[:300]
 
 
 # --------------------------------------------------------------------------------------------- factory

@@ -1,9 +1,9 @@
 """The deployment path a user follows (issues 7, 34): a Prefect server on loopback, the work pools `arbor` (CPU) and
 `arbor-gpu` (the GPU node), `prefect deploy --all` from a directory that holds nothing but prefect.yaml (module-path
-entrypoints: what a pip install deploys), a worker in another directory, and a completed 1-step run in the
-workspace. Then Retry as the Prefect UI does it (issue 13): a deployment run without `run_id` fails at step 2
-(`ARBOR_FAULT`), is set back to AwaitingRetry through the API, and resumes the same arbor run, its finished stages
-Cached. Then the GPU pool's limit, exactly as prefect.yaml sets it: two runs of test-only deployments on the GPU
+entrypoints: what a pip install deploys), a worker in another directory, an SFT start from the workspace's own data,
+and an RL run from it that is also Retry as the Prefect UI does it (issue 13): the deployment run, without
+`run_id`, fails at step 2 (`ARBOR_FAULT`), is set back to AwaitingRetry through the API, and resumes the same
+arbor run, its finished stages Cached. Then the GPU pool's limit, exactly as prefect.yaml sets it: two runs of test-only deployments on the GPU
 pool run one after the other (the second Scheduled, then Late, while the first runs) where two on the CPU pool run
 at once, and a key kept in a Secret block reaches GPU runs through the pool's env, in no deployment. The fast tests
 read prefect.yaml: each paper's profile is deployed (issue 33); tests/test_prefect_yaml.py checks the rest."""
@@ -178,36 +178,28 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
             assert got["global_concurrency_limit"] is None and got["pull_steps"] == spec()["pull"], key
         assert SECRET not in json.dumps(list(served.values()))
 
-        # README "On a cluster": SFT data written as data/sft/<file>.jsonl in the workspace, then arbor-sft and a
-        # 1-step arbor-train run by a worker started outside the checkout, which runs each flow in a temporary
-        # directory of its own: `sft.data` given relative is read from ARBOR_HOME (it was resolved against the
-        # worker's temporary directory and refused), and the RL run starts from the SFT start the first flow made
+        # README "On a cluster": SFT data written as data/sft/<file>.jsonl in the workspace, then arbor-sft and an
+        # arbor-train run from its SFT start, by a worker started outside the checkout, which runs each flow in a
+        # temporary directory of its own: `sft.data` given relative is read from ARBOR_HOME (it was resolved against
+        # the worker's temporary directory and refused). The train run is also Retry in the UI: started without
+        # run_id, it fails at step 2, is set back to AwaitingRetry and resumes the same arbor run
         (home / "data" / "sft").mkdir(parents=True)
         (home / "data" / "sft" / "mine.jsonl").write_text("".join(json.dumps(r) + "\n" for r in SFT_ROWS))
         sft = {"sft.data": "data/sft/mine.jsonl", "sft.epochs": 1, "sft.batch_size": 4, "sft.max_length": 256}
-        overrides = {"run.steps": 1, "run.sft_warm_start": False, "rollout.batch_size": 2, "rollout.k": 2,
-                     "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2}
+        two = {"run.steps": 2, "run.sft_warm_start": True, "rollout.batch_size": 2, "rollout.k": 2,
+               "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2, **sft}
         _prefect(["deployment", "run", "arbor-sft/tiny-cpu", "--param", f"overrides={json.dumps(sft)}"], env,
                  work_dir)
         _prefect(["worker", "start", "--pool", cpu_pool, "--run-once"], env, work_dir, timeout=600)
-        _prefect(["deployment", "run", "arbor-train/tiny-cpu", "--param",
-                  f"overrides={json.dumps({**overrides, **sft, 'run.sft_warm_start': True})}",
-                  "--param", "run_id=deployed"], env, work_dir)
-        _prefect(["worker", "start", "--pool", cpu_pool, "--run-once"], env, work_dir, timeout=600)
-        runs = sorted(_post(api, "/flow_runs/filter"), key=lambda r: r["expected_start_time"])
-        assert [r["state"]["type"] for r in runs] == ["COMPLETED"] * 2, runs  # the worker exits 0 even on failure
-        assert runs[1]["name"] == "deployed"  # the flow run is named after the arbor run
-        first_two = {r["id"] for r in runs}
-
-        # Retry in the UI: a run without run_id, failed at step 2, resumes the same arbor run
-        two = {**overrides, "run.steps": 2}
+        [sft_run] = _post(api, "/flow_runs/filter")
+        assert sft_run["state"]["type"] == "COMPLETED", sft_run  # the worker exits 0 even on failure
         _prefect(["deployment", "run", "arbor-train/tiny-cpu", "--param", f"overrides={json.dumps(two)}"], env,
                  work_dir)
         _prefect(["worker", "start", "--pool", cpu_pool, "--run-once"], {**env, "ARBOR_FAULT": "2:score"},
                  work_dir, timeout=600, ok=False)
-        failed = [r for r in _post(api, "/flow_runs/filter") if r["id"] not in first_two]
+        failed = [r for r in _post(api, "/flow_runs/filter") if r["id"] != sft_run["id"]]
         assert [r["state"]["type"] for r in failed] == ["FAILED"], failed
-        fid, rid = failed[0]["id"], failed[0]["name"]
+        fid, rid = failed[0]["id"], failed[0]["name"]  # the flow run is named after the arbor run
         assert rid.startswith("tiny-cpu-") and rid.endswith(fid.replace("-", "")[:8])
         got = _post(api, f"/flow_runs/{fid}/set_state",
                     {"state": {"type": "SCHEDULED", "name": "AwaitingRetry"}, "force": True})
@@ -296,11 +288,9 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
         assert missing in why, (missing, why)
     assert not any(r["run_id"].startswith("qwen3-8b") for r in read_table("runs", home=home).to_pylist())
     assert not [p for p in (home / "runs").iterdir() if p.name.startswith("qwen3-8b")]
-    steps = read_table("steps", run_id="deployed", home=home).to_pylist()
-    assert [s["step"] for s in steps] == [1]
     [made] = [p for p in (home / "sft").iterdir() if (p / "arbor_sft.json").exists()]
     assert json.loads((made / "arbor_sft.json").read_text())["data"] == str(home / "data/sft/mine.jsonl")
-    stored_cfg = yaml.safe_load((home / "runs" / "deployed" / "config.yaml").read_text())
+    stored_cfg = yaml.safe_load((home / "runs" / rid / "config.yaml").read_text())
     assert str(home / "data/sft/mine.jsonl") in json.dumps(stored_cfg)  # the run's config names the file it read
     # the retried flow run trained the run it started: step 1 from its first attempt (Cached), step 2 completed
     for stage in ("rollout", "score", "retire", "induce", "shape", "consolidate", "train"):

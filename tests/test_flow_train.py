@@ -306,30 +306,6 @@ def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness, fmt: str)
     assert len(evals) == 4  # 2 questions x 1 run at each evaluated step
 
 
-def test_trainer_as_supervised_process_group(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:
-    """The GPU code path on CPU: the trainer runs as its own process (DeepSpeed launcher layout), driven through the
-    control channel; weights reach the rollout engine through an HF export. The trainer knows no method (issue 32
-    item 2): DAPO's group choice and clip-higher reach it as the controller's update and loss settings, so the run
-    stores exactly what the in-process trainer's run stores."""
-    home, local = tmp_path / "home", tmp_path / "local"
-    o = tiny_overrides(sft_policy, **{"judge.backend": "rules", "run.method": "dapo"})
-    _train(home, "svc", {**o, "train.service": True})
-    _train(local, "svc", o)
-    steps = sorted(table("steps", "svc", home), key=lambda s: s["step"])
-    assert [(s["step"], s["policy_version"]) for s in steps] == [(1, 1), (2, 2)]
-    assert all(t["policy_version"] == 1 for t in table("trajectories", "svc", home) if t["step"] == 2)
-    assert (home / "trainer" / "svc" / "service.log").exists()
-    in_process = sorted(table("steps", "svc", local), key=lambda s: s["step"])
-    for got, want in zip(steps, in_process, strict=True):  # floats to 1e-5: two processes may round differently
-        for k in set(want) - {"wall_seconds", "completed_at"}:
-            same = got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7) if isinstance(want[k], float) \
-                else got[k] == want[k]
-            assert same, (got["step"], k, got[k], want[k])
-    assert steps[0]["loss"] != 0.0 and steps[0]["dropped_groups"] is not None  # a real DAPO update
-    assert shaped_rewards("svc", home) == shaped_rewards("svc", local)
-    assert not list((home / "trainer" / "svc" / "updates").glob("*.parquet"))  # the last checkpoint covers them
-
-
 def test_plugins_run_one_step(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:
     """reward.fn, search.backend and judge.backend by import path (issue 14 item 1): one step through the flow. The
     SFT-started policy searches (a randomly initialised one never writes a search call, so the plug-in search

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from flow_support import table, tiny_overrides
+from flow_support import shaped_rewards, table, tiny_overrides
 
 from arbor.group_stats import classify_group
 
@@ -136,3 +136,34 @@ def test_a_method_by_import_path_trains_with_its_own_advantages(runs: Path) -> N
     assert not table("judge_calls", "plugin", runs)
     loss = {m: next(s["loss"] for s in table("steps", m, runs) if s["step"] == 1) for m in ("grpo", "plugin")}
     assert loss["plugin"] is not None and loss["plugin"] != loss["grpo"]
+
+
+def test_trainer_as_supervised_process_group(runs: Path, sft_policy: Path, tmp_path: Path) -> None:
+    """The GPU code path on CPU: the trainer runs as its own process (DeepSpeed launcher layout), driven through the
+    control channel; weights reach the rollout engine through an HF export. The trainer knows no method (issue 32
+    item 2): DAPO's group choice and clip-higher reach it as the controller's update and loss settings, so the run
+    stores exactly what the in-process trainer's DAPO run above stored (same overrides and run id, another
+    workspace)."""
+    from arbor.flows.train import arbor_train
+
+    home = tmp_path / "home"
+    os.environ["ARBOR_HOME"] = str(home)
+    try:
+        arbor_train(profile="tiny-cpu", overrides=tiny_overrides(sft_policy, **{"run.method": "dapo",
+                                                                                 "train.service": True}),
+                    run_id="dapo")
+    finally:
+        os.environ["ARBOR_HOME"] = str(runs)
+    steps = sorted(table("steps", "dapo", home), key=lambda s: s["step"])
+    assert [(s["step"], s["policy_version"]) for s in steps] == [(1, 1), (2, 2)]
+    assert all(t["policy_version"] == 1 for t in table("trajectories", "dapo", home) if t["step"] == 2)
+    assert (home / "trainer" / "dapo" / "service.log").exists()
+    in_process = sorted(table("steps", "dapo", runs), key=lambda s: s["step"])
+    for got, want in zip(steps, in_process, strict=True):  # floats to 1e-5: two processes may round differently
+        for k in set(want) - {"wall_seconds", "completed_at"}:
+            same = got[k] == pytest.approx(want[k], rel=1e-5, abs=1e-7) if isinstance(want[k], float) \
+                else got[k] == want[k]
+            assert same, (got["step"], k, got[k], want[k])
+    assert steps[0]["loss"] != 0.0 and steps[0]["dropped_groups"] is not None  # a real DAPO update
+    assert shaped_rewards("dapo", home) == shaped_rewards("dapo", runs)
+    assert not list((home / "trainer" / "dapo" / "updates").glob("*.parquet"))  # the last checkpoint covers them

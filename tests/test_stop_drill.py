@@ -1,6 +1,6 @@
 """Issue 49: the stop drill. `arbor train` is asked to stop as users and supervisors ask — SIGINT (a terminal's
-Ctrl-C) and SIGTERM (`timeout`, SLURM's `scancel`), each sent to the process alone or to its whole process group —
-in each phase it can reach on two CPU cores, and it loses what it depends on mid-run: Prefect's temporary API
+Ctrl-C) and SIGTERM (`timeout`, SLURM's `scancel`), each sent to the process alone or to its whole process group,
+each phase it can reach on two CPU cores meeting both signals and both targets (SQUARE), and it loses what it depends on mid-run: Prefect's temporary API
 server, the judge server, an SFT rank, and (issue 62) a judge that reads every request and never answers. Every case must
 end within 15 s of the signal with one last line naming what stopped the run and how to go on, the run recorded
 as stopped (failed for the dead server), and no process of the run left behind; a stopped run resumes to exactly
@@ -163,7 +163,14 @@ PHASES = {
     "rollout": Phase("rollout", ("run.sft_warm_start=false",), lambda r: r.printed("· rollout ·"), stores=True),
     "train": Phase("train", ("run.sft_warm_start=false",), lambda r: r.printed("· train ·"), stores=True),
 }
-CASES = [(phase, sig, group) for phase in PHASES for sig in (signal.SIGINT, signal.SIGTERM) for group in (False, True)]
+# each phase meets both signals and both targets, and every (signal, target) pair is met in a phase that stores:
+# the whole 4 x 4 table at start-up (1-2 s a case), a Latin square of it in the three phases that run (15-20 s a
+# case); the group SIGINT in training is also the resume case below, and the group SIGTERM inside a checkpoint save
+SQUARE = {"sft": ((signal.SIGINT, False), (signal.SIGTERM, True)),
+          "rollout": ((signal.SIGINT, True), (signal.SIGTERM, False)),
+          "train": ((signal.SIGINT, False), (signal.SIGTERM, True))}
+CASES = [(phase, sig, group) for phase in PHASES
+         for sig, group in SQUARE.get(phase, [(s, g) for s in (signal.SIGINT, signal.SIGTERM) for g in (False, True)])]
 
 
 def _case_id(phase: str, sig: int, group: bool) -> str:

@@ -8,10 +8,13 @@ their engines here. CPU (CI): one process, DeepSpeed's CPU accelerator, ZeRO-2 (
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +64,13 @@ def init_single_process_env(port: int | None = None) -> None:
 
 
 def prebuild_deepspeed_ops() -> list[str]:
-    """Compile the ops DeepSpeed's CPU accelerator builds on first use (the shm comm op), so tests don't pay ~25 s.
+    """Load the ops DeepSpeed's CPU accelerator builds on first use (the shm comm op), compiling them if needed.
 
-    Run once at set-up: ``python -m arbor.tasks.training.train --prebuild-ops``. The build is cached in
+    Run once at set-up (``python -m arbor.tasks.training.train --prebuild-ops``), and by ``build_engine`` before
+    ``deepspeed.initialize``, which then finds the op loaded in this process. The build is cached in
     ``TORCH_EXTENSIONS_DIR``, which importing arbor points at a folder of this torch installation's own
-    (``arbor.torch_extensions_dir``). On a GPU machine nothing is needed (NCCL; torch AdamW).
+    (``arbor.torch_extensions_dir``); loading holds ``extension_lock``. On a GPU machine nothing is needed (NCCL;
+    torch AdamW).
     """
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
@@ -74,9 +79,37 @@ def prebuild_deepspeed_ops() -> list[str]:
     if get_accelerator().device_name() == "cpu":
         builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
         if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-            builder.load()
+            with extension_lock():
+                builder.load()
             built.append(builder.absolute_name())
     return built
+
+
+@contextmanager
+def extension_lock(root: str | None = None) -> Iterator[list[str]]:
+    """Hold an OS lock on arbor's torch extension cache while an op is loaded; yields the stale markers removed.
+
+    torch serialises extension builds with a marker file (``<op>/lock``, ``torch.utils.file_baton``) that each load
+    creates, even of an op already built, and removes when done. A process killed meanwhile leaves it behind, and
+    every later load then waits for it forever: a run killed during DeepSpeed's start-up made each later run hang
+    without a word (measured session 30). An ``flock`` is released by the kernel when its holder dies. Every arbor
+    process loads ops in arbor's own cache (``arbor-py3XY-*``) under this lock, so a marker found there while it is
+    held is stale and is removed. A cache the user named (TORCH_EXTENSIONS_DIR set) may be shared with other
+    programs: there nothing is removed."""
+    root = root if root is not None else os.environ.get("TORCH_EXTENSIONS_DIR", "")
+    if not root or not os.path.basename(os.path.normpath(root)).startswith("arbor-"):
+        yield []
+        return
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "arbor.lock"), "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            stale = sorted(glob.glob(os.path.join(root, "*", "lock")))
+            for marker in stale:
+                os.remove(marker)
+            yield stale
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
 
 
 def read_deepspeed_json(path: str | None) -> dict[str, Any]:
@@ -210,6 +243,7 @@ def build_engine(
     import deepspeed
 
     init_single_process_env()
+    prebuild_deepspeed_ops()  # loaded under extension_lock: deepspeed.initialize then finds it loaded
     head = PolicyHead(model, temperature)
     register_head_weight(head, ds_config)
     trainable = [p for p in head.parameters() if p.requires_grad]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from arbor.tasks.training.engine import extension_lock
+from arbor.tasks.training.engine import extension_lock, ninja_first
 
 HOLD = ("import sys; from arbor.tasks.training.engine import extension_lock\n"
         "with extension_lock(sys.argv[1]):\n    print('held', flush=True); sys.stdin.read()\n")
@@ -71,3 +71,13 @@ def test_the_op_loads_past_a_marker_a_killed_run_left(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=600)
     assert got.returncode == 0, got.stderr[-2000:]
     assert "shm" in got.stdout and not (root / "deepspeed_shm_comm" / "lock").exists()
+
+
+def test_the_packages_ninja_comes_first_on_the_path() -> None:
+    import ninja
+
+    mine = str(ninja.BIN_DIR)
+    assert ninja_first(os.pathsep.join(["/usr/bin", mine, "/bin"])) == os.pathsep.join([mine, "/usr/bin", "/bin"])
+    assert ninja_first("/usr/bin") == os.pathsep.join([mine, "/usr/bin"])
+    got = shutil.which("ninja", path=ninja_first("/usr/bin:/bin"))
+    assert got is not None and Path(got).parent == Path(mine)

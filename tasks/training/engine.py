@@ -80,9 +80,26 @@ def prebuild_deepspeed_ops() -> list[str]:
         builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
         if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
             with extension_lock():
-                builder.load()
+                path = os.environ.get("PATH", "")
+                os.environ["PATH"] = ninja_first(path)
+                try:
+                    builder.load()
+                finally:
+                    os.environ["PATH"] = path
             built.append(builder.absolute_name())
     return built
+
+
+def ninja_first(path: str) -> str:
+    """``PATH`` with the ninja of the ``ninja`` package DeepSpeed depends on first, so every process builds with the
+    same ninja. torch runs whichever ``ninja`` PATH finds, and two versions invalidate each other's ``.ninja_log``
+    (a 1.11 from the system and the venv's 1.13 rebuilt the op in turn, 60-190 s each, session 30)."""
+    try:
+        import ninja
+    except ImportError:
+        return path
+    first = str(ninja.BIN_DIR)
+    return os.pathsep.join([first, *[p for p in path.split(os.pathsep) if p and p != first]])
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from arbor.tasks.training.engine import (
     init_single_process_env,
     load_model,
     merge,
+    prebuild_deepspeed_ops,
     read_deepspeed_json,
 )
 from arbor.tasks.training.packing import make_micro, pack_by_tokens
@@ -273,6 +274,7 @@ def init_group(cfg: ArborConfig) -> None:
 
     import deepspeed
 
+    prebuild_deepspeed_ops()  # the shm op under engine.extension_lock, before init_distributed asks for it
     deepspeed.init_distributed(timeout=timedelta(seconds=seconds))
 
 

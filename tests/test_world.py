@@ -340,3 +340,43 @@ def test_kind_splits_keep_one_kind_with_the_same_ids_and_order() -> None:
     for bad in ("train-bridges", "dev-bridge", "train-"):
         with pytest.raises(WorldError, match="unknown world split"):
             world_questions(SMALL, bad)
+
+
+def test_three_hop_questions_follow_two_bridges_and_leave_the_mix_alone() -> None:
+    """``world:<split>-three_hop`` (issue 63 item 3): "In which country is the birthplace of the director of the film
+    F?" -- the answer is the third fact down the chain, the gold path names all three entities, the split's entities
+    only; the default mix (``world:train``) has no three-hop question, so its ids and text stay as they were."""
+    from arbor.tasks.env.world.entities import fact
+
+    world = build_world(SMALL)
+    for split in ("train", "eval"):
+        qs = world_questions(SMALL, f"{split}-three_hop")
+        assert qs and len({q.question_id for q in qs}) == len(qs) <= (120 if split == "train" else 40)
+        assert all(q.question_id.startswith(f"world-{split}-3h-") for q in qs)
+        assert len({q.relation for q in qs}) > 4  # round-robin over the chains
+        for q in qs:
+            first, second, third = q.relation.split(">")
+            a, b, c = (world.entities[h.doc_id] for h in q.path)
+            assert {a.split, b.split, c.split} == {split}
+            assert fact(world, a, first)[1] == b and fact(world, b, second)[1] == c
+            assert q.answer == fact(world, c, third)[0]
+            assert _mentions(q.question, a.name) and not _mentions(q.question, b.name)
+    assert all(q.kind != "three_hop" for q in world_questions(SMALL, "train"))
+    q = world_questions(SMALL, "train-three_hop")[0]
+    assert q.to_question().support == [h.doc_id for h in q.path]
+
+
+def test_three_hop_sft_rows_search_each_entity_of_the_chain(search) -> None:
+    """A three-hop gold trajectory searches the subject, then each bridge entity its results name, and stays
+    well-formed (three searches: ``rollout.max_searches`` 3)."""
+    cfg = WorldConfig()
+    qs = world_questions(cfg, "train-three_hop")[:30]
+    rows = synthesize_world(qs, search, cfg.model_copy(update={"sft_flaw_share": 0.0}), seed=0, top_k=TOP_K,
+                            max_result_chars=MAX_CHARS, max_searches=3)
+    world = build_world(cfg)
+    for q, row in zip(qs, rows, strict=True):
+        queries = extract_searches(row["response"])
+        assert len(queries) == 3
+        for query, hop in zip(queries, q.path, strict=True):
+            assert _mentions(query, world.entities[hop.doc_id].name)
+        assert extract_answer(row["response"]).strip() == q.answer and row["grounded"]

@@ -215,3 +215,23 @@ def test_the_backends_are_known_by_name_and_refuse_a_run_without_the_world(tmp_p
     # every other role is the rules judge's (evaluation's accuracy)
     world = world_judge(tmp_path, load_config("tiny-world"))
     assert asyncio.run(world.ask("accuracy", question="?", golds=["Paris"], prediction="paris")).value is True
+
+
+def test_the_world_judge_follows_a_three_hop_chain(tmp_path, world_cfg):
+    """Nested bridge phrases (issue 63 item 3): both bridge entities are found from the question; coverage counts
+    three entities; only the second bridge's passage supports an answer."""
+    from arbor.tasks.env.world.entities import fact
+    from arbor.tasks.methods.arbor.world_judge import answer_supported, bridge_retrieved, chain_coverage
+
+    world = build_world(world_cfg.world)
+    q = world_questions(world_cfg.world, "train-three_hop")[0]
+    a, b, c = (world.entities[h.doc_id] for h in q.path)
+    judge = world_judge(tmp_path, world_cfg)
+    rd = judge.reader
+    assert rd.chain(q.question) == ((a,), (b, c))
+    value = fact(world, c, q.relation.split(">")[2])[0]
+    full = render([("Look up.", a.name, a), ("Next.", b.name, b), ("Next.", c.name, c)], value, world)
+    two = render([("Look up.", a.name, a), ("Next.", b.name, b)], value, world)
+    assert (chain_coverage(rd, q.question, full), chain_coverage(rd, q.question, two)) == (1.0, pytest.approx(2 / 3))
+    assert (bridge_retrieved(rd, q.question, full), bridge_retrieved(rd, q.question, two)) == (1.0, 0.5)
+    assert (answer_supported(rd, q.question, full), answer_supported(rd, q.question, two)) == (1.0, 0.0)

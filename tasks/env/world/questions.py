@@ -1,5 +1,6 @@
-"""The world's questions (issue 12 item 1; kind-filtered splits: issue 63 item 3): 1-hop, 2-hop bridge and
-comparison questions of each split, each with its gold answer and gold search path."""
+"""The world's questions (issue 12 item 1; kind-filtered splits and three hops: issue 63 item 3): 1-hop, 2-hop
+bridge and comparison questions of each split, each with its gold answer and gold search path, and 3-hop questions
+asked only by name (``world:train-three_hop``), outside the default mix."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ from arbor.tasks.env.world.entities import (
     fact,
 )
 from arbor.tasks.env.world.templates import BRIDGES, COMPARE, QUESTIONS, RELATIONS, SUBJECT
+
+# Kinds outside the mix of ``world:<split>`` (no share in WorldConfig, so every existing world, question id and SFT
+# row stays as it was): asked for by name, ``world:train-three_hop``.
+NAMED_KINDS = ("three_hop",)
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,12 @@ def _candidates(world: World, split: str, kind: str) -> dict[str, list[tuple]]:
             subj = RELATIONS[first][0]
             for second in seconds:
                 out[f"{first}>{second}"] = [(first, second, e) for e in world.of(subj, split)]
+    elif kind == "three_hop":  # two bridge phrases nested: "the birthplace of the director of the film F"
+        for first, (_, seconds) in BRIDGES.items():
+            subj = RELATIONS[first][0]
+            for second in seconds:
+                for third in BRIDGES.get(second, ((), ()))[1]:
+                    out[f"{first}>{second}>{third}"] = [(first, second, third, e) for e in world.of(subj, split)]
     else:
         for etype, direction in COMPARE:
             pairs = [(a, b) for a, b in combinations(world.of(etype, split), 2) if a.year != b.year]
@@ -97,6 +108,17 @@ def _make_question(world: World, kind: str, item: tuple, rng: random.Random, qid
         text = rng.choice(QUESTIONS[second]).format(x=phrase)
         return WorldQuestion(qid, text, fact(world, mid, second)[0], kind, f"{first}>{second}", split,
                              (_hop(e), _hop(mid)))
+    if kind == "three_hop":
+        first, second, third, e = item
+        _, mid = fact(world, e, first)
+        assert mid is not None
+        _, last = fact(world, mid, second)
+        assert last is not None
+        inner = rng.choice(BRIDGES[first][0]).format(x=SUBJECT[e.kind].format(n=e.name))
+        outer = rng.choice(BRIDGES[second][0]).format(x=inner)
+        text = rng.choice(QUESTIONS[third]).format(x=outer)
+        return WorldQuestion(qid, text, fact(world, last, third)[0], kind, f"{first}>{second}>{third}", split,
+                             (_hop(e), _hop(mid), _hop(last)))
     etype, direction, a, b = item
     if rng.random() < 0.5:
         a, b = b, a
@@ -109,11 +131,16 @@ def world_questions(cfg: WorldConfig, split: str) -> list[WorldQuestion]:
     """The questions of ``world:<split>`` (``train_questions`` / ``eval_questions`` of them), cached.
 
     ``<split>-<kind>`` (``train-bridge``, ``eval-comparison``, ...) keeps one kind of the split's questions, same ids
-    and order: a harder RL set from the same world and SFT start (issue 63's pre-registered setting)."""
+    and order: a harder RL set from the same world and SFT start (issue 63's pre-registered setting).
+    ``<split>-three_hop`` is a set of its own (``NAMED_KINDS``): up to ``train_questions`` / ``eval_questions``
+    three-hop questions of the split's entities, ids ``world-<split>-3h-NNNN``."""
     base, dash, kind = split.partition("-")
-    if base not in SPLITS or (dash and kind not in KINDS):
-        known = ", ".join(f"world:{s}" for s in SPLITS) + ", " + ", ".join(f"world:{s}-{k}" for s in SPLITS for k in KINDS)
+    if base not in SPLITS or (dash and kind not in (*KINDS, *NAMED_KINDS)):
+        known = ", ".join(f"world:{s}" for s in SPLITS) + ", " + ", ".join(
+            f"world:{s}-{k}" for s in SPLITS for k in (*KINDS, *NAMED_KINDS))
         raise WorldError(f"unknown world split {split!r} (known: {known})")
+    if kind in NAMED_KINDS:
+        return list(_named_kind_questions(cfg.model_dump_json(), base, kind))
     qs = _world_questions(cfg.model_dump_json(), base)
     return [q for q in qs if q.kind == kind] if kind else list(qs)
 
@@ -145,6 +172,29 @@ def _world_questions(cfg_json: str, split: str) -> tuple[WorldQuestion, ...]:
     rng.shuffle(picked)
     return tuple(_make_question(world, kind, item, rng, f"world-{split}-{i:04d}", split)
                  for i, (kind, item) in enumerate(picked))
+
+
+@functools.lru_cache(maxsize=16)
+def _named_kind_questions(cfg_json: str, split: str, kind: str) -> tuple[WorldQuestion, ...]:
+    """Up to the split's question count of ``kind``, round-robin over its relation chains, from a seed of its own."""
+    cfg = WorldConfig.model_validate_json(cfg_json)
+    world = build_world(cfg)
+    n = cfg.train_questions if split == "train" else cfg.eval_questions
+    rng = random.Random(derive_seed(cfg.seed, "world-questions", WORLD_VERSION, split, kind))
+    groups = _candidates(world, split, kind)
+    for items in groups.values():
+        rng.shuffle(items)
+    order = sorted(groups)
+    rng.shuffle(order)
+    picked: list[tuple] = []
+    while len(picked) < n and any(groups.values()):
+        for rel in order:
+            if len(picked) < n and groups[rel]:
+                picked.append(groups[rel].pop())
+    rng.shuffle(picked)
+    tag = {"three_hop": "3h"}[kind]
+    return tuple(_make_question(world, kind, item, rng, f"world-{split}-{tag}-{i:04d}", split)
+                 for i, item in enumerate(picked))
 
 
 def load_world_questions(split: str, cfg: WorldConfig | None = None) -> list[Any]:

@@ -53,10 +53,10 @@ def plan_steps(q: WorldQuestion, world: World, rng: random.Random) -> tuple[list
     rels = q.relation.split(">")
     first = ents[0]
     steps = [(rng.choice(_OPEN).format(need=NEEDS[rels[0]].format(n=first.name), n=first.name), _query(first, rng))]
-    if q.kind == "bridge":
-        mid = ents[1]
-        fact1 = fact_sentence(rels[0], first.name, mid.name)
-        steps.append((rng.choice(_NEXT).format(fact=fact1, need=NEEDS[rels[1]].format(n=mid.name), n=mid.name),
+    for i in range(1, len(ents)):  # a bridge's middle entity; both of a three-hop question's
+        prev, mid = ents[i - 1], ents[i]
+        fact_i = fact_sentence(rels[i - 1], prev.name, mid.name)
+        steps.append((rng.choice(_NEXT).format(fact=fact_i, need=NEEDS[rels[i]].format(n=mid.name), n=mid.name),
                       _query(mid, rng)))
     last = ents[-1]
     fact_last = fact_sentence(rels[-1], last.name, q.answer)

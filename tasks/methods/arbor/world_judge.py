@@ -120,14 +120,21 @@ class WorldReader:
         named = self.named(question)
         low = question.lower()
         bridges: list[Entity] = []
-        for e in named:
+        # each entity with the noun phrase that names it in the question; a bridge phrase around that phrase leads
+        # one hop further ("the birthplace of the director of the film F": F, then its director, then nothing more)
+        frontier = [(e, SUBJECT[e.kind].format(n=e.name)) for e in named]
+        while frontier:
+            e, phrase = frontier.pop(0)
             for first, (phrases, _) in BRIDGES.items():
                 if RELATIONS[first][0] != e.kind:
                     continue
-                if any(p.format(x=SUBJECT[e.kind].format(n=e.name)).lower() in low for p in phrases):
-                    mid = fact(self.world, e, first)[1]
-                    if mid is not None and mid not in bridges:
-                        bridges.append(mid)
+                for p in phrases:
+                    outer = p.format(x=phrase)
+                    if outer.lower() in low:
+                        mid = fact(self.world, e, first)[1]
+                        if mid is not None and mid not in bridges:
+                            bridges.append(mid)
+                            frontier.append((mid, outer))
         return tuple(named), tuple(bridges)
 
     def values(self, e: Entity) -> set[str]:
@@ -170,15 +177,16 @@ def bridge_retrieved(rd: WorldReader, question: str, text: str) -> float:
 
 
 def answer_supported(rd: WorldReader, question: str, text: str) -> float:
-    """1 when the final answer is a value that a retrieved passage of the answer-bearing entities states (the
-    bridge entities of a bridge question, else the named ones; a choice between named entities may name one)."""
+    """1 when the final answer is a value that a retrieved passage of the answer-bearing entity states (the last
+    bridge entity of a bridge or three-hop question, else the named ones; a choice between named entities may name
+    one)."""
     answer = parse_trajectory(text).answer
     if not answer:
         return 0.0
     named, bridges = rd.chain(question)
     got = set().union(*retrieved_titles(text)) if retrieved_titles(text) else set()
     values: set[str] = set()
-    for e in bridges or named:
+    for e in bridges[-1:] or named:  # the last bridge holds the answer (a three-hop question's second)
         if e.name in got:
             values |= rd.values(e)
             if not bridges and len(named) >= 2:

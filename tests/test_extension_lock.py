@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from arbor.tasks.training.engine import extension_lock, ninja_first
+from arbor.tasks.training.engine import extension_lock, ninja_bin_dir, ninja_first
 
 HOLD = ("import sys; from arbor.tasks.training.engine import extension_lock\n"
         "with extension_lock(sys.argv[1]):\n    print('held', flush=True); sys.stdin.read()\n")
@@ -76,8 +76,35 @@ def test_the_op_loads_past_a_marker_a_killed_run_left(tmp_path: Path) -> None:
 def test_the_packages_ninja_comes_first_on_the_path() -> None:
     import ninja
 
-    mine = str(ninja.BIN_DIR)
+    mine = ninja_bin_dir()
+    version = subprocess.run([str(Path(mine) / "ninja"), "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.startswith(ninja.__version__.split("+")[0][:4])  # the package's own binary (1.13, not 1.11)
     assert ninja_first(os.pathsep.join(["/usr/bin", mine, "/bin"])) == os.pathsep.join([mine, "/usr/bin", "/bin"])
     assert ninja_first("/usr/bin") == os.pathsep.join([mine, "/usr/bin"])
     got = shutil.which("ninja", path=ninja_first("/usr/bin:/bin"))
     assert got is not None and Path(got).parent == Path(mine)
+
+
+def test_the_packages_ninja_is_found_from_an_environment_that_borrows_it(tmp_path: Path) -> None:
+    """A venv reaching this one's packages through a ``.pth`` line (tests/test_install.py's layout): the ninja
+    package's ``BIN_DIR`` is "" there (it looks in the running interpreter's scripts folder), ``ninja_bin_dir`` still
+    names this environment's binary, so a run there builds with the same ninja (session 31: it used the system's and
+    rebuilt the op twice)."""
+    import inspect
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(venv)],
+                   check=True, timeout=120)
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "zz_borrow.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = tmp_path / "probe.py"  # ninja_bin_dir's own source: the real function, without importing torch there
+    probe.write_text("import os\nfrom pathlib import Path\n\n" + inspect.getsource(ninja_bin_dir)
+                     + "\nimport ninja\nprint(repr(ninja.BIN_DIR))\nprint(ninja_bin_dir())\n")
+    got = subprocess.run([str(venv / "bin" / "python"), str(probe)], env={**os.environ, "PYTHONNOUSERSITE": "1"},
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    bin_dir, found = got.stdout.split("\n")[:2]
+    assert bin_dir == "''"  # the package's own lookup fails there
+    assert found == ninja_bin_dir()
+

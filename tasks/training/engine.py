@@ -94,12 +94,30 @@ def ninja_first(path: str) -> str:
     """``PATH`` with the ninja of the ``ninja`` package DeepSpeed depends on first, so every process builds with the
     same ninja. torch runs whichever ``ninja`` PATH finds, and two versions invalidate each other's ``.ninja_log``
     (a 1.11 from the system and the venv's 1.13 rebuilt the op in turn, 60-190 s each, session 30)."""
-    try:
-        import ninja
-    except ImportError:
+    first = ninja_bin_dir()
+    if not first:
         return path
-    first = str(ninja.BIN_DIR)
     return os.pathsep.join([first, *[p for p in path.split(os.pathsep) if p and p != first]])
+
+
+def ninja_bin_dir() -> str:
+    """The folder of the ``ninja`` package's own binary, found from its installed files ("" if not installed).
+
+    ``ninja.BIN_DIR`` looks in the running interpreter's scripts folder, so an environment that reaches the package
+    through a ``.pth`` line (a venv with the wheel installed beside this one's packages) gets "", and PATH then found
+    the system's 1.11 (session 31: the installed-wheel test rebuilt the op, and the next run rebuilt it back)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("ninja")
+    except metadata.PackageNotFoundError:
+        return ""
+    for f in dist.files or []:
+        if f.name == "ninja" and f.parent.name == "bin":
+            found = Path(dist.locate_file(f))
+            if found.is_file() and os.access(found, os.X_OK):
+                return str(found.parent.resolve())
+    return ""
 
 
 @contextmanager

@@ -98,8 +98,10 @@ NOISY_LOGGERS = ("prefect", "prefect.flow_runs", "prefect.task_runs", "prefect.s
 
 def all_handlers() -> list[logging.Handler]:
     """Every handler configured so far, on the root logger and every named one."""
-    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(lg, logging.Logger))]
+    # a copy first: another thread (a Prefect or judge client starting up) may add a logger meanwhile, and iterating
+    # the live dict then raised "dictionary changed size during iteration" (session 31); dict.copy is one C call
+    named = logging.Logger.manager.loggerDict.copy()
+    loggers = [logging.getLogger(), *(lg for lg in named.values() if isinstance(lg, logging.Logger))]
     return [h for lg in loggers for h in lg.handlers]
 
 

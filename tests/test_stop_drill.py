@@ -371,9 +371,11 @@ def test_eval_and_guidance_train_record_stopped(drill, command: str) -> None:
     home = root / "home"
     known = _known(home)
     case = f"{command}-sigint-group"
+    # guidance-train branches 16 questions, so the signal lands in its work: with 2 it once reached its end (no
+    # ranking to train on) before the signal did, under the suite's load (session 31)
     args = (["--profile", "tiny-cpu", "--split", "bamboogle", "--limit", "4", "--runs", "2"] if command == "eval" else
             ["--profile", "tiny-cpu", "--run-id", case, "--set=run.sft_warm_start=false",
-             "--set=guidance.branch_questions=2"])
+             "--set=guidance.branch_questions=16"])
     run = Run(root, env, case, args, command=command)
     found = _running(home, known)
     run.wait_for(lambda: found() is not None, "its run recorded as running")

@@ -31,6 +31,22 @@ if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist (issue 46)
     os.environ.setdefault("MKL_NUM_THREADS", _threads)
 
 
+# The suite's peak under pytest's base temporary folder, measured session 31 with pyproject's retention settings:
+# 7.6 GiB (the module- and session-scoped workspaces of the training tests; stop 65's CI ran out of disk with none).
+DISK_NEEDED_GIB = 8.0
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Refuse to start, in one line, on a disk the suite cannot finish on (instead of hundreds of errors later)."""
+    if hasattr(session.config, "workerinput"):  # the xdist controller checks once
+        return
+    where = Path(os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir())
+    free = shutil.disk_usage(where).free / 2**30
+    if free < DISK_NEEDED_GIB:
+        pytest.exit(f"{free:.1f} GiB free under {where}: the suite needs about {DISK_NEEDED_GIB:g} GiB there "
+                    "(its training workspaces); free some space or point TMPDIR elsewhere", returncode=3)
+
+
 @pytest.fixture
 def arbor_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh, empty ARBOR_HOME for one test."""

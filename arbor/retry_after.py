@@ -1,5 +1,6 @@
-"""How long a server asks us to wait before retrying (RFC 9110 §10.2.3), read one way for every HTTP client in
-arbor: the judge (OpenAI-compatible endpoints) and the web search backends."""
+"""How long to wait before retrying, one way for every HTTP client in arbor (the judge's OpenAI-compatible endpoints,
+the web search backends, the rollout server while paused): what the server asks for (RFC 9110 §10.2.3), else our
+own capped exponential backoff (``backoff_s``)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,10 @@ def requested_wait_s(headers: Mapping[str, str] | None, now: float | None = None
         if math.isfinite(seconds):
             return max(0.0, seconds)
     return retry_after_s(headers.get("retry-after"), now)
+
+
+def backoff_s(base_s: float, max_s: float, retry: int, u: float | None = None) -> float:
+    """Capped exponential backoff: b = min(max_s, base_s * 2^retry); with ``u`` in [0, 1), "equal jitter", a wait in
+    [b/2, b) (b * (1 + u) / 2), so clients that failed together do not retry together."""
+    b = min(max_s, base_s * 2**retry)
+    return b if u is None else b * (0.5 + 0.5 * u)

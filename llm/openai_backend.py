@@ -30,7 +30,7 @@ from arbor.llm.cache import ResponseCache, cache_key, payment_carried, process_a
 from arbor.llm.health import REFUSED_ERRORS, public_url, short_reason
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.llm.text import WHOLE, shared_budget
-from arbor.retry_after import requested_wait_s
+from arbor.retry_after import backoff_s, requested_wait_s
 from arbor.seeding import derive_seed
 
 log = logging.getLogger("arbor.judge")
@@ -234,9 +234,8 @@ class OpenAIJudge(Judge):
 
     def _backoff(self, key: str, attempt: int) -> float:
         """Exponential backoff with "equal jitter": b = min(max, base * 2^attempt), sleep in [b/2, b]."""
-        b = min(self.cfg.backoff_max_s, self.cfg.backoff_base_s * 2**attempt)
         u = derive_seed(key, attempt, "jitter") / float(1 << 63)
-        return b * (0.5 + 0.5 * u)
+        return backoff_s(self.cfg.backoff_base_s, self.cfg.backoff_max_s, attempt, u)
 
     async def _call(self, role: str, version: str, messages: list[dict[str, str]], parse: Callable[[str], Any],
                     ctx: CallContext | None, items: int | None = None,

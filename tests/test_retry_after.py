@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
-from arbor.retry_after import requested_wait_s, retry_after_s
+from arbor.retry_after import backoff_s, requested_wait_s, retry_after_s
 
 NOW = 1_445_412_480.0  # Wed, 21 Oct 2015 07:28:00 GMT
 
@@ -26,3 +27,11 @@ def test_milliseconds_first_then_retry_after() -> None:
     assert requested_wait_s(dated, now=NOW) == 30.0
     assert requested_wait_s(httpx.Headers({"retry-after-ms": "-5"})) == 0.0
     assert requested_wait_s(httpx.Headers({})) is None and requested_wait_s(None) is None
+
+
+def test_backoff_doubles_to_its_cap_and_jitters_in_the_upper_half() -> None:
+    """``backoff_s`` by hand: base 0.5, cap 8: 0.5, 1, 2, 4, 8, 8; with u the wait is b * (1 + u) / 2."""
+    assert [backoff_s(0.5, 8.0, r) for r in range(6)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert backoff_s(0.5, 30.0, 3, 0.0) == 2.0  # [b/2, b): the lower end at u = 0
+    assert backoff_s(0.5, 30.0, 3, 0.5) == 3.0
+    assert backoff_s(2.0, 5.0, 4, 0.9) == pytest.approx(5.0 * 0.95)  # capped first, then jittered

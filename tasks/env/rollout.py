@@ -33,7 +33,7 @@ import torch
 
 from arbor.config import ArborConfig
 from arbor.liveness import DependencyStalled, transport_timeout
-from arbor.retry_after import requested_wait_s
+from arbor.retry_after import backoff_s, requested_wait_s
 from arbor.tasks.env.agent import AgentState, Generation, GenRequest
 from arbor.tasks.env.decoding import eos_token_ids, generate_turns, run_agent_batch
 from arbor.tasks.env.rollout_driver import EngineBase, GroupWatch, OnGroup, report_all
@@ -247,7 +247,7 @@ class OpenAIEngine(EngineBase):
             reason = error_message(resp)
             wait = requested_wait_s(resp.headers)
             if wait is None:
-                wait = min(self.pause_backoff_max_s, self.pause_backoff_s * 2 ** (tries - 1))
+                wait = backoff_s(self.pause_backoff_s, self.pause_backoff_max_s, tries - 1)
             if tries == self.pause_max_tries or time.monotonic() + wait > deadline:
                 raise RolloutServerPaused(self.url, stall_s, tries, reason)
             log.warning("POST %s answered HTTP 503 (%s): retrying in %.2f s (try %d; vLLM 0.33 refuses requests "

@@ -43,7 +43,7 @@ from arbor.jsonl import jsonl_rows
 from arbor.liveness import DependencyStalled, transport_timeout
 from arbor.paths import PROJECT_ROOT
 from arbor.plugins import PluginError, check_signature, load_plugin
-from arbor.retry_after import requested_wait_s
+from arbor.retry_after import backoff_s, requested_wait_s
 from arbor.storage.kvstore import STORE_FILE, KVStore
 from arbor.tasks.env.sources import spec_source
 
@@ -220,8 +220,7 @@ class RetryPolicy:
 
     def backoff(self, retry: int) -> float:
         """Exponential backoff with "equal jitter": b = min(max, base * 2^retry), a wait in [b/2, b]."""
-        b = min(self.backoff_max_s, self.backoff_base_s * 2**retry)
-        return b * (0.5 + 0.5 * random.random())
+        return backoff_s(self.backoff_base_s, self.backoff_max_s, retry, random.random())
 
 
 def _post_json(client: Any, url: str, payload: dict, headers: dict | None, policy: RetryPolicy,

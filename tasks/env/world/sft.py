@@ -141,7 +141,7 @@ def synthesize_world(questions: Sequence[WorldQuestion], search: Any, cfg: World
             steps = add_flaw(steps, q, world, flaw)
         if len(steps) > max_searches:
             raise WorldError(f"rollout.max_searches={max_searches}: a world SFT trajectory needs {len(steps)} "
-                             "searches (comparison / bridge with a flaw: 3)")
+                             "searches (comparison / bridge with a flaw: 3; three-hop: 3, with a flaw 4)")
         response, grounded = render_response(q, steps, final, search, top_k=top_k, max_result_chars=max_result_chars,
                                              protocol=protocol)
         fmt = check_format(response, truncated=False, protocol=protocol)

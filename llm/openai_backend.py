@@ -233,7 +233,7 @@ class OpenAIJudge(Judge):
         return prompts.request_timeout(self.cfg.timeout_s, messages, int(rc["max_tokens"]))  # type: ignore[call-overload]
 
     def _backoff(self, key: str, attempt: int) -> float:
-        """Exponential backoff with "equal jitter": b = min(max, base * 2^attempt), sleep in [b/2, b]."""
+        """``retry_after.backoff_s`` with its jitter drawn from the request's key, so a rerun sleeps the same."""
         u = derive_seed(key, attempt, "jitter") / float(1 << 63)
         return backoff_s(self.cfg.backoff_base_s, self.cfg.backoff_max_s, attempt, u)
 

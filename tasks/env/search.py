@@ -219,7 +219,7 @@ class RetryPolicy:
         return cls(cfg.max_attempts, cfg.backoff_base_s, cfg.backoff_max_s, cfg.retry_after_max_s)
 
     def backoff(self, retry: int) -> float:
-        """Exponential backoff with "equal jitter": b = min(max, base * 2^retry), a wait in [b/2, b]."""
+        """``retry_after.backoff_s`` with random jitter."""
         return backoff_s(self.backoff_base_s, self.backoff_max_s, retry, random.random())
 
 

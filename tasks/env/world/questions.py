@@ -95,6 +95,22 @@ def _candidates(world: World, split: str, kind: str) -> dict[str, list[tuple]]:
     return out
 
 
+def _draw(world: World, split: str, kind: str, n: int, rng: random.Random) -> list[tuple]:
+    """Up to ``n`` distinct questions of ``kind``: each relation's candidates shuffled, the relations in a shuffled
+    order, taken round-robin so that every relation gets its share."""
+    groups = _candidates(world, split, kind)
+    for items in groups.values():
+        rng.shuffle(items)
+    order = sorted(groups)
+    rng.shuffle(order)
+    picked: list[tuple] = []
+    while len(picked) < n and any(groups.values()):
+        for rel in order:
+            if len(picked) < n and groups[rel]:
+                picked.append(groups[rel].pop())
+    return picked
+
+
 def _make_question(world: World, kind: str, item: tuple, rng: random.Random, qid: str, split: str) -> WorldQuestion:
     if kind == "one_hop":
         rel, e = item
@@ -153,22 +169,12 @@ def _world_questions(cfg_json: str, split: str) -> tuple[WorldQuestion, ...]:
     rng = random.Random(derive_seed(cfg.seed, "world-questions", WORLD_VERSION, split))
     picked: list[tuple[str, tuple]] = []
     for kind, want in kind_counts(n, cfg).items():
-        groups = _candidates(world, split, kind)
-        for items in groups.values():
-            rng.shuffle(items)
-        available = sum(len(v) for v in groups.values())
-        if want > available:
+        drawn = _draw(world, split, kind, want, rng)
+        if len(drawn) < want:
             key = "world.train_questions" if split == "train" else "world.eval_questions"
             raise WorldError(f"{key}={n}: {want} {kind} questions asked of the {split} split, which has only "
-                             f"{available} distinct ones (add entities or lower world.share_{kind})")
-        order = sorted(groups)
-        rng.shuffle(order)
-        taken = 0
-        while taken < want:  # round-robin over relations, so every relation gets its share
-            for rel in order:
-                if taken < want and groups[rel]:
-                    picked.append((kind, groups[rel].pop()))
-                    taken += 1
+                             f"{len(drawn)} distinct ones (add entities or lower world.share_{kind})")
+        picked += [(kind, item) for item in drawn]
     rng.shuffle(picked)
     return tuple(_make_question(world, kind, item, rng, f"world-{split}-{i:04d}", split)
                  for i, (kind, item) in enumerate(picked))
@@ -181,16 +187,7 @@ def _named_kind_questions(cfg_json: str, split: str, kind: str) -> tuple[WorldQu
     world = build_world(cfg)
     n = cfg.train_questions if split == "train" else cfg.eval_questions
     rng = random.Random(derive_seed(cfg.seed, "world-questions", WORLD_VERSION, split, kind))
-    groups = _candidates(world, split, kind)
-    for items in groups.values():
-        rng.shuffle(items)
-    order = sorted(groups)
-    rng.shuffle(order)
-    picked: list[tuple] = []
-    while len(picked) < n and any(groups.values()):
-        for rel in order:
-            if len(picked) < n and groups[rel]:
-                picked.append(groups[rel].pop())
+    picked = _draw(world, split, kind, n, rng)
     rng.shuffle(picked)
     tag = {"three_hop": "3h"}[kind]
     return tuple(_make_question(world, kind, item, rng, f"world-{split}-{tag}-{i:04d}", split)

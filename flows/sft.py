@@ -32,10 +32,14 @@ def sft_key(cfg: ArborConfig) -> str:
     from arbor.tasks.env.sft_data import reflection_share
 
     # how many ranks train and how often state is kept do not change what is trained
-    sft = cfg.sft.model_dump(mode="json", exclude={"reflections", "processes", "save_every", "dist_timeout_s"})
+    sft = cfg.sft.model_dump(mode="json", exclude={"reflections", "guided", "processes", "save_every",
+                                                   "dist_timeout_s"})
     # the share the rows get (unset: the protocol's default); 0 keeps old keys
     if share := reflection_share(cfg.sft, cfg.rollout.protocol):
         sft["reflections"] = share
+    if cfg.sft.guided:  # guided copies (0 keeps old keys), written with the guidance's tau and retry feedback
+        sft["guided"] = {"share": cfg.sft.guided, "tau": cfg.guidance.tau,
+                         "retry_feedback": cfg.guidance.retry_feedback}
     parts = {"sft": sft, "policy": policy,
              # require_answers at its default keeps the earlier keys (issue 56 added it)
              "data": cfg.data.model_dump(mode="json", exclude={"require_answers"} if cfg.data.require_answers else None),
@@ -54,7 +58,28 @@ def sft_key(cfg: ArborConfig) -> str:
 
 
 def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
-    """The SFT JSONL: a user's file (under a staged protocol: its rows staged and given reflection rows,
+    """The SFT JSONL of ``gold_data_path``, with Co-ReAct's guided copies of a share of its rows when ``sft.guided``
+    is set (``tasks.methods.coreact.sft``; the gold rows then live in ``data-{key}-gold.jsonl``)."""
+    if not cfg.sft.guided:
+        return gold_data_path(cfg, home, key, home / "sft" / f"data-{key}.jsonl")
+    out = home / "sft" / f"data-{key}.jsonl"
+    if out.exists():
+        return out
+    from arbor.format import get_protocol
+    from arbor.tasks.env.sft_data import read_sft_data, write_jsonl
+    from arbor.tasks.methods.coreact.sft import guided_sft_rows
+
+    gold = read_sft_data(gold_data_path(cfg, home, key, home / "sft" / f"data-{key}-gold.jsonl"))
+    guided, figures = guided_sft_rows(gold, cfg.sft.guided, cfg.run.seed, get_protocol(cfg.rollout.protocol),
+                                      max(1, cfg.rollout.max_searches), cfg.guidance)
+    print(f"SFT: sft.guided={cfg.sft.guided:g}: {figures['rows']:.0f} guided copies of {len(gold)} rows, "
+          f"{figures['guided_steps']:.0f} guided steps; the gold action passes its rubric at "
+          f"{100 * figures['gold_passes_rubric']:.0f}% of them", flush=True)
+    return write_jsonl(gold + guided, out)
+
+
+def gold_data_path(cfg: ArborConfig, home: Path, key: str, out: Path) -> Path:
+    """The gold SFT JSONL (written at ``out`` when built here): a user's file (under a staged protocol: its rows staged and given reflection rows,
     ``tasks.env.sft_data.build_user_sft_data``), data synthesised from a named question split
     (``synth:offline:train``), or a registered source's own data (``<prefix>:<name>``, ``tasks.env.sources``)."""
     spec = cfg.sft.data
@@ -64,7 +89,6 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
             from arbor.tasks.env.sft_data import SFTDataError
 
             raise SFTDataError(f"sft.data {spec!r}: the source {spec.partition(':')[0]!r} serves no SFT data")
-        out = home / "sft" / f"data-{key}.jsonl"
         return out if out.exists() else source.sft_data(name, cfg, out, home)
     if not spec.startswith("synth:"):
         path = Path(spec).expanduser()
@@ -85,7 +109,6 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
     from arbor.tasks.env.sft_data import build_sft_data
 
     split = spec.removeprefix("synth:")
-    out = home / "sft" / f"data-{key}.jsonl"
     if out.exists():
         return out
     if split == "train":  # the run's own training questions (data.train, data.train_size, run.seed)

@@ -659,3 +659,86 @@ def test_branching_points_are_the_tool_calling_steps_with_the_whole_prefix(tok: 
     # a search the loop would turn into the forced answer (no search left) is no tool-calling step either
     assert tool_calling_step(loop, "<search>x</search>", 0) and not tool_calling_step(loop, "<search>x</search>", 3)
     assert not tool_calling_step(loop, "<answer>\\boxed{x}</answer>", 0) and not tool_calling_step(loop, "no tag", 0)
+
+
+# ---- issue 63 item 5: an SFT start that has read guidance ------------------------------------------------------------
+GOLD = ["<think>film first</think><search>Tobara</search>",
+        "<think>now the director</think><search>Kerar Silix</search>",
+        "<think>found it</think><answer>\\boxed{Delina}</answer>"]
+
+
+class _GoldEngine:
+    """Plays the gold actions in turn order; with ``repeat``, a turn after the first proposes the previous turn's
+    action again, and the gold action once the verifier's feedback is in the last observation (§3.3's retry)."""
+
+    def __init__(self, loop: AgentLoop, repeat: bool, cfg: Any = None) -> None:
+        self.loop, self.repeat, self.cfg = loop, repeat, cfg
+
+    def complete(self, requests: list[GenRequest], *, temperature: float, stop_strings: list[str]) -> list[Generation]:
+        out = []
+        for r in requests:
+            ctx = self.loop.tokenizer.decode(r.context_ids)
+            j = ctx.count("(Title:")  # results seen (the system prompt names the tags too)
+            retried = "did not pass" in ctx[ctx.rfind("(Title:"):] if j else False
+            out.append(_gen(self.loop.tokenizer, GOLD[j - 1] if self.repeat and j and not retried else GOLD[j]))
+        return out
+
+
+@pytest.mark.parametrize("retry", [False, True], ids=["inject", "retry"])
+def test_a_guided_sft_row_is_what_guided_inference_shows_the_policy(tok: Any, search: BM25Search, tmp_path: Path,
+                                                                     retry: bool) -> None:
+    """``sft.guided`` (tasks/methods/coreact/sft.py): a gold row's guided copy tokenises, prompt, response and loss
+    mask, exactly as the state Co-ReAct's guide builds when the policy plays the same gold actions under the rules
+    writer: the rubric after the question, then inside each observation before its closing tag; with the retry
+    form, the rubric with the unmet items and the verifier's feedback of a first attempt that repeated the previous
+    turn. The writer reads the question without the guidance placed after it."""
+    import random
+
+    from arbor.format import ARBOR
+    from arbor.tasks.env.agent import tokenize_trajectory
+    from arbor.tasks.methods.coreact.sft import guided_copy
+
+    loop = _loop(tok, search)
+    bare = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    plain = _GoldEngine(loop, repeat=False)
+    while not bare.done:
+        loop.advance([bare], plain.complete([loop.next_request(bare)], temperature=0.0, stop_strings=[]))
+    gold = bare.text
+    cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.verify": retry})
+    guide = make_guide(cfg, RulesJudge(cfg.judge, home=tmp_path))
+    s = loop.start("q1", QUESTION, ["Delina"], seed=3)
+    guide.run(_GoldEngine(loop, retry, cfg), [s], [(0, 0)])
+    rows = guide.drain_records()
+    assert [r["retried"] for r in rows] == [False, retry, retry]  # turn 0's gold search passes its rubric
+    question, response, agrees = guided_copy(QUESTION, gold, ARBOR, 3, cfg.guidance, random.Random(0),
+                                             retry_share=1.0 if retry else 0.0)
+    assert agrees == [True, True, True]  # the gold actions pass the writer's rubrics
+    assert response.count("Step rubric for your next step") == 2 and question.startswith(QUESTION + "\n\n")
+    assert ("did not pass" in response) == retry and "Kerar Silix Step" not in response
+    assert tokenize_trajectory(tok, question, response) == (s.prompt_ids, s.response_ids, s.loss_mask)
+    assert check_format(response, truncated=False).valid
+
+
+def test_guided_sft_rows_copy_a_seeded_share_of_the_clean_gold_rows() -> None:
+    """Flawed rows (a repeated query is what a rubric would flag), RubricEM's reflection rows and a question's later
+    rows (reference-block copies) get no guided copy; the share is seeded and the figures count what was made."""
+    from arbor.config.guidance import GuidanceConfig
+    from arbor.format import ARBOR
+    from arbor.tasks.methods.coreact.sft import guided_sft_rows
+
+    response = ("<think>film first</think><search>Tobara</search>\n<result>\nDoc 1 (Title: Tobara) Tobara is a film "
+                "directed by Kerar Silix.\n</result>\n<think>done</think><answer>\\boxed{Kerar Silix}</answer>")
+    rows = [{"question_id": f"q{i}", "question": "Who directed Tobara?", "golds": ["Kerar Silix"],
+             "response": response, "flaw": "none"} for i in range(200)]
+    rows[0]["flaw"] = "repeated_query"
+    rows += [{**rows[1], "question": "<reference_examples>x</reference_examples>\n\nWho directed Tobara?"},
+             {**rows[2], "question_id": "r2", "system": "You reflect."}]
+    every, figures = guided_sft_rows(rows, 1.0, 0, ARBOR, 3, GuidanceConfig())
+    assert [r["question_id"] for r in every] == [f"q{i}" for i in range(1, 200)]
+    assert figures == {"rows": 199.0, "guided_steps": 398.0, "gold_passes_rubric": 1.0}
+    half, _ = guided_sft_rows(rows, 0.5, 0, ARBOR, 3, GuidanceConfig())
+    assert 70 < len(half) < 130 and half == guided_sft_rows(rows, 0.5, 0, ARBOR, 3, GuidanceConfig())[0]
+    assert half != guided_sft_rows(rows, 0.5, 1, ARBOR, 3, GuidanceConfig())[0]
+    assert guided_sft_rows(rows, 0.0, 0, ARBOR, 3, GuidanceConfig()) == ([], {"rows": 0.0, "guided_steps": 0.0,
+                                                                              "gold_passes_rubric": pytest.approx(
+                                                                                  float("nan"), nan_ok=True)})

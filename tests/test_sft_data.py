@@ -4,11 +4,13 @@ flat JSONL staged for RubricEM's start, with reflection rows (issue 33 item 6)."
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from arbor.config import load_config
 from arbor.format import (
+    ARBOR,
     RUBRICEM,
     check_format,
     extract_answer,
@@ -210,3 +212,36 @@ def test_a_fixed_sft_output_holding_a_flat_start_is_not_reused_for_rubricem(tmp_
     cfg = _rubricem_cfg(tmp_path / "d.jsonl", **{"sft.output": str(out)})
     with pytest.raises(SFTDataError, match=r"holds an SFT start in protocol 'arbor', but rollout.protocol=rubricem"):
         sft_checkpoint(cfg, tmp_path)
+
+
+def test_sft_guided_adds_guided_copies_and_keeps_the_keys_of_unguided_starts(setup, tmp_path, capsys):
+    """``sft.guided`` (issue 63 item 5): the run's SFT file is the gold rows, then guided copies of a share of them
+    (the rubric after the question and inside observations; the same gold responses otherwise); the key moves with
+    the share and with the guidance settings the copies are written with, and stays where it was without them."""
+    from arbor.flows.sft import sft_data_path, sft_key
+
+    _, _, _, path = setup
+    gold = read_sft_data(path)[:60]
+    data = tmp_path / "mine.jsonl"
+    write_jsonl(gold, data)
+    plain = load_config("tiny-cpu", {"sft.data": str(data)})
+    cfg = load_config("tiny-cpu", {"sft.data": str(data), "sft.guided": 0.5})
+    out = sft_data_path(cfg, tmp_path / "home", sft_key(cfg))
+    assert out == tmp_path / "home" / "sft" / f"data-{sft_key(cfg)}.jsonl"
+    rows = read_sft_data(out, "arbor")
+    copies = rows[len(gold):]
+    assert rows[: len(gold)] == gold and 10 < len(copies) < 50
+    assert f"{len(copies)} guided copies of 60 rows" in capsys.readouterr().out
+    by_id = {r["question_id"]: r for r in gold}
+    for c in copies:
+        g = by_id[c["question_id"]]
+        assert c["question"].startswith(g["question"] + "\n\nStep rubric for your next step:\n1. [")
+        results = len(ARBOR.observation_re.findall(g["response"]))  # a rubric before each turn that may search
+        assert c["response"].count("Step rubric for your next step:") == min(results, cfg.rollout.max_searches - 1)
+        assert check_format(c["response"]).valid
+        assert re.sub(r"\n\nStep rubric for your next step:.*?\n(?=</result>)", "\n", c["response"],
+                      flags=re.DOTALL) == g["response"]  # the gold response around the placed rubrics
+    assert sft_data_path(cfg, tmp_path / "home", sft_key(cfg)) == out  # reused
+    assert sft_key(plain) == sft_key(load_config("tiny-cpu", {"sft.data": str(data), "sft.guided": 0}))
+    assert len({sft_key(plain), sft_key(cfg), sft_key(load_config("tiny-cpu", {
+        "sft.data": str(data), "sft.guided": 0.5, "guidance.tau": 0.7}))}) == 3

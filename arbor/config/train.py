@@ -95,6 +95,10 @@ class SFTConfig(Section):
         "<reference_examples> block (RubricEM's meta-policy format, App. D.6; run.method=rubricem), for every kind of "
         "sft.data; None: 0.25 under rollout.protocol=rubricem (the share its measured start uses, docs/sft.md), "
         "else 0")
+    guided: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of the clean gold rows that also get a copy reading Co-ReAct's step "
+        "rubrics where guided inference places them (the rules writer's, tasks/methods/coreact/sft.py): an SFT start "
+        "that has seen guided turns (issue 63 item 5); 0: none")
     questions: int | None = Field(None, ge=1, description="synth:train uses the first N of the run's questions")
     epochs: int = Field(3, ge=1)
     lr: float = Field(7e-6, gt=0)

@@ -11,7 +11,8 @@ common pool, ``--pool``) and ``generator`` (a trained generator, ``--generator``
 one training seed N of X and is evaluated with seed N; any other is evaluated with every ``--seeds`` seed.
 
 Prints, per checkpoint kind and source, the mean over seeds (± standard error) of strict F1 unguided and guided,
-their difference, the valid rates, the share of guided turns failing verification and the extra judge calls per
+their difference and its paired standard error over questions (one seed's noise: a greedy agent makes seeds agree),
+the valid rates, the share of guided turns failing verification and the extra judge calls per
 guided answer; writes every evaluation's figures to ``--out``/guidance.csv.
 """
 
@@ -42,7 +43,7 @@ def stats(xs: list[float]) -> tuple[float, float]:
 
 def one(name: str, checkpoint: str, seed: int, source: str, args: argparse.Namespace) -> dict[str, Any]:
     """One guided evaluation: unguided and guided figures of the same answers' questions."""
-    from arbor.flows.evaluate import run_eval
+    from arbor.flows.evaluate import paired_difference, run_eval
     from arbor.paths import arbor_home
     from arbor.storage.sql import run_file
 
@@ -60,7 +61,9 @@ def one(name: str, checkpoint: str, seed: int, source: str, args: argparse.Names
     turns = run_file("guided_turns_of_run", {"run_id": rid}, home=home)[0]
     off, on = by["off"], by[f"co-react:{source}"]
     return {"run_id": rid, "f1_off": off["strict_f1"], "f1_on": on["strict_f1"], "valid_off": off["valid_rate"],
-            "valid_on": on["valid_rate"], "fail_rate": turns["fail_rate"], "calls": turns["judge_calls_per_answer"]}
+            "valid_on": on["valid_rate"], "fail_rate": turns["fail_rate"], "calls": turns["judge_calls_per_answer"],
+            "se_paired": paired_difference([(r["f1_off"], r["f1_on"]) for r in run_file(
+                "guided_pairs_of_run", {"run_id": rid}, home=home) if r["guidance"] == f"co-react:{source}"])[1]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{100 * (r['fail_rate'] or 0):.1f}%, judge calls / answer {r['calls'] or 0:.2f}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     pl.DataFrame(rows).write_csv(Path(args.out) / "guidance.csv")
-    print(f"\n{'checkpoint':<10}{'source':<11}{'F1 off':>14}{'F1 guided':>14}{'delta':>14}{'valid off':>11}"
-          f"{'valid on':>10}{'fail':>8}{'calls':>7}")
+    print(f"\n{'checkpoint':<10}{'source':<11}{'F1 off':>14}{'F1 guided':>14}{'delta':>14}{'paired SE':>10}"
+          f"{'valid off':>11}{'valid on':>10}{'fail':>8}{'calls':>7}")
     for kind in dict.fromkeys(r["kind"] for r in rows):
         for source in args.sources:
             mine = [r for r in rows if r["kind"] == kind and r["source"] == source]
@@ -109,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             v0, v1 = stats([r["valid_off"] for r in mine])[0], stats([r["valid_on"] for r in mine])[0]
             fail = stats([r["fail_rate"] or 0.0 for r in mine])[0]
             calls = stats([r["calls"] or 0.0 for r in mine])[0]
-            print(f"{kind:<10}{source:<11}{cells[0]:>14}{cells[1]:>14}{cells[2]:>14}{100 * v0:>11.1f}{100 * v1:>10.1f}"
-                  f"{100 * fail:>7.1f}%{calls:>7.2f}")
+            paired = stats([r["se_paired"] for r in mine])[0]  # one seed's question noise (the mean over seeds)
+            print(f"{kind:<10}{source:<11}{cells[0]:>14}{cells[1]:>14}{cells[2]:>14}{100 * paired:>10.1f}"
+                  f"{100 * v0:>11.1f}{100 * v1:>10.1f}{100 * fail:>7.1f}%{calls:>7.2f}")
     return 0
 
 

@@ -10,6 +10,7 @@ steps on a fixed small split.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,16 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         return rid, table
 
 
+def paired_difference(pairs: list[tuple[float, float]]) -> tuple[float, float, int]:
+    """(mean, standard error, n) of ``after - before`` over paired values (a question's unguided and guided F1):
+    the sample standard deviation of the differences over sqrt(n); the error is nan below two pairs."""
+    d = [after - before for before, after in pairs]
+    n = len(d)
+    mean = sum(d) / n if n else float("nan")
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
+    return mean, se, n
+
+
 def format_guided(run_id: str, home: Path) -> str:
     """Co-ReAct's comparison on the same questions (sql/queries/guided_eval_of_run.sql): strict EM / F1 and valid
     rate per guidance and split, then the guided turns (view guided_step_summary) and the judge calls they cost."""
@@ -107,6 +118,11 @@ def format_guided(run_id: str, home: Path) -> str:
     for r in run_file("guided_eval_of_run", {"run_id": run_id}, home=home):
         lines.append(f"{r['guidance']:<28}{r['split']:<14}{r['n_answers']:>8}{100 * r['valid_rate']:>8.1f}"
                      f"{100 * r['strict_em']:>8.1f}{100 * r['strict_f1']:>8.1f}")
+    pairs = run_file("guided_pairs_of_run", {"run_id": run_id}, home=home)
+    for source in dict.fromkeys(r["guidance"] for r in pairs):
+        mean, se, n = paired_difference([(r["f1_off"], r["f1_on"]) for r in pairs if r["guidance"] == source])
+        lines.append(f"{source}: guided - unguided strict F1 {100 * mean:+.1f} ± {100 * se:.1f} (paired standard "
+                     f"error over {n} questions)")
     for r in run_file("guided_turns_of_run", {"run_id": run_id}, home=home):
         fail = "-" if r["fail_rate"] is None else f"{100 * r['fail_rate']:.1f}%"
         per = "-" if r["judge_calls_per_answer"] is None else f"{r['judge_calls_per_answer']:.2f}"

@@ -149,6 +149,13 @@ def test_guided_eval_with_the_generator_through_a_faulty_judge(reference: tuple[
     calls = [c for c in table("judge_calls", rid, arbor_home) if c["role"] == "step_verify"]
     assert calls and {c["stage"] for c in calls} == {"eval-guided"} and JUDGE_KEY not in str(calls)
     assert "co-react:generator" in printed and "guided turns (generator)" in printed
+    # guidance's effect: the mean and standard error of the per-question differences of strict F1 (3 questions)
+    strict = {(r["question_id"], r["guidance"]): r["f1"] if r["format_valid"] else 0.0 for r in unguided + guided}
+    d = [strict[(q, "co-react:generator")] - strict[(q, None)] for q in {r["question_id"] for r in guided}]
+    mean = sum(d) / 3
+    se = (sum((x - mean) ** 2 for x in d) / 2 / 3) ** 0.5
+    assert (f"co-react:generator: guided - unguided strict F1 {100 * mean:+.1f} ± {100 * se:.1f} (paired standard "
+            "error over 3 questions)") in printed
 
 
 def test_generator_training_through_a_faulty_openai_judge(sft_policy: Path, tmp_path: Path,

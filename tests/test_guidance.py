@@ -7,6 +7,7 @@ with a real tokenizer, a real BM25 index and the real rules judge writing and ve
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -742,3 +743,14 @@ def test_guided_sft_rows_copy_a_seeded_share_of_the_clean_gold_rows() -> None:
     assert guided_sft_rows(rows, 0.0, 0, ARBOR, 3, GuidanceConfig()) == ([], {"rows": 0.0, "guided_steps": 0.0,
                                                                               "gold_passes_rubric": pytest.approx(
                                                                                   float("nan"), nan_ok=True)})
+
+
+def test_guidance_effect_is_a_paired_difference_over_questions() -> None:
+    """``arbor eval`` with guidance (and bench/guidance.py) report guided - unguided F1 with the standard error of
+    the per-question differences (computed by hand here), not of two independent means."""
+    from arbor.flows.evaluate import paired_difference
+
+    assert paired_difference([(0.2, 0.6), (0.4, 0.6)]) == (pytest.approx(0.3), pytest.approx(0.1), 2)
+    mean, se, n = paired_difference([(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)])
+    assert (mean, n) == (0.0, 3) and se == pytest.approx(1 / 3 ** 0.5)
+    assert paired_difference([(0.3, 0.3)])[2] == 1 and math.isnan(paired_difference([(0.3, 0.3)])[1])

@@ -59,11 +59,12 @@ def one(name: str, checkpoint: str, seed: int, source: str, args: argparse.Names
     home = arbor_home()
     by = {r["guidance"]: r for r in run_file("guided_eval_of_run", {"run_id": rid}, home=home)}
     turns = run_file("guided_turns_of_run", {"run_id": rid}, home=home)[0]
-    off, on = by["off"], by[f"co-react:{source}"]
+    tag = next(g for g in by if g.startswith(f"co-react:{source}"))  # ":inject" when guidance.verify is false
+    off, on = by["off"], by[tag]
     return {"run_id": rid, "f1_off": off["strict_f1"], "f1_on": on["strict_f1"], "valid_off": off["valid_rate"],
             "valid_on": on["valid_rate"], "fail_rate": turns["fail_rate"], "calls": turns["judge_calls_per_answer"],
             "se_paired": paired_difference([(r["f1_off"], r["f1_on"]) for r in run_file(
-                "guided_pairs_of_run", {"run_id": rid}, home=home) if r["guidance"] == f"co-react:{source}"])[1]}
+                "guided_pairs_of_run", {"run_id": rid}, home=home) if r["guidance"] == tag])[1]}
 
 
 def main(argv: list[str] | None = None) -> int:

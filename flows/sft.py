@@ -59,17 +59,19 @@ def sft_key(cfg: ArborConfig) -> str:
 
 def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
     """The SFT JSONL of ``gold_data_path``, with Co-ReAct's guided copies of a share of its rows when ``sft.guided``
-    is set (``tasks.methods.coreact.sft``; the gold rows then live in ``data-{key}-gold.jsonl``)."""
+    is set (``tasks.methods.coreact.sft``): ``data-{key}-guided-{digest}.jsonl``, written once per content of the
+    gold rows (a user's file may change under the same name)."""
     if not cfg.sft.guided:
         return gold_data_path(cfg, home, key, home / "sft" / f"data-{key}.jsonl")
-    out = home / "sft" / f"data-{key}.jsonl"
+    gold_path = gold_data_path(cfg, home, key, home / "sft" / f"data-{key}-gold.jsonl")
+    out = home / "sft" / f"data-{key}-guided-{hashlib.sha256(gold_path.read_bytes()).hexdigest()[:12]}.jsonl"
     if out.exists():
         return out
     from arbor.format import get_protocol
     from arbor.tasks.env.sft_data import read_sft_data, write_jsonl
     from arbor.tasks.methods.coreact.sft import guided_sft_rows
 
-    gold = read_sft_data(gold_data_path(cfg, home, key, home / "sft" / f"data-{key}-gold.jsonl"))
+    gold = read_sft_data(gold_path)
     guided, figures = guided_sft_rows(gold, cfg.sft.guided, cfg.run.seed, get_protocol(cfg.rollout.protocol),
                                       max(1, cfg.rollout.max_searches), cfg.guidance)
     print(f"SFT: sft.guided={cfg.sft.guided:g}: {figures['rows']:.0f} guided copies of {len(gold)} rows, "
@@ -79,8 +81,8 @@ def sft_data_path(cfg: ArborConfig, home: Path, key: str) -> Path:
 
 
 def gold_data_path(cfg: ArborConfig, home: Path, key: str, out: Path) -> Path:
-    """The gold SFT JSONL (written at ``out`` when built here): a user's file (under a staged protocol: its rows staged and given reflection rows,
-    ``tasks.env.sft_data.build_user_sft_data``), data synthesised from a named question split
+    """The gold SFT JSONL (written at ``out`` when built here): a user's file (under a staged protocol: its rows
+    staged and given reflection rows, ``tasks.env.sft_data.build_user_sft_data``), data synthesised from a named question split
     (``synth:offline:train``), or a registered source's own data (``<prefix>:<name>``, ``tasks.env.sources``)."""
     spec = cfg.sft.data
     if not spec.startswith("synth:") and (found := spec_source(spec)):

@@ -227,7 +227,7 @@ def test_sft_guided_adds_guided_copies_and_keeps_the_keys_of_unguided_starts(set
     plain = load_config("tiny-cpu", {"sft.data": str(data)})
     cfg = load_config("tiny-cpu", {"sft.data": str(data), "sft.guided": 0.5})
     out = sft_data_path(cfg, tmp_path / "home", sft_key(cfg))
-    assert out == tmp_path / "home" / "sft" / f"data-{sft_key(cfg)}.jsonl"
+    assert out.parent == tmp_path / "home" / "sft" and out.name.startswith(f"data-{sft_key(cfg)}-guided-")
     rows = read_sft_data(out, "arbor")
     copies = rows[len(gold):]
     assert rows[: len(gold)] == gold and 10 < len(copies) < 50
@@ -242,6 +242,9 @@ def test_sft_guided_adds_guided_copies_and_keeps_the_keys_of_unguided_starts(set
         assert re.sub(r"\n\nStep rubric for your next step:.*?\n(?=</result>)", "\n", c["response"],
                       flags=re.DOTALL) == g["response"]  # the gold response around the placed rubrics
     assert sft_data_path(cfg, tmp_path / "home", sft_key(cfg)) == out  # reused
+    write_jsonl(gold[:30], data)  # the user's file changed under the same name: written again
+    again = sft_data_path(cfg, tmp_path / "home", sft_key(cfg))
+    assert again != out and read_sft_data(again)[:30] == gold[:30] and len(read_sft_data(again)) < len(rows)
     assert sft_key(plain) == sft_key(load_config("tiny-cpu", {"sft.data": str(data), "sft.guided": 0}))
     assert len({sft_key(plain), sft_key(cfg), sft_key(load_config("tiny-cpu", {
         "sft.data": str(data), "sft.guided": 0.5, "guidance.tau": 0.7}))}) == 3

@@ -2,7 +2,7 @@
 SmolLM2-135M-Instruct on the CPU. ``tests/test_vllm_contract.py`` checks every request against vLLM 0.33's source and
 a restatement of it; here the real server answers: arbor's launch line, completions with token ids and processed
 log-probs, the ``reload`` weight sync (served weights checked moved and restored), the restore after a failed
-reload, a two-step ``smol-vllm`` run syncing by reload, the ``restart`` sync (the old process group gone), and a
+reload, a two-step ``smol-vllm`` run syncing by reload and resumed after a SIGKILL mid-sync, the ``restart`` sync (the old process group gone), and a
 killed server reported in one line.
 
 One server start for the module (~35 s on two idle cores) plus the one restart the restart sync costs; tiny prompts
@@ -165,27 +165,38 @@ def test_a_failed_reload_restores_the_last_good_weights_before_any_generation(se
     assert served["server"].proc.poll() is None
 
 
-def test_smol_vllm_two_steps_sync_by_reload_each_step(served, monkeypatch: pytest.MonkeyPatch,
-                                                      smol_home: Path) -> None:
-    """The smol-vllm profile's run, its rollouts on the real server, two steps, each followed by a reload of the
-    exported merged weights: rollouts of step 2 carry version 1 and the server ends confirmed at version 2, serving
-    the last export. (Untrained SmolLM2 on 2 x 2 rollouts scores every answer 0: zero-variance groups, no gradient,
-    so the weights need not move here; that a reload moves the served weights is the reload test's.)"""
+def test_smol_vllm_killed_mid_sync_resumes_and_syncs_by_reload_each_step(served, smol_home: Path, tmp_path: Path,
+                                                                        prefect_harness: None) -> None:
+    """The smol-vllm profile's run, its rollouts on the real server, SIGKILLed in the middle of step 1's reload sync
+    (``ARBOR_FAULT=1:sync:kill-mid``: after ``/pause``, before the reload), which leaves the server paused on version
+    0. The resumed run reloads its policy before any rollout (which resumes the server), runs step 2 on version 1 and
+    ends confirmed at version 2, serving the last export. (Untrained SmolLM2 on 2 x 2 rollouts scores every answer 0:
+    zero-variance groups, no gradient, so the weights need not move here; that a reload moves the served weights is
+    the reload test's.)"""
+    from flow_support import train_until_killed
+
     from arbor.flows.train import arbor_train
     from arbor.storage.parquet import read_table
     from arbor.tasks.training.vllm_sync import VllmControl
 
-    monkeypatch.setenv("ARBOR_HOME", str(smol_home))
     over = {"run.steps": 2, "run.eval_every": None, "rollout.batch_size": 2, "rollout.k": 2,
             "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2, "run.sft_warm_start": False,
             "cluster.manage_vllm": False, "rollout.base_url": served["url"], "cluster.vllm_executable": str(VLLM)}
     t0 = time.perf_counter()
-    assert arbor_train(profile="smol-vllm", overrides=over, run_id="vllm") == "vllm"
-    TIMINGS["smol-vllm 2 steps s"] = time.perf_counter() - t0
+    child = {k: "null" if v is None else v for k, v in over.items()}  # `--set` values are YAML
+    train_until_killed(smol_home, "vllm", child, "1:sync:kill-mid", tmp_path / "killed.log", profile="smol-vllm")
+    http = VllmControl(served["url"])
+    assert http.call("GET", "/is_paused") == {"is_paused": True} and http.weight_version() == "0"
+    os.environ["ARBOR_HOME"] = str(smol_home)
+    try:
+        assert arbor_train(profile="smol-vllm", overrides=over, run_id="vllm", resume=True) == "vllm"
+    finally:
+        del os.environ["ARBOR_HOME"]
+    TIMINGS["smol-vllm 2 steps, killed and resumed s"] = time.perf_counter() - t0
     trajs = read_table("trajectories", run_id="vllm", home=smol_home).to_pylist()
     assert sorted({(t["step"], t["policy_version"]) for t in trajs}) == [(1, 0), (2, 1)]
     assert all(t["rollout_logprobs"] and len(t["rollout_logprobs"]) == len(t["response_ids"]) for t in trajs)
-    assert VllmControl(served["url"]).weight_version() == "2"
+    assert http.call("GET", "/is_paused") == {"is_paused": False} and http.weight_version() == "2"
     sync_dir = smol_home / "trainer" / "vllm" / "sync"
     assert sorted(p.name for p in sync_dir.iterdir()) == ["policy_v000002"]  # earlier exports removed
 

@@ -40,6 +40,8 @@ from typing import Any, Protocol
 import httpx
 import torch
 
+from arbor.tasks.stages import fault_point
+
 DEFAULT_PACKED_BUFFER_BYTES = 1 << 30  # vllm/distributed/weight_transfer/packed_tensor.py
 UPDATE_INFO_KEYS = ("names", "dtype_names", "shapes")  # NCCLWeightTransferUpdateInfo's fields, nothing else
 
@@ -440,6 +442,7 @@ def reload_sync(http: VllmControl, path: str | Path, version: int | str, *, rese
     t0 = time.perf_counter()
     v = str(version)
     http.pause("keep")
+    fault_point(int(v) if v.isdigit() else -1, "sync", "mid")  # ARBOR_FAULT=N:sync:kill-mid: the server left paused
     http.reload_weights(path)
     http.set_weight_version(v)
     http.confirm_version(v)

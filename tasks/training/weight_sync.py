@@ -168,10 +168,11 @@ class ReloadSync:
         except VllmSyncError as e:
             raise VllmSyncError(f"reloading {path} as policy version {version} failed: {e}; "
                                 f"{self.restore()}") from e
-        previous, self.last_good, self.last_version = self.last_good, path, version
-        if (previous is not None and previous != path and previous.parent == path.parent
-                and previous.name.startswith("policy_v")):
-            shutil.rmtree(previous, ignore_errors=True)  # an earlier export of this sync folder, no longer served
+        self.last_good, self.last_version = path, version
+        if path.name.startswith("policy_v"):  # the other exports of this sync folder are no longer served, those of
+            for old in path.parent.glob("policy_v*"):  # a process killed mid-sync included
+                if old != path and old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
         return report
 
     def restore(self) -> str:

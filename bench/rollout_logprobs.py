@@ -23,11 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def gaps(model: torch.nn.Module, trajs: list[dict], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log pi_old - log pi_rollout, pi_old's log-probs) over the policy tokens of ``trajs``, in order."""
+def gaps(model: torch.nn.Module, trajs: list[dict], temperature: float) -> torch.Tensor:
+    """log pi_old - log pi_rollout over the policy tokens of ``trajs``, in order."""
     from arbor.tasks.training.losses import token_logprobs
 
-    out, old = [], []
+    out = []
     for t in trajs:
         ids = torch.tensor(t["prompt_ids"] + t["response_ids"])[None]
         with torch.no_grad():
@@ -35,8 +35,7 @@ def gaps(model: torch.nn.Module, trajs: list[dict], temperature: float) -> tuple
         lp = token_logprobs(logits, torch.tensor(t["response_ids"]))
         mask = torch.tensor(t["loss_mask"], dtype=torch.bool)
         out.append(lp[mask] - torch.tensor(t["rollout_logprobs"])[mask])
-        old.append(lp[mask])
-    return torch.cat(out), torch.cat(old)
+    return torch.cat(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     model, _ = load_policy(start, "float32", home=home, policy_cfg=cfg.policy)
     model.eval()
     temperature = scoring_temperature(cfg.rollout.temperature)
-    d, old = gaps(model, trajs, temperature)
+    d = gaps(model, trajs, temperature)
     w = torch.exp(d)
     q = torch.quantile(d.abs(), torch.tensor([0.5, 0.9, 0.99]))
     print(f"run {args.run_id} step {args.step}: {len(trajs)} trajectories, {d.numel()} policy tokens, scored by "

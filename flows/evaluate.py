@@ -10,7 +10,6 @@ steps on a fixed small split.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -100,12 +99,13 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
 
 def paired_difference(pairs: list[tuple[float, float]]) -> tuple[float, float, int]:
     """(mean, standard error, n) of ``after - before`` over paired values (a question's unguided and guided F1):
-    the sample standard deviation of the differences over sqrt(n); the error is nan below two pairs."""
-    d = [after - before for before, after in pairs]
-    n = len(d)
-    mean = sum(d) / n if n else float("nan")
-    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1) / n) if n > 1 else float("nan")
-    return mean, se, n
+    ``mean_se`` of the differences; the error is nan below two pairs."""
+    from arbor.tasks.reporting.curves import mean_se
+
+    m = mean_se([after - before for before, after in pairs])
+    if m is None:
+        return float("nan"), float("nan"), 0
+    return m.mean, m.se if m.n > 1 else float("nan"), m.n
 
 
 def format_guided(run_id: str, home: Path) -> str:

@@ -64,6 +64,7 @@ WHOLE_CONFIG: dict[str, str] = {
     # flows: the composition roots
     "flows/sft.py::sft_key": "the SFT start's key: seven sections",
     "flows/sft.py::sft_data_path": "data, rollout, run and sft, and the data source",
+    "flows/sft.py::gold_data_path": "rollout, run and sft, and hands it to the data source (Source.sft_data)",
     "flows/sft.py::sft_checkpoint": "the SFT flow's root",
     "flows/sft.py::launch_sft": "writes the whole config for the SFT process group",
     "flows/run_setup.py::start_checkpoint": "policy, rollout and run, and hands it to the SFT flow",
@@ -109,4 +110,4 @@ def test_the_walk_finds_a_method_and_a_function() -> None:
     found = whole_config_functions()
     assert "tasks/training/train.py::Trainer.__init__" in found and "flows/run_setup.py::open_run" in found
     assert "arbor/preflight/serving.py::weight_sync_plan" not in found  # takes cluster and rollout
-    assert len(found) == len(WHOLE_CONFIG) == 47
+    assert len(found) == len(WHOLE_CONFIG) == 48

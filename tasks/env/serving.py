@@ -49,7 +49,8 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
     (``repetition_penalty``, ``min_p``, ``top_k``, ...) as sampling defaults, and with ``processed_logprobs`` the
     returned log-probs, and so the importance weights, would be those of a distribution arbor never asked for
     (``vllm/config/model.py::get_diff_sampling_param``). On the CPU: ``--enforce-eager`` (compiling costs 100-145 s
-    of start on two cores, eager 33-41 s), bf16 weights and a KV cache of ``cluster.vllm_cpu_kvcache_gib``."""
+    of start on two cores, eager 33-41 s), bf16 weights, a KV cache of ``cluster.vllm_cpu_kvcache_gib``, and no
+    chunked prefill (below)."""
     c = cfg.cluster
     tp = c.vllm_tensor_parallel
     if c.rollout_gpus and len(c.rollout_gpus) % tp:
@@ -73,7 +74,13 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
     if c.weight_sync == "nccl":
         argv += ["--weight-transfer-config", '{"backend": "nccl"}']
     if cpu:
-        argv.append("--enforce-eager")
+        # no partial prefills on the CPU: for a seeded request whose prefill was cut this step, vLLM rewinds its
+        # sampler's generator (`v1/worker/gpu_model_runner.py:3494-3502` of the 0.32.0 CPU wheel, `set_offset`),
+        # which torch's CPU generator refuses ("CPU Generator does not use offset"), killing the engine: every
+        # rollout request is seeded, and a batch's prefills pass the CPU's 2,048-token step budget at once. Without
+        # chunking, a step must hold one whole prompt: the budget is at least the context.
+        argv += ["--enforce-eager", "--no-enable-chunked-prefill",
+                 "--max-num-batched-tokens", str(max(2048, cfg.rollout.max_context_tokens))]
     argv += c.vllm_extra_args
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if c.rollout_gpus:

@@ -45,7 +45,9 @@ def sft_key(cfg: ArborConfig) -> str:
              "data": cfg.data.model_dump(mode="json", exclude={"require_answers"} if cfg.data.require_answers else None),
              # how long a search may stay silent does not change what it returns (issue 60 added it)
              "search": cfg.search.model_dump(mode="json", exclude={"stall_s"}), "seed": cfg.run.seed,
-             "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens}
+             "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens,
+             # the micro-batch cut (issue 60: SFT on the RL trainer's packer re-keyed every start once)
+             "packer": "pack_micro_batches"}
     if cfg.rollout.system_prompt:  # SFT tokenises with the run's prompt; unset keeps the earlier keys
         parts["system_prompt"] = cfg.rollout.system_prompt
     if cfg.rollout.protocol != "arbor":  # the rows' tags and the built-in prompt; arbor keeps the earlier keys

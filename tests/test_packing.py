@@ -13,7 +13,6 @@ from arbor.tasks.training.packing import (
     Micro,
     make_micro,
     pack_by_lengths,
-    pack_by_tokens,
     pack_micro_batches,
     pack_rows,
     packing_mode,
@@ -40,6 +39,24 @@ def sequences(lengths: list[tuple[int, int]], seed: int = 1) -> tuple[list[list[
     masks = [[0 if 2 <= j < 4 and r > 5 else 1 for j in range(r)] for _, r in lengths]
     lps = [(-torch.rand(r, generator=g) * 3 - 1).tolist() for _, r in lengths]
     return prompts, responses, masks, lps
+
+
+def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """The plain greedy padded packer (SFT's until issue 60), kept as the reference ``pack_by_lengths`` is held to:
+    longest first, a new micro-batch when count x longest would pass ``max_tokens``."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        if cur and max(cur_max, lengths[i]) * (len(cur) + 1) > max_tokens:
+            bins.append(cur)
+            cur, cur_max = [], 0
+        cur.append(i)
+        cur_max = max(cur_max, lengths[i])
+    if cur:
+        bins.append(cur)
+    return bins
 
 
 def score(head: PolicyHead, m: Micro, entropy: str = "none") -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,6 +102,40 @@ def test_sft_lowers_the_loss_and_saves_a_loadable_checkpoint(tiny_dir: Path, tmp
     assert nll(model) < nll(base)
 
 
+def test_the_first_update_scores_packed_rows_as_each_sequence_alone(tiny_dir: Path, tmp_path: Path) -> None:
+    """SFT cuts its batches with the RL trainer's packer (issue 60): two short sequences share a row behind a long
+    one's, and the first update's loss (every micro-batch scored before the step) equals the masked NLL of each
+    sequence scored alone by the start model, over the batch's loss tokens. A row scored without its position ids
+    (the short ones attending to each other) or a mask cut wrongly moves it."""
+    from arbor.tasks.training.packing import pack_micro_batches, packing_mode
+
+    long_row = {**ROWS[0], "response": "<think>" + "I should look it up carefully. " * 40 + "</think>\n"
+                + ROWS[0]["response"]}
+    rows = [long_row, ROWS[1], {**ROWS[1], "question": "Which city is the capital of France?"}]
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config("tiny-cpu", {"sft.epochs": 1, "sft.batch_size": 3, "sft.lr": 1e-3})
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    examples, _ = tokenize_rows(rows, tok, cfg.sft.max_length, cfg.rollout.system_prompt, cfg.rollout.protocol)
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir).float()
+    lengths = [e.length for e in examples]
+    assert packing_mode(base) == "packed"
+    cut = pack_micro_batches(lengths, cfg.train.micro_batch_tokens, "packed")
+    assert any(len(row) == 2 for mb in cut for row in mb), cut  # two sequences end to end in one row
+    nll, n_tok = 0.0, 0
+    for e in examples:
+        with torch.no_grad():
+            logits = base(input_ids=torch.tensor([e.prompt_ids + e.response_ids])).logits[0].float()
+        lp = torch.log_softmax(logits[len(e.prompt_ids) - 1 : -1], -1)
+        lp = lp.gather(-1, torch.tensor(e.response_ids)[:, None])[:, 0]
+        mask = torch.tensor(e.loss_mask, dtype=torch.float32)
+        nll -= float((lp * mask).sum())
+        n_tok += int(mask.sum())
+    summary = run_sft(cfg, tiny_dir, data, tmp_path / "out", home=tmp_path)
+    assert summary["updates"] == 1
+    assert summary["first_loss"] == pytest.approx(nll / n_tok, rel=1e-5)
+
+
 def test_bad_jsonl_names_file_and_line(tiny_dir: Path, tmp_path: Path) -> None:
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps(ROWS[0]) + "\n" + '{"question": "q"}\n')

@@ -4,8 +4,8 @@ A mini-batch is cut into micro-batches of at most ``train.micro_batch_tokens`` p
 keep sequences apart by their position ids (``packing_mode``: sdpa and eager ``packed``, flash attention ``varlen``),
 several sequences are laid end to end in a row (``pack_rows``), their position ids restarting at 0; elsewhere each
 sequence gets a right-padded row of its own, similar lengths together (``pack_by_lengths``). ``make_micro`` builds a
-micro-batch's tensors either way, with the flat list of loss positions the policy head scores. ``pack_by_tokens`` is
-the plain greedy packer (the SFT warm start).
+micro-batch's tensors either way, with the flat list of loss positions the policy head scores. The RL update and
+the SFT warm start both cut their batches with ``pack_micro_batches`` (issue 60: one packer).
 """
 
 from __future__ import annotations
@@ -16,31 +16,10 @@ from typing import Any
 import torch
 
 
-def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Micro-batches of sequence indices whose padded size (count x longest) stays within ``max_tokens``.
-
-    Sequences are taken longest first (less padding); one longer than the budget gets a micro-batch of its own."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    bins: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and new_max * (len(cur) + 1) > max_tokens:
-            bins.append(cur)
-            cur, cur_max = [], 0
-            new_max = lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        bins.append(cur)
-    return bins
-
-
 def pack_by_lengths(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Padded micro-batches of sequences of similar lengths (issue 48 item 3, the fallback where the attention
-    cannot keep packed sequences apart): as few micro-batches as ``pack_by_tokens`` makes, cut where they waste the
-    fewest padded tokens.
+    cannot keep packed sequences apart): as few micro-batches as greedy longest-first filling makes, cut where they
+    waste the fewest padded tokens.
 
     Sequences are sorted longest first and cut into runs; a run of n costs n x its first (longest) length, which
     must stay within ``max_tokens`` (a sequence longer than the budget gets a micro-batch of its own). Among the

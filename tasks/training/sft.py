@@ -38,7 +38,7 @@ from arbor.tasks.training.engine import (
     prebuild_deepspeed_ops,
     read_deepspeed_json,
 )
-from arbor.tasks.training.packing import make_micro, pack_by_tokens
+from arbor.tasks.training.packing import make_micro, pack_micro_batches, packing_mode
 from arbor.tasks.training.recompute import MemoryBudget
 from arbor.timefmt import duration
 
@@ -136,6 +136,7 @@ def run_sft(
     memory = MemoryBudget(max(tc.micro_batch_tokens, sc.max_length), tc.memory_budget_gib, tc.memory_fraction)
     model = load_model(model_path, bf16=sc.bf16, ds_config=ds_config, gradient_checkpointing=tc.gradient_checkpointing,
                        lora=cfg.policy.lora, seed=cfg.run.seed, memory=memory)  # policy.lora: adapters; save_hf merges them
+    packing = packing_mode(model)
     init_group(cfg)
     engine = build_engine(model, ds_config=ds_config, lr=sc.lr, weight_decay=sc.weight_decay, betas=tc.betas,
                           schedule=sc.lr_schedule, warmup_steps=int(sc.warmup_ratio * total), total_steps=total)
@@ -158,17 +159,21 @@ def run_sft(
                 stopped = True
                 break
             n_tok = float(sum(sum(examples[i].loss_mask) for i in idx))
-            micro = [[idx[j] for j in mb] for mb in pack_by_tokens([examples[i].length for i in idx],
-                                                                    tc.micro_batch_tokens)]
+            # the RL trainer's packer (issue 60): rows of sequences laid end to end where the attention keeps them
+            # apart, else one padded sequence a row
+            micro = [[[idx[j] for j in row] for row in mb]
+                     for mb in pack_micro_batches([examples[i].length for i in idx], tc.micro_batch_tokens, packing)]
             mine = micro[rank::world]
             mine += [[] for _ in range(math.ceil(len(micro) / world) - len(mine))]
             step_loss = 0.0
             for k, mb in enumerate(mine):
                 engine.set_gradient_accumulation_boundary(k == len(mine) - 1)
-                sub = [examples[i] for i in mb] if mb else [examples[idx[0]]]
+                flat = [i for row in mb for i in row]
+                sub = [examples[i] for i in flat] if flat else [examples[idx[0]]]
+                layout = [len(row) for row in mb] if mb and packing != "padded" else None
                 m = make_micro([e.prompt_ids for e in sub], [e.response_ids for e in sub],
-                               [e.loss_mask for e in sub], dummy=not mb).to(engine.device)
-                logp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets)
+                               [e.loss_mask for e in sub], dummy=not mb, layout=layout).to(engine.device)
+                logp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
                 loss = sft_loss(logp, m.mask, n_tok) * world
                 engine.backward(loss, scale_wrt_gas=False)
                 engine.step()

@@ -302,8 +302,9 @@ def test_an_update_the_server_refuses_ends_the_sync_with_what_to_fix(trainer: Tr
     sd = trainer.state_dict_for_sync()
     with scripted(qwen_cfg(), weights=zeros_like(sd), lose_session_after_start=True, gloo_timeout_s=5) as server:
         sync = client(server, packed=False, gloo_timeout_s=5)
-        with pytest.raises(VllmSyncError, match=r"start_weight_update must be called before update_weights.*re-init"):
+        with pytest.raises(VllmSyncError, match=r"start_weight_update must be called before update_weights.*re-init") as e:
             push_state_dict(sync, trainer)
+        assert str(e.value).endswith("its resume pushes the whole policy again before its first rollout")
         assert server.weight_version == "default" and not sync.ready
         http = VllmControl(server.base_url)
         with pytest.raises(VllmSyncError, match=r"finish_weight_update called without a matching start"):

@@ -73,6 +73,13 @@ _HINTS: list[tuple[int | None, str, str]] = [
 ]
 
 
+# after a failed /update_weights (issue 59): vLLM 0.33 ends the update session (gpu_worker.py:1620-1623) without
+# putting back the layers already received, and the trainer holds only the new weights, so the whole policy is pushed
+# again, on resume, before anything generates (flows/run_setup.py::restore_policy syncs before the first rollout)
+PARTLY_UPDATED = ("The served weights may be partly overwritten (vLLM does not restore them): the run stops before "
+                  "any rollout on them, and its resume pushes the whole policy again before its first rollout")
+
+
 def explain(method: str, route: str, status: int, text: str) -> str:
     """One line: what vLLM answered to ``method route`` and what to change."""
     for code, needle, hint in _HINTS:
@@ -415,8 +422,10 @@ class VllmWeightSync:
         self.http.call("POST", "/start_weight_update")
         try:
             total = self._send(info, named_tensors)
-        except BaseException:
+        except BaseException as e:
             self.ready = False  # the group may be left mid-collective: the next sync initialises it again
+            if isinstance(e, VllmSyncError):
+                raise VllmSyncError(f"{e}. {PARTLY_UPDATED}") from e
             raise
         v = str(version)
         self.http.call("POST", "/finish_weight_update", {"weight_version": v})

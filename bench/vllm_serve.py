@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -50,16 +49,11 @@ from arbor.tasks.env.policy import load_policy, resolve_model  # noqa: E402
 from arbor.tasks.env.rollout import OpenAIEngine, TransformersEngine  # noqa: E402
 from arbor.tasks.env.search import make_search  # noqa: E402
 from arbor.tasks.env.serving import Supervised, vllm_serve_spec  # noqa: E402
+from arbor.tasks.training.trainer_service import free_port  # noqa: E402
 from arbor.tasks.training.vllm_sync import VllmControl  # noqa: E402
 from arbor.tasks.training.weight_sync import ReloadSync  # noqa: E402
 
 VLLM = ROOT / ".venv-vllm" / "bin" / "vllm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cap_search(engine) -> None:
@@ -143,12 +137,11 @@ def main() -> None:
     server.start()
     start_s = time.perf_counter() - t0
     print(f"server healthy in {start_s:.1f} s ({' '.join(spec.argv[1:])})", flush=True)
-    model = tokenizer = None
     try:
         model, tokenizer = load_policy(str(src), cfg.policy.dtype, "cpu", home=home, policy_cfg=cfg.policy)
         prompt = tokenizer("The capital of France is")["input_ids"]
-        served_name = OpenAIEngine(cfg, tokenizer, search, base_url=spec.base_url).served_model
         vllm_engine = OpenAIEngine(cfg, tokenizer, search, base_url=spec.base_url)
+        served_name = vllm_engine.served_model
         cap_search(vllm_engine)
         vllm_runs = rollout_rates(vllm_engine, questions, args.k, args.repeats, "vllm serve")
 

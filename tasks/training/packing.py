@@ -117,6 +117,12 @@ def pack_micro_batches(lengths: list[int], max_tokens: int, packing: str) -> lis
     return pack_rows(lengths, max_tokens, one_row=packing == "varlen")
 
 
+def row_layout(rows: list[list[int]] | None, packing: str) -> list[int] | None:
+    """``make_micro``'s ``layout`` for a micro-batch's rows (``pack_micro_batches``): how many sequences each row
+    holds, or None where rows are padded one sequence each (and for no or an empty micro-batch)."""
+    return [len(r) for r in rows] if rows and packing != "padded" else None
+
+
 @dataclass
 class Micro:
     """One micro-batch: padded sequences (or packed rows: ``pos`` set, ``att`` None; issue 48 item 3) plus the

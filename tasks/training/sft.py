@@ -38,7 +38,7 @@ from arbor.tasks.training.engine import (
     prebuild_deepspeed_ops,
     read_deepspeed_json,
 )
-from arbor.tasks.training.packing import make_micro, pack_micro_batches, packing_mode
+from arbor.tasks.training.packing import make_micro, pack_micro_batches, packing_mode, row_layout
 from arbor.tasks.training.recompute import MemoryBudget
 from arbor.timefmt import duration
 
@@ -170,9 +170,8 @@ def run_sft(
                 engine.set_gradient_accumulation_boundary(k == len(mine) - 1)
                 flat = [i for row in mb for i in row]
                 sub = [examples[i] for i in flat] if flat else [examples[idx[0]]]
-                layout = [len(row) for row in mb] if mb and packing != "padded" else None
                 m = make_micro([e.prompt_ids for e in sub], [e.response_ids for e in sub],
-                               [e.loss_mask for e in sub], dummy=not mb, layout=layout).to(engine.device)
+                               [e.loss_mask for e in sub], dummy=not mb, layout=row_layout(mb, packing)).to(engine.device)
                 logp, _ = engine(m.ids, m.att, m.rows, m.cols, m.targets, position_ids=m.pos)
                 loss = sft_loss(logp, m.mask, n_tok) * world
                 engine.backward(loss, scale_wrt_gas=False)

@@ -46,7 +46,7 @@ from arbor.tasks.training.engine import (
 )
 from arbor.tasks.training.head import PolicyHead, scoring_temperature
 from arbor.tasks.training.losses import LossOut, policy_loss
-from arbor.tasks.training.packing import Micro, make_micro, pack_micro_batches, packing_mode
+from arbor.tasks.training.packing import Micro, make_micro, pack_micro_batches, packing_mode, row_layout
 from arbor.tasks.training.pi_old import old_pass_members, pi_old_at
 from arbor.tasks.training.recompute import MemoryBudget
 from arbor.tasks.training.saver import CheckpointSaver
@@ -339,10 +339,9 @@ class Trainer:
     def _micro(self, trajs: list[Trajectory], dummy: bool = False,
                advantages: list[torch.Tensor] | None = None, rows: list[list[int]] | None = None) -> Micro:
         """``rows``: the micro-batch's rows (``pack_micro_batches``), laid out as packed rows unless padded."""
-        layout = [len(r) for r in rows] if rows and self.packing != "padded" else None
         return make_micro([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
                           [t.loss_mask for t in trajs], [t.rollout_logprobs for t in trajs], dummy,
-                          advantages, layout).to(self.device)
+                          advantages, row_layout(rows, self.packing)).to(self.device)
 
     def _pack(self, lengths: list[int]) -> list[list[list[int]]]:
         """Micro-batches (rows of indices into ``lengths``) for this model's ``packing`` (issue 48 item 3)."""

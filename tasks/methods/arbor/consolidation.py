@@ -81,10 +81,12 @@ class ConsolidationMixin(MemoryState):
                                             reason="cosine >= dedup_threshold"))
                 continue
             if len(self.P) >= self.cfg.pool_max:
-                matured = [r for r in self.P if self.stats[r].n_activations >= self.cfg.maturity]
+                unit = self.cfg.count_activations
+                matured = [r for r in self.P if self.stats[r].activations(unit) >= self.cfg.maturity]
                 if not matured:
                     self._emit(rec, self._event(step, "dropped", new, similarity=sim,
-                                                reason=f"pool full and no rubric has {self.cfg.maturity} activations"))
+                                                reason=f"pool full and no rubric has {self.cfg.maturity} "
+                                                       f"activations{' (steps)' if unit == 'step' else ''}"))
                     continue
                 victim = min(matured, key=lambda r: (self.stats[r].mean_variance, self.stats[r].birth))
                 self._emit(rec, self._event(step, "replaced", self.P[victim], other_rubric_id=new.rubric_id,

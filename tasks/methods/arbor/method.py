@@ -181,11 +181,15 @@ class Arbor(Method):
 
     def rubric_scores(self, run: StepResources, step: int, trajs: list[Trajectory]) -> RubricScores:
         """The active common rubrics' scores of each group, as the score stage stored them (a failed activation
-        counts as no score)."""
-        out = RubricScores()
+        counts as no score). ``memory.shaping_filter=batch``: the score stage decided each rubric's filter for the
+        whole step (its rows' ``kept``), so a rubric that failed it gives no score and one that passed enters every
+        group it scored, with no filter per group."""
+        batch = self.cfg.memory.shaping_filter == "batch"
+        out = RubricScores(delta_v=0.0 if batch else None)
         activations = run.store.load(step, "score", ("rubric_activations",))["rubric_activations"]
         for a in sorted(activations, key=lambda a: (a["group"], a["rubric_id"])):
-            out.per_group.setdefault(a["group"], []).append(None if a["judge_error"] else a["scores"])
+            dropped = a["judge_error"] or (batch and not a["kept"])
+            out.per_group.setdefault(a["group"], []).append(None if dropped else a["scores"])
         return out
 
     def consolidate(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:

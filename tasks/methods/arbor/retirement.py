@@ -7,9 +7,21 @@ from collections.abc import Iterable
 from typing import Any
 
 from arbor.tasks.methods.arbor.records import ACTIVATION_COLUMNS, Activation, Records
-from arbor.tasks.methods.arbor.rubric_stats import RHO_TOL
+from arbor.tasks.methods.arbor.rubric_stats import RHO_TOL, step_variance
 from arbor.tasks.methods.arbor.state import _ACTIVATE, _RETIRE, MemoryState
 from arbor.tasks.shaping import passes_variance
+
+
+def batch_filter(activations: Iterable[dict[str, Any]], delta_v: float) -> dict[str, bool]:
+    """§3.4, the shaping filter read per batch: a rubric passes for the whole step when its step-level variance, the
+    mean of its scored groups' within-group variances (``step_variance``), reaches delta_v; a rubric with no scored
+    group does not pass."""
+    per: dict[str, list[float]] = {}
+    for a in activations:
+        got = per.setdefault(a["rubric_id"], [])
+        if not a["judge_error"]:
+            got.append(float(a["variance"]))
+    return {rid: bool(v) and passes_variance(step_variance(v), delta_v) for rid, v in per.items()}
 
 
 class RetirementMixin(MemoryState):
@@ -50,6 +62,10 @@ class RetirementMixin(MemoryState):
             self._close_step(step)
             for row in rec.activations:
                 row["n_r_after"] = self.stats[row["rubric_id"]].n_r
+        if self.cfg.shaping_filter == "batch":  # §3.4's per-batch filter: one verdict per rubric for the step
+            passed = batch_filter(rec.activations, self.cfg.delta_v)
+            for row in rec.activations:
+                row["kept"] = not row["judge_error"] and passed[row["rubric_id"]]
         return rec
 
     # ---------------------------------------------------------------- 3. retirement (§3.3)

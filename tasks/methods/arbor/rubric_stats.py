@@ -35,7 +35,9 @@ class RubricStats:
     """Lifetime statistics of a common rubric (§3.3 Retirement), kept as sufficient statistics."""
 
     birth: int  # order of entry into P (older = smaller)
-    n_activations: int = 0
+    n_activations: int = 0  # scored groups
+    n_steps: int = 0  # steps in which it scored at least one group
+    scored_step: int | None = None  # the last such step
     n_r: int = 0  # consecutive low-variance activations
     sum_variance: float = 0.0
     n: int = 0  # pooled (score, F1) pairs over all activations
@@ -64,6 +66,10 @@ class RubricStats:
             return None
         cov = self.sxy / n - (self.sx / n) * (self.sy / n)
         return max(-1.0, min(1.0, cov / math.sqrt(vx * vy)))
+
+    def activations(self, unit: str) -> int:
+        """Its activations in the lifecycle's unit (``memory.count_activations``): scored groups or steps."""
+        return self.n_steps if unit == "step" else self.n_activations
 
     @property
     def mean_variance(self) -> float | None:

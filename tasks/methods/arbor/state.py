@@ -144,6 +144,8 @@ class MemoryState:
         xs = [p[0] for p in pairs]
         variance = group_variance(xs, self.cfg.variance)
         st = self.stats[rid]
+        if st.scored_step != step:
+            st.n_steps, st.scored_step = st.n_steps + 1, step
         st.add(xs, [p[1] for p in pairs], variance, self.cfg.delta_v, per_step=self.cfg.count_activations == "step")
         if st.over_kappa is None and exceeds_kappa(st.n_r, self.cfg.kappa):
             st.over_kappa = (step, group, st.n_r)

@@ -7,6 +7,8 @@ Written under ``{home}/reports/{run_id}/`` (``report.md`` and one PNG per figure
 - Table 3 (§4.5): most reused common rubrics, uses = query-groups scored (view ``rubric_reuse``).
 - Figure 5 (App. C.4): cumulative share of scoring events against the fraction of rubrics ranked by reuse, with the
   top-5% / top-20% shares (views ``rubric_reuse``, ``rubric_reuse_concentration``).
+- The lifecycle (§3.3, §3.4): the tie rate of pairwise verdicts, the shaping filter's pass share by group pattern and
+  each common rubric's lifetime (ARBOR's views ``verdict_ties``, ``filter_pass_by_pattern``, ``rubric_lifetimes``).
 - Rubric history (§3.3): each common rubric's within-group score variance and cumulative Pearson rho_r per step
   (view ``rubric_history``).
 - Consolidation lineage (App. D): each common rubric's drafts and the questions they were induced from
@@ -36,6 +38,9 @@ from arbor.paths import arbor_home
 
 TOP_RUBRICS = 10  # Table 3 rows (the paper shows the top 5)
 HISTORY_RUBRICS = 8  # rubrics drawn in the history figure (most used first)
+# the paper's Table 2, Qwen3-8B (§4.3): zero-variance group fractions under R_base and R_total over ARBOR training
+PAPER_TABLE2_QWEN3_8B = {"R_base": {"all_correct": 0.235, "all_wrong": 0.143, "mixed_uniform": 0.029, "total": 0.407},
+                         "R_total": {"all_correct": 0.162, "all_wrong": 0.056, "mixed_uniform": 0.016, "total": 0.234}}
 TABLE2_KINDS = (("all_correct", "All-corr."), ("all_wrong", "All-wrong"), ("mixed_uniform", "Mixed-uni."),
                 ("total", "Total"))
 
@@ -366,6 +371,49 @@ def judge_signal_panel(run_id: str, home: Any, queries: list[str]) -> list[str]:
             _sql_block(sql), ""]
 
 
+def lifecycle_panel(run_id: str, home: Any, queries: list[str]) -> list[str]:
+    """Why a row reads as it does (ARBOR's lifecycle): the tie rate of the judge's pairwise verdicts, the share of
+    (rubric, group) scorings that pass the shaping filter by group pattern, and each common rubric's lifetime
+    (views ``verdict_ties``, ``filter_pass_by_pattern``, ``rubric_lifetimes``); nothing for a run without
+    rubric scorings."""
+    from arbor.storage.sql import has_relation
+
+    if not has_relation("rubric_lifetimes", home=home):
+        return []
+    ties, sql_t = _query("verdict_ties_of_run", home, run_id=run_id)
+    passes, sql_p = _query("filter_pass_of_run", home, run_id=run_id)
+    lives, sql_l = _query("rubric_lifetimes_of_run", home, run_id=run_id)
+    if not (ties or passes or lives):
+        return []
+    queries += [sql_t, sql_p, sql_l]
+    md = ["## The lifecycle: ties, the shaping filter, rubric lifetimes (§3.3, §3.4)", ""]
+    if ties:
+        md += ["Ties among the judge's pairwise verdicts (failed calls apart), on edges whose base rewards are equal "
+               "(only a process difference can break them) and on decisive edges.", "",
+               _md_table(["Rubric", "Judged edges", "Tie rate", "Equal-outcome edges", "Tie rate there",
+                          "Decisive edges", "Tie rate there"],
+                         [[x["rubric_id"] or "(all)", str(x["judged_edges"]), _num(x["tie_rate"], "{:.1%}"),
+                           str(x["equal_outcome_edges"]), _num(x["tie_rate_equal_outcome"], "{:.1%}"),
+                           str(x["decisive_edges"]), _num(x["tie_rate_decisive"], "{:.1%}")] for x in ties]), "",
+               _sql_block(sql_t), ""]
+    if passes:
+        md += ["(Rubric, group) scorings that passed the shaping filter, by the group's pattern (mixed: the base "
+               "reward varies; the others are Table 2's zero-variance groups).", "",
+               _md_table(["Pattern", "Scorings", "Passed", "Pass share", "Judge errors", "Mean variance"],
+                         [[x["pattern"], str(x["scorings"]), str(x["passed"]), _num(x["pass_share"], "{:.1%}"),
+                           str(x["judge_errors"]), _num(x["mean_variance"], "{:.4f}")] for x in passes]), "",
+               _sql_block(sql_p), ""]
+    if lives:
+        md += ["Each common rubric's lifetime: steps in which it scored, uses (query-groups scored, Table 3's count) "
+               "and uses whose scores passed the filter.", "",
+               _md_table(["Rubric", "Title", "Entered", "Left", "Status", "Steps active", "Uses", "Kept uses",
+                          "Reason"],
+                         [[x["rubric_id"], x["title"] or "", str(x["entered_step"]), _num(x["left_step"], "{}"),
+                           x["status"], str(x["steps_active"]), str(x["uses"]), str(x["kept_uses"]),
+                           x["reason"] or ""] for x in lives]), "", _sql_block(sql_l), ""]
+    return md
+
+
 def judge_health_section(run_id: str, home: Any) -> tuple[list[str], str]:
     """The report's judge-health panel (issue 62; view ``judge_health``): per step and role, the calls answered,
     cached, failed and refused, the commonest failure and refusal, and the groups the judge answered about. Empty
@@ -420,8 +468,11 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
         rows = [["R_base"] + [_pct(t2.base[k]) for k, _ in TABLE2_KINDS],
                 ["R_total"] + [_pct(t2.total[k]) for k, _ in TABLE2_KINDS],
                 ["Delta_rel"] + [_pct(t2.rel[k], signed=True) for k, _ in TABLE2_KINDS]]
+        rows += [[f"Paper, Qwen3-8B, {r}"] + [_pct(PAPER_TABLE2_QWEN3_8B[r][k]) for k, _ in TABLE2_KINDS]
+                 for r in ("R_base", "R_total")]
         md += [_md_table(["Reward"] + [lab for _, lab in TABLE2_KINDS], rows), "",
-               f"{t2.n_groups} query-groups over the run. Delta_rel = (R_total - R_base) / R_base.", ""]
+               f"{t2.n_groups} query-groups over the run. Delta_rel = (R_total - R_base) / R_base. The paper's rows "
+               "are its Table 2 for Qwen3-8B over ARBOR training, for scale.", ""]
         figures["table2"] = out / "table2_zero_variance.png"
         _plot_table2(t2, figures["table2"])
         md += [f"![zero-variance groups]({figures['table2'].name})", "", _sql_block(t2.sql), ""]
@@ -519,6 +570,7 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
     from arbor.storage.sql import has_relation
 
     md += judge_signal_panel(run_id, home_p, queries)
+    md += lifecycle_panel(run_id, home_p, queries)
 
     calib, sql_cal = (_query("mu_calibration_of_run", home_p, run_id=run_id)
                       if has_relation("mu_calibration", home=home_p) else ([], ""))

@@ -4,8 +4,11 @@
                       graph's edge (i, j: sample indices), its outcome (1 i wins, 0.5 tie, 0 j wins, null failed) and
                       the two trajectories' base rewards, so that a verdict can be set against the outcome order
 
-View (``sql/``): ``judge_signal_quality`` — is my judge helping? Per step and active rubric: agreement of its
+Views (``sql/``): ``judge_signal_quality`` — is my judge helping? Per step and active rubric: agreement of its
 verdicts with the outcome order in mixed groups, what shaping moved in zero-variance groups, admission counts.
+``verdict_ties`` — the tie rate of pairwise verdicts; ``filter_pass_by_pattern`` — the share of (rubric, group)
+scorings that pass the shaping filter, by group pattern; ``rubric_lifetimes`` — each common rubric's steps active,
+uses and how it left the pool.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import pyarrow as pa
 from arbor.storage.schemas import F64, I64, TableSet, col, key
 
 SQL = Path(__file__).parent / "sql"
+# the lifecycle's diagnostics beside "is my judge helping?": ties, the filter by group pattern, lifetimes
+VIEWS = ("judge_signal_quality", "verdict_ties", "filter_pass_by_pattern", "rubric_lifetimes")
 
 RUBRIC_VERDICTS = pa.schema([
     key("run_id"), key("step", I64), key("group", I64), key("rubric_id"), key("edge", I64), col("i", I64),
@@ -24,7 +29,7 @@ RUBRIC_VERDICTS = pa.schema([
 ])
 
 TABLES = TableSet(owner="arbor", schemas={"rubric_verdicts": RUBRIC_VERDICTS},
-                  views=(SQL / "judge_signal_quality.sql",))
+                  views=tuple(SQL / f"{v}.sql" for v in VIEWS))
 
 
 def verdict_rows(group: int, rubric_id: str, base_rewards: list[float], edges: tuple[tuple[int, int], ...],

@@ -158,7 +158,7 @@ def run_step(run: RunState, step: int) -> dict[str, Any]:
         run.trainer.maybe_save(step)                                # the engine kept for this rollout
         run.sync_weights()
     every = run.cfg.run.eval_every
-    if every and step % every == 0:
+    if (every and step % every == 0) or (run.cfg.run.eval_final and step == run.cfg.run.steps):
         call_stage(EVAL, run, step)
     metrics = _rows(run, ref, "steps")[0]
     publish_step(run, step, metrics)

@@ -306,6 +306,35 @@ def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness, fmt: str)
     assert len(evals) == 4  # 2 questions x 1 run at each evaluated step
 
 
+def test_eval_final_evaluates_the_final_policy_and_reports_table1(tmp_path: Path, prefect_harness) -> None:
+    """run.eval_final (the paper profiles' Table 1): no in-run cadence, the final policy alone is evaluated, as the
+    last step's eval stage; the report's Table 1 shows it, per split, as eval_summary reads it."""
+    import json
+
+    from arbor.storage.sql import run_file
+    from arbor.tasks.reporting.report import build_report
+
+    data, fields = _question_rows("jsonl", tmp_path)
+    corpus = tmp_path / "my_corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
+                              + "\n" for i in range(20)))
+    home = tmp_path / "home"
+    o = {"run.steps": 2, "run.sft_warm_start": False, "data.train": data, "search.corpus": str(corpus),
+         "rollout.batch_size": 2, "rollout.k": 2, "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2,
+         "run.method": "grpo", "data.eval": data, "run.eval_final": True, "run.eval_size": 3, "run.eval_runs": 2,
+         **fields}
+    _train(home, "final", o)
+    evals = table("eval_results", "final", home)
+    assert sorted({(e["step"], e["checkpoint"]) for e in evals}) == [(2, "policy-v2")] and len(evals) == 6
+    summary = run_file("eval_summary_of_runs", {"run_ids": ["final"]}, home=home)
+    assert len(summary) == 1 and summary[0]["n_questions"] == 3
+    md = build_report("final", home=home).markdown.read_text()
+    assert "## Table 1: the final evaluation on the test splits" in md
+    f1 = f"{100 * summary[0]['strict_f1']:.1f} ± "
+    f1_table = md.split("**F1**")[1].split("**LLM-judge acc.**")[0]
+    assert f"| final | {f1}" in f1_table, f1_table
+
+
 def test_plugins_run_one_step(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:
     """reward.fn, search.backend and judge.backend by import path (issue 14 item 1): one step through the flow. The
     SFT-started policy searches (a randomly initialised one never writes a search call, so the plug-in search

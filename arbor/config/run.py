@@ -21,6 +21,8 @@ class RunConfig(Section):
     eval_every: int | None = Field(None, ge=1, description="held-out evaluation every N steps (None: never)")
     eval_at_start: bool = Field(True, description="with eval_every: also evaluate the starting policy (step 0), "
                                 "so every curve has its SFT point")
+    eval_final: bool = Field(False, description="evaluate the final policy on data.eval after the last step (its "
+                             "eval stage, stored and resumable like any; the paper profiles' Table 1)")
     eval_size: int = Field(32, ge=1)
     eval_runs: int = Field(5, ge=1)
     sft_warm_start: bool = False

@@ -2,6 +2,8 @@
 
 Written under ``{home}/reports/{run_id}/`` (``report.md`` and one PNG per figure). Sections (paper refs):
 
+- Table 1 (§4.2): EM, F1 and LLM-judge accuracy of the final evaluation per test split and their average, ± SE over
+  questions (``tasks.reporting.table1``).
 - Table 2 (§4.3): zero-variance group fractions under R_base and R_total, split all-correct / all-wrong /
   mixed-uniform, with the relative change  Delta_rel = (total - base) / base  (view ``zero_variance_groups``).
 - Table 3 (§4.5): most reused common rubrics, uses = query-groups scored (view ``rubric_reuse``).
@@ -456,6 +458,16 @@ def build_report(run_id: str, home: str | os.PathLike[str] | None = None,
     md = [f"# ARBOR report: run `{run_id}`", "",
           f"Workspace `{home_p}`. Every figure below is computed by the SQL printed with it "
           f"(rerun any of them with `arbor sql`).", ""]
+
+    # Table 1
+    from arbor.tasks.reporting.table1 import format_table1
+
+    t1 = format_table1([run_id], home_p)
+    queries.append(_shown("table1_of_runs", run_ids=[run_id]))
+    md += ["## Table 1: the final evaluation on the test splits (§4.2)", ""]
+    md += ([t1, "", f"Compare runs side by side: `arbor report {run_id} OTHER_RUN ...`.", ""] if t1 else
+           ["No evaluation stored for this run (`run.eval_final`, `run.eval_every`).", ""])
+    md += [_sql_block(queries[-1]), ""]
 
     # Table 2
     t2 = table2(run_id, home_p)

@@ -21,6 +21,29 @@ from arbor.config.inputs import workspace_inputs
 from arbor.paths import arbor_home
 
 
+def resolve_checkpoint(checkpoint: str, home: Path) -> str:
+    """``checkpoint`` as a path, or the id of a stored training run: that run's final policy (``hf/`` of its latest
+    complete checkpoint, as ``arbor export`` copies it). A run id that names no trained policy is refused."""
+    from arbor.config import ConfigError
+    from arbor.storage.runs import run_row
+    from arbor.storage.schemas import SchemaError
+    from arbor.tasks.training.checkpoint import final_policy, run_root_from_config
+
+    if Path(checkpoint).expanduser().exists() or "/" in checkpoint:
+        return checkpoint
+    try:
+        row = run_row(checkpoint, home)
+    except SchemaError:  # not a name a run can have
+        row = None
+    if row is None:
+        return checkpoint  # a model name (Qwen/Qwen3-8B style names hold a slash; a bare one is the loader's)
+    policy = final_policy(run_root_from_config(row["config_json"], checkpoint, home))
+    if policy is None:
+        raise ConfigError(f"checkpoint={checkpoint}: run {checkpoint!r} has no complete checkpoint yet (`arbor runs` "
+                          "shows its last completed step)")
+    return str(policy)
+
+
 def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None,
              splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
              run_id: str | None = None) -> tuple[str, str]:
@@ -52,7 +75,10 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
     second_cfg = second_judge_config(cfg.judge, second_model) if second_model else None  # refused up front
     splits = splits or list(cfg.eval.splits)
     runs = runs or cfg.eval.runs
+    checkpoint = resolve_checkpoint(checkpoint, home) if checkpoint else None
     model = checkpoint or cfg.run.start_checkpoint or cfg.policy.model
+    print(f"evaluating {model}" + ("" if checkpoint else " (no checkpoint given: the profile's start; pass "
+                                   "checkpoint=RUN_ID for a training run's final policy)"), flush=True)
     rid = run_id or f"eval-{cfg.run.profile}-{time.strftime('%Y%m%d-%H%M%S')}"
     cfg.run.run_id = rid
     load_judges()  # judge.backend=world | random: registered by ARBOR's package
@@ -136,7 +162,8 @@ def format_guided(run_id: str, home: Path) -> str:
 def arbor_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None,
                splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
                run_id: str | None = None) -> str:
-    """Evaluate ``checkpoint`` (default: the profile's policy) on ``splits`` (names or dataset specs/paths)."""
+    """Evaluate ``checkpoint`` (a path, a training run's id for its final policy, or default the profile's start) on
+    ``splits`` (names or dataset specs/paths)."""
     from arbor.quiet import quiet
 
     quiet()  # a worker's flow run has no CLI to do it

@@ -333,6 +333,12 @@ def test_eval_final_evaluates_the_final_policy_and_reports_table1(tmp_path: Path
     f1 = f"{100 * summary[0]['strict_f1']:.1f} ± "
     f1_table = md.split("**F1**")[1].split("**LLM-judge acc.**")[0]
     assert f"| final | {f1}" in f1_table, f1_table
+    # arbor-eval's checkpoint may name the run: its final policy, the step-2 checkpoint's hf/ folder
+    from arbor.flows.evaluate import resolve_checkpoint
+
+    assert resolve_checkpoint("final", home) == str(home / "checkpoints" / "final" / "step_000002" / "hf")
+    assert resolve_checkpoint("Qwen/Qwen3-8B", home) == "Qwen/Qwen3-8B"
+    assert resolve_checkpoint("no-such-run", home) == "no-such-run"
 
 
 def test_plugins_run_one_step(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:

@@ -63,6 +63,11 @@ BAD = [  # (arguments, what the one line must name)
      ["judge.base_url", "carries a credential"]),
     (["train", "--set", "rollout.base_url=http://vllm:pa55word@127.0.0.1:9/v1"], ["rollout.base_url"]),
     (["train", "--set", "search.url=http://127.0.0.1:9/search?token=sk-in-the-query"], ["search.url"]),
+    # any URL-typed field, and a key where its variable's name belongs, on a new run or a resume
+    (["train", "--set", "tracking.mlflow_tracking_uri=http://u:pa55word@127.0.0.1:9"],
+     ["tracking.mlflow_tracking_uri", "carries a credential"]),
+    (["train", "--resume", "r1", "--set", "judge.api_key_env=sk-in-the-query"],
+     ["judge.api_key_env", "must name the environment variable"]),
 ]
 SECRETS = ("pa55word", "sk-in-the-query")
 

@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from arbor.config.arco import ArcoConfig
-from arbor.config.base import CREDENTIAL_REFUSAL, Section
+from arbor.config.base import SECRET_ERROR, Section
 from arbor.config.cluster import ClusterConfig
 from arbor.config.data import DataConfig
 from arbor.config.guidance import GuidanceConfig
@@ -96,7 +96,7 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         msg = str(e["msg"]).removeprefix("Value error, ")
-        if key and isinstance(e.get("input"), str | int | float | bool) and not msg.startswith(CREDENTIAL_REFUSAL):
+        if key and isinstance(e.get("input"), str | int | float | bool) and e["type"] != SECRET_ERROR:
             msg += f" (got {e['input']!r})"
         lines.append(f"{prefix}{key}: {msg}" if key else f"{prefix}{msg}")
     return "; ".join(lines)

@@ -5,15 +5,12 @@ Defaults are the paper's (Kang et al., 2026, §3, App. A) unless the help text s
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from arbor.config.base import Section
 from arbor.config.judge import JudgeRoleConfig
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class RankJudgeConfig(JudgeRoleConfig):
@@ -27,13 +24,6 @@ class RankJudgeConfig(JudgeRoleConfig):
                             "its final answer (rank_actions.v2, free text); false: a bare JSON ranking under the "
                             "role's schema (rank_actions.v1, arbor's, for small local judges that need "
                             "grammar-constrained output)")
-
-    @model_validator(mode="after")
-    def _env_name(self) -> RankJudgeConfig:
-        # raised here (not on the field) so that the error message never repeats the value: a pasted key
-        if self.api_key_env is not None and not _ENV_NAME.match(self.api_key_env):
-            raise ValueError("api_key_env: must name an environment variable (letters, digits, _), not hold the key")
-        return self
 
 
 def paper_rank_judges() -> list[RankJudgeConfig]:

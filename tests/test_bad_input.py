@@ -68,6 +68,10 @@ BAD = [  # (arguments, what the one line must name)
      ["tracking.mlflow_tracking_uri", "carries a credential"]),
     (["train", "--resume", "r1", "--set", "judge.api_key_env=sk-in-the-query"],
      ["judge.api_key_env", "must name the environment variable"]),
+    # values outside their meaning, on a resume too
+    (["train", "--resume", "r1", "--set", "run.steps=0"], ["run.steps", "greater than or equal to 1"]),
+    (["train", "--set", "train.lr=.inf"], ["train.lr", "finite"]),
+    (["train", "--set", "memory.delta_v=0.3"], ["memory.delta_v", "0.25"]),
 ]
 SECRETS = ("pa55word", "sk-in-the-query")
 
@@ -214,7 +218,7 @@ def test_train_reports_next_steps_and_runs_tells_running_from_killed(prefect_har
     tiny = [f"--set={s}" for s in ("run.sft_warm_start=false", "rollout.batch_size=2", "rollout.k=2",
                                    "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=16",
                                    "search.corpus=corpus.jsonl")]
-    done = subprocess.run([ARBOR, "train", "--run-id", "done", "--set", "run.steps=0", *tiny], cwd=tmp_path, env=env,
+    done = subprocess.run([ARBOR, "train", "--run-id", "done", "--set", "run.steps=1", *tiny], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"results: {home}" in done.stdout, done.stdout

@@ -1,4 +1,4 @@
-"""Base class for config sections: typed, strict (unknown keys refused by name), validated on assignment.
+"""Base class for config sections: typed, strict (unknown keys refused by name), finite, validated on assignment.
 
 Two kinds of string carry the run's access to other services and so must never carry a secret: a URL (``Url``:
 no ``user:password@``, no ``?api_key=``) and the name of an environment variable that holds a key (``EnvName``:
@@ -17,8 +17,10 @@ from pydantic_core import PydanticCustomError
 
 
 class Section(BaseModel):
+    # allow_inf_nan: every float is a finite number (an infinite learning rate is never meant);
     # hide_input_in_errors: a refused value (a pasted key) never shows in a ValidationError's text
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, hide_input_in_errors=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False,
+                              hide_input_in_errors=True)
 
 
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"  # a plug-in: 'pkg.module:Name' (arbor.plugins)

@@ -5,7 +5,7 @@ Defaults are the paper's (Kang et al., 2026, §3, App. A) unless the help text s
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -104,8 +104,8 @@ class GuidanceConfig(Section):
         "paper's, §3.1, App. A: the judges rank from the query, the prefix h_t and the slate; DR Tulu's research "
         "queries carry no answer key, and the agent never has one at inference): no reference answer. true: "
         "arbor's earlier variant, the golds shown as the reference answer")
-    branch_temperatures: list[float] = Field(
-        default_factory=lambda: [0.1, 0.4, 0.7, 1.0], description="candidate next actions are sampled at each of "
+    branch_temperatures: list[Annotated[float, Field(ge=0.0)]] = Field(
+        default_factory=lambda: [0.1, 0.4, 0.7, 1.0], min_length=1, description="candidate next actions are sampled at each of "
         "these temperatures (App. A), branch_samples each")
     branch_samples: int = Field(3, ge=1, description="candidates per temperature at a branching point (the paper "
                                 "mixes three agents: 3 x 4 = 12)")
@@ -118,7 +118,8 @@ class GuidanceConfig(Section):
     min_rankings: int = Field(2, ge=1, description="a branching point is kept when at least this many judges returned "
                               "a valid ranking (the paper's 2; at most the number of rank_judges)")
     group_size: int = Field(8, ge=2, description="G: rubrics sampled per branching point")
-    clip_eps: float = Field(0.2, gt=0.0, description="GRPO clip epsilon")
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="GRPO clip epsilon, in (0, 1): the ratio is clipped to "
+                            "[1 - eps, 1 + eps]")
     kl_coef: float = Field(5e-3, ge=0.0, description="beta: KL to the frozen reference generator")
     lr: float = Field(2e-6, gt=0.0, description="the generator's learning rate")
     epochs: int = Field(2, ge=1, description="passes over the branching points")

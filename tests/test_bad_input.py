@@ -63,6 +63,15 @@ BAD = [  # (arguments, what the one line must name)
      ["judge.base_url", "carries a credential"]),
     (["train", "--set", "rollout.base_url=http://vllm:pa55word@127.0.0.1:9/v1"], ["rollout.base_url"]),
     (["train", "--set", "search.url=http://127.0.0.1:9/search?token=sk-in-the-query"], ["search.url"]),
+    # any URL-typed field, and a key where its variable's name belongs, on a new run or a resume
+    (["train", "--set", "tracking.mlflow_tracking_uri=http://u:pa55word@127.0.0.1:9"],
+     ["tracking.mlflow_tracking_uri", "carries a credential"]),
+    (["train", "--resume", "r1", "--set", "judge.api_key_env=sk-in-the-query"],
+     ["judge.api_key_env", "must name the environment variable"]),
+    # values outside their meaning, on a resume too
+    (["train", "--resume", "r1", "--set", "run.steps=0"], ["run.steps", "greater than or equal to 1"]),
+    (["train", "--set", "train.lr=.inf"], ["train.lr", "finite"]),
+    (["train", "--set", "memory.delta_v=0.3"], ["memory.delta_v", "0.25"]),
 ]
 SECRETS = ("pa55word", "sk-in-the-query")
 
@@ -209,7 +218,7 @@ def test_train_reports_next_steps_and_runs_tells_running_from_killed(prefect_har
     tiny = [f"--set={s}" for s in ("run.sft_warm_start=false", "rollout.batch_size=2", "rollout.k=2",
                                    "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=16",
                                    "search.corpus=corpus.jsonl")]
-    done = subprocess.run([ARBOR, "train", "--run-id", "done", "--set", "run.steps=0", *tiny], cwd=tmp_path, env=env,
+    done = subprocess.run([ARBOR, "train", "--run-id", "done", "--set", "run.steps=1", *tiny], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"results: {home}" in done.stdout, done.stdout

@@ -377,7 +377,7 @@ def test_guidance_defaults_are_the_papers_and_bad_settings_name_their_key() -> N
         load_config("tiny-cpu", {"guidance.rank_judges": [{}], "guidance.min_rankings": 2})
     with pytest.raises(ConfigError, match="guidance.rank_judges"):
         load_config("tiny-cpu", {"guidance.rank_judges": []})
-    with pytest.raises(ConfigError, match=r"guidance\.rank_judges\.1: api_key_env") as err:
+    with pytest.raises(ConfigError, match=r"guidance\.rank_judges\.1\.api_key_env: must name") as err:
         load_config("tiny-cpu", {"guidance.rank_judges": [{}, {"api_key_env": "sk-live-0123456789"}]})
     assert "sk-live" not in str(err.value)
     with pytest.raises(ConfigError, match="guidance.rank_judges.0.modle"):

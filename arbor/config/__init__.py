@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from arbor.config.arco import ArcoConfig
-from arbor.config.base import CREDENTIAL_REFUSAL, Section
+from arbor.config.base import SECRET_ERROR, Section
 from arbor.config.cluster import ClusterConfig
 from arbor.config.data import DataConfig
 from arbor.config.guidance import GuidanceConfig
@@ -71,6 +71,13 @@ class ArborConfig(Section):
                 f"rollout.top_p={self.rollout.top_p} with train.tis_cap={self.train.tis_cap}: the trainer cannot "
                 "reproduce a top-p-truncated sampling distribution, so the TIS weights would be wrong; "
                 "set rollout.top_p=1 or train.tis_cap=null")
+        m, k = self.memory, self.rollout.k
+        reach = 0.25 if m.variance == "population" else 0.25 * k / (k - 1)  # scores in [0, 1], half at 0, half at 1
+        if m.delta_v > reach:
+            raise ValueError(
+                f"memory.delta_v={m.delta_v:g} is above {reach:g}, the most a {m.variance} within-group variance of "
+                f"rubric scores in [0, 1] can reach (memory.variance={m.variance}, rollout.k={k}), so no rubric would "
+                "ever pass; set memory.delta_v at most that")
         unknown = sorted(k for k in self.deviations if k not in config_keys())
         if unknown:
             raise ValueError(f"deviations: {', '.join(unknown)} not a config key (a deviation names the key it "
@@ -96,7 +103,7 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"])
         msg = str(e["msg"]).removeprefix("Value error, ")
-        if key and isinstance(e.get("input"), str | int | float | bool) and not msg.startswith(CREDENTIAL_REFUSAL):
+        if key and isinstance(e.get("input"), str | int | float | bool) and e["type"] != SECRET_ERROR:
             msg += f" (got {e['input']!r})"
         lines.append(f"{prefix}{key}: {msg}" if key else f"{prefix}{msg}")
     return "; ".join(lines)

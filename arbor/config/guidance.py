@@ -5,15 +5,12 @@ Defaults are the paper's (Kang et al., 2026, §3, App. A) unless the help text s
 
 from __future__ import annotations
 
-import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from arbor.config.base import Section
 from arbor.config.judge import JudgeRoleConfig
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class RankJudgeConfig(JudgeRoleConfig):
@@ -27,13 +24,6 @@ class RankJudgeConfig(JudgeRoleConfig):
                             "its final answer (rank_actions.v2, free text); false: a bare JSON ranking under the "
                             "role's schema (rank_actions.v1, arbor's, for small local judges that need "
                             "grammar-constrained output)")
-
-    @model_validator(mode="after")
-    def _env_name(self) -> RankJudgeConfig:
-        # raised here (not on the field) so that the error message never repeats the value: a pasted key
-        if self.api_key_env is not None and not _ENV_NAME.match(self.api_key_env):
-            raise ValueError("api_key_env: must name an environment variable (letters, digits, _), not hold the key")
-        return self
 
 
 def paper_rank_judges() -> list[RankJudgeConfig]:
@@ -114,8 +104,8 @@ class GuidanceConfig(Section):
         "paper's, §3.1, App. A: the judges rank from the query, the prefix h_t and the slate; DR Tulu's research "
         "queries carry no answer key, and the agent never has one at inference): no reference answer. true: "
         "arbor's earlier variant, the golds shown as the reference answer")
-    branch_temperatures: list[float] = Field(
-        default_factory=lambda: [0.1, 0.4, 0.7, 1.0], description="candidate next actions are sampled at each of "
+    branch_temperatures: list[Annotated[float, Field(ge=0.0)]] = Field(
+        default_factory=lambda: [0.1, 0.4, 0.7, 1.0], min_length=1, description="candidate next actions are sampled at each of "
         "these temperatures (App. A), branch_samples each")
     branch_samples: int = Field(3, ge=1, description="candidates per temperature at a branching point (the paper "
                                 "mixes three agents: 3 x 4 = 12)")
@@ -128,7 +118,8 @@ class GuidanceConfig(Section):
     min_rankings: int = Field(2, ge=1, description="a branching point is kept when at least this many judges returned "
                               "a valid ranking (the paper's 2; at most the number of rank_judges)")
     group_size: int = Field(8, ge=2, description="G: rubrics sampled per branching point")
-    clip_eps: float = Field(0.2, gt=0.0, description="GRPO clip epsilon")
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="GRPO clip epsilon, in (0, 1): the ratio is clipped to "
+                            "[1 - eps, 1 + eps]")
     kl_coef: float = Field(5e-3, ge=0.0, description="beta: KL to the frozen reference generator")
     lr: float = Field(2e-6, gt=0.0, description="the generator's learning rate")
     epochs: int = Field(2, ge=1, description="passes over the branching points")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from arbor.config.base import EndpointUrl, Section, builtin_or_plugin
+from arbor.config.base import EnvName, Section, Url, builtin_or_plugin
 
 # world / random: ARBOR's judge that reads the synthetic world's facts and its seeded-coin control (issue 63 item 2,
 # tasks/methods/arbor/world_judge.py), registered by their package (llm.register_backend)
@@ -17,8 +17,8 @@ class JudgeRoleConfig(Section):
     """Optional per-role overrides (``judge.roles.pairwise.model=...``); None inherits the judge-wide value."""
 
     model: str | None = None
-    base_url: EndpointUrl = None
-    api_key_env: str | None = None
+    base_url: Url | None = None
+    api_key_env: EnvName | None = None
     temperature: float | None = Field(None, ge=0.0)
     max_tokens: int | None = Field(None, ge=1)
     reply_limit_field: Literal["max_tokens", "max_completion_tokens"] | None = None
@@ -56,8 +56,8 @@ class JudgeConfig(Section):
                          "world (ARBOR's roles from the synthetic world's facts, never the gold answer), random (ARBOR's "
                          "roles by seeded coin flips: the control admission must filter), or a plug-in subclass of arbor.llm.Judge as 'pkg.module:Class' (docs/plugins.md)")
     model: str = "qwen-plus-2025-04-28"
-    base_url: EndpointUrl = None
-    api_key_env: str = Field("OPENAI_API_KEY", description="name of the environment variable holding the key")
+    base_url: Url | None = None
+    api_key_env: EnvName = Field("OPENAI_API_KEY", description="name of the environment variable holding the key")
     temperature: float = Field(0.0, ge=0.0)
     max_tokens: int = Field(1024, ge=1)
     reply_limit_field: Literal["max_tokens", "max_completion_tokens"] = Field(

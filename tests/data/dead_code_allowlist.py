@@ -9,7 +9,7 @@ parquet
 arbor_sft
 # pydantic: model settings, validators, and config fields read through model_dump() or by key
 model_config, _._cross_checks, _._shares_sum_to_one, _._prompt_matches_protocol, _._upper, _._non_empty, _._known_backend
-_._causal, _._env_name, _._rank_models, _._council, _._budget_from_window, _._eval_sets
+_._causal, _._rank_models, _._council, _._budget_from_window, _._eval_sets
 price_in_per_mtok, price_out_per_mtok, induction, consolidation
 # attributes set for libraries to read (great-expectations, tokenizers, transformers) and nn.Module.forward
 _.progress_bars, _.pre_tokenizer, _.chat_template, _.use_cache, _.forward

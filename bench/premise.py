@@ -87,11 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4, 5])
     ap.add_argument("--start", type=Path, default=None, help="an SFT start to copy (default: train one here)")
     ap.add_argument("--table", nargs="+", type=Path, default=None, help="print the table over these homes")
+    ap.add_argument("--plot", type=Path, default=None, help="with --table: draw each row's exam F1 to this PNG")
     args = ap.parse_args(argv)
     if args.table:
         from premise_table import print_table
 
-        print_table([h.resolve() for h in args.table])
+        print_table([h.resolve() for h in args.table], args.plot)
         return 0
     if args.home is None:
         raise SystemExit("--home is required to run a lane")

@@ -81,7 +81,32 @@ def run_figures(home: Path, rid: str) -> dict[str, Any]:
     }
 
 
-def print_table(homes: list[Path]) -> None:
+def plot_rows(mean: dict[str, dict[int, float]], start: float, path: Path) -> None:
+    """Each row's final exam F1 per seed (dots) and its mean ± 1 SE (bar), the start's exam F1 as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in premise.ROWS if r in mean]
+    fig, ax = plt.subplots(figsize=(1.6 * len(rows) + 2, 3.6))
+    for i, row in enumerate(rows):
+        vals = list(mean[row].values())
+        ms = mean_se(vals)
+        assert ms is not None
+        ax.errorbar([i], [ms.mean], yerr=[ms.se], fmt="s", color="black", capsize=6)
+        ax.scatter([i + 0.12] * len(vals), vals, s=12, color="tab:blue", alpha=0.7)
+    ax.axhline(start, ls="--", color="grey", lw=1, label="SFT start")
+    ax.set_xticks(range(len(rows)), rows, rotation=15)
+    ax.set_ylabel("final exam F1 (world:eval)")
+    ax.set_title("tiny-world two-hop mix, 30 steps: mean ± 1 SE over seeds (dots: seeds)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def print_table(homes: list[Path], plot: Path | None = None) -> None:
     runs: dict[tuple[str, int], tuple[Path, str]] = {}
     for h in homes:
         runs.update(_finished(h))
@@ -142,3 +167,6 @@ def print_table(homes: list[Path]) -> None:
             f"{_pct(sum(t5) / len(t5))} / {_pct(sum(t20) / len(t20))}" if t5 and t20 else "-",
         ])
     print(learning._render(head, body))
+    if plot is not None:
+        plot_rows(mean, sum(start_q.values()) / len(start_q), plot)
+        print(f"plot: {plot}")

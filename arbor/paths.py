@@ -14,10 +14,11 @@ SQL_DIR = PROJECT_ROOT / "sql"
 CONFIGS_DIR = PROJECT_ROOT / "configs"
 
 
-def arbor_home() -> Path:
-    """The workspace root: ``$ARBOR_HOME`` or ``./.arbor``. Created on demand."""
+def arbor_home(create: bool = True) -> Path:
+    """The workspace root: ``$ARBOR_HOME`` or ``./.arbor``. Created on demand (unless ``create`` is False)."""
     home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    if create:
+        home.mkdir(parents=True, exist_ok=True)
     return home
 
 

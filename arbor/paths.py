@@ -14,11 +14,37 @@ SQL_DIR = PROJECT_ROOT / "sql"
 CONFIGS_DIR = PROJECT_ROOT / "configs"
 
 
-def arbor_home() -> Path:
-    """The workspace root: ``$ARBOR_HOME`` or ``./.arbor``. Created on demand."""
+def arbor_home(create: bool = True) -> Path:
+    """The workspace root: ``$ARBOR_HOME`` or ``./.arbor``. Created on demand (unless ``create`` is False)."""
     home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser().resolve()
-    home.mkdir(parents=True, exist_ok=True)
+    if create:
+        home.mkdir(parents=True, exist_ok=True)
     return home
+
+
+def home_problem(home: Path, *, writes: bool) -> str | None:
+    """Why ``home`` cannot be the workspace of a command (None: it can): a file, a folder under a file, one that
+    cannot be made, or one this process may not write. A command that only reads (``writes`` False) may read a
+    folder it cannot write once that holds a catalog (a read-only copy of a workspace)."""
+    if os.path.exists(home) and not os.path.isdir(home):
+        return f"ARBOR_HOME={home} is a file, not a folder: point ARBOR_HOME at a folder (it is created if missing)"
+    if not os.path.isdir(home):
+        above = next(p for p in Path(os.path.abspath(home)).parents if os.path.exists(p))
+        if not os.path.isdir(above):
+            return (f"ARBOR_HOME={home} lies under {above}, a file: point ARBOR_HOME at a folder (it is created if "
+                    "missing)")
+        if not os.access(above, os.W_OK | os.X_OK):
+            return (f"ARBOR_HOME={home} does not exist and cannot be made: {above} is not writable here; point "
+                    "ARBOR_HOME at a folder you can write")
+        return None
+    if os.access(home, os.W_OK | os.X_OK):
+        return None
+    if writes:
+        return f"ARBOR_HOME={home} is not writable here (a read-only workspace?): runs store every stage under it"
+    if not os.path.exists(os.path.join(home, "catalog.duckdb")):
+        return (f"ARBOR_HOME={home} is not writable here and holds no catalog (catalog.duckdb) to read: point "
+                "ARBOR_HOME at a workspace or a folder you can write")
+    return None
 
 
 def resolve_home_path(path: str | Path) -> Path:

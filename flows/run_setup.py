@@ -41,41 +41,51 @@ def stored_config(run_id: str, home: Path) -> ArborConfig | None:
 
 def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_id: str | None,
                 resume: bool, home: Path) -> ArborConfig:
-    """Resolve the config. A known run id continues that run from its stored config: overrides of the keys that
-    are safe on resume (``arbor.config.resume``) are applied and recorded, any other change is refused by name
-    (``ConfigError``). ``resume`` with an unknown id is refused; a new run's config is written."""
+    """Resolve the config. The run is taken through ``storage.runs.claim_run`` whichever way its id comes (``run_id``,
+    a ``run.run_id`` override, the profile's, or a fresh one) and stays locked by this process (the caller gives it
+    back: ``storage.lock.release``). A known run id continues that run from its stored config: overrides of the keys
+    that are safe on resume (``arbor.config.resume``) are applied and recorded, any other change is refused by name
+    (``ConfigError``). ``resume`` with an unknown id is refused; a new run's config is written. A refusal writes
+    nothing and gives the lock back."""
     from arbor.config.resume import amend_config
     from arbor.config.show import config_sources, read_sources, write_run_config
     from arbor.preflight import require
+    from arbor.storage.lock import release
     from arbor.storage.parquet import write_stage
-    from arbor.storage.runs import record_config_changes
+    from arbor.storage.runs import RunRefused, claim_run, one_run_id, record_config_changes
 
-    if run_id is not None:
-        stored = stored_config(run_id, home)
-        if stored is not None:
-            cfg, changes = amend_config(stored, overrides)
+    fresh = load_config(profile, overrides) if run_id is None else None  # the config names the run, if anything
+    rid = run_id or (fresh.run.run_id if fresh is not None else None)
+    if rid is None and resume:
+        raise RunRefused("resume names no run: give its run_id")
+    rid = rid or new_run_id(fresh.run.profile if fresh is not None else profile)
+    row = claim_run(rid, home, exists=True if resume else None)
+    try:
+        if row is not None:
+            cfg, changes = amend_config(ArborConfig.model_validate_json(row["config_json"]), overrides)
             require(cfg)  # what the run needs is here, before its record changes
             if changes:
-                record_config_changes(run_id, cfg.to_json(), changes, home)
-                path = run_config_path(run_id, home)
+                record_config_changes(rid, cfg.to_json(), changes, home)
+                path = run_config_path(rid, home)
                 write_run_config(path, cfg, {**read_sources(path), **{k: "override (resume)" for k in changes}})
-                print(f"run {run_id} resumed with " + ", ".join(  # logged by the flow (log_prints)
+                print(f"run {rid} resumed with " + ", ".join(  # logged by the flow (log_prints)
                     f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changes.items())))
             return cfg
-        if resume:
-            raise ValueError(f"cannot resume run '{run_id}': no such run in {home}")
-    cfg = load_config(profile, overrides)
-    workspace_inputs(cfg)  # relative input paths: the current directory's, else ARBOR_HOME's
-    require(cfg)  # a run that cannot start leaves nothing behind (issue 47: a deployment run on the wrong machine)
-    rid = run_id or cfg.run.run_id or new_run_id(cfg.run.profile)
-    cfg.run.run_id = rid
-    write_stage("runs", [{
-        "run_id": rid, "profile": cfg.run.profile, "method": cfg.run.method, "seed": cfg.run.seed,
-        "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": _git_sha(),
-        "train_set": cfg.data.train, "eval_sets": cfg.data.eval_sets(),
-    }], run_id=rid, step=0, stage="run", home=home)
-    write_run_config(run_config_path(rid, home), cfg, config_sources(profile, _as_mapping(overrides)))
-    return cfg
+        cfg = fresh or load_config(profile, overrides)
+        one_run_id("run_id", rid, cfg.run.run_id)  # a new run named twice (run_id, run.run_id): the same run
+        workspace_inputs(cfg)  # relative input paths: the current directory's, else ARBOR_HOME's
+        require(cfg)  # a run that cannot start leaves nothing behind (issue 47: a deployment run on the wrong machine)
+        cfg.run.run_id = rid
+        write_stage("runs", [{
+            "run_id": rid, "profile": cfg.run.profile, "method": cfg.run.method, "seed": cfg.run.seed,
+            "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": _git_sha(),
+            "train_set": cfg.data.train, "eval_sets": cfg.data.eval_sets(),
+        }], run_id=rid, step=0, stage="run", home=home)
+        write_run_config(run_config_path(rid, home), cfg, config_sources(profile, _as_mapping(overrides)))
+        return cfg
+    except BaseException:
+        release(rid, home)
+        raise
 
 
 def run_config_path(run_id: str, home: Path) -> Path:

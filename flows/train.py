@@ -41,7 +41,7 @@ from arbor.flows.run_life import end_status
 from arbor.flows.run_setup import new_run_id, open_run, prepare_run
 from arbor.paths import arbor_home
 from arbor.storage.liveness import Heartbeat
-from arbor.storage.lock import run_lock
+from arbor.storage.lock import release
 from arbor.tasks.methods.base import Stage
 from arbor.tasks.stages import StageStore
 from arbor.tasks.step import RunState, timed_stage
@@ -237,22 +237,16 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
 
     home = arbor_home()
     ensure_catalog(home)  # create / migrate once, up front; the run never holds the catalog open
-    locks = ExitStack()  # one writer per run (storage.lock): before a known id is read, and for the whole run
-    if run_id is not None:
-        locks.enter_context(run_lock(run_id, home))
-    try:
+    try:  # takes the run (storage.runs.claim_run): one writer, locked from before its record is read
         cfg = prepare_run(profile, overrides, run_id, resume, home)
     except (ConfigError, PreflightError, SchemaError) as e:
         # refused before anything of the run was written: the flow run ends Failed with the reason as its one
         # line (a deployment run has no CLI to print it; a traceback would bury it)
-        locks.close()
         return Failed(message=f"{type(e).__name__}: {e}")
-    except BaseException:
-        locks.close()
-        raise
     rid = cfg.run.run_id or ""
     stop.set_run(rid)
-    locks.enter_context(run_lock(rid, home))
+    locks = ExitStack()  # the run's lock, given back when the run ends
+    locks.callback(release, rid, home)
     store = StageStore(rid, home)
     started = time.time()
     store.record(0, "run", "running", started, None)

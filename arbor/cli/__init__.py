@@ -29,6 +29,7 @@ from arbor.cli.store import (
     verify_cmd,
 )
 from arbor.cli.tools import config_show_cmd, judge_serve_cmd, sft_convert_cmd
+from arbor.paths import home_problem
 
 # no telemetry: arbor/__init__.py sets the offline defaults before Prefect is imported
 
@@ -53,6 +54,7 @@ def _version(value: bool) -> None:
 
 
 _WRITERS = ("train", "guidance-train", "demo", "eval", "compare")  # the commands that store runs
+_HOME_WRITERS = (*_WRITERS, "report")  # and the one that stores files beside them (the rest read)
 
 
 @app.callback()
@@ -75,10 +77,9 @@ def _main(
     else:
         quiet()
     home = Path(os.environ.get("ARBOR_HOME", ".arbor")).expanduser()
-    if home.exists() and not home.is_dir():  # every command reads or writes under it (issue 35 item 5)
-        _fail(f"ARBOR_HOME={home} is a file, not a folder: point ARBOR_HOME at a folder (it is created if missing)")
-    if home.is_dir() and not os.access(home, os.W_OK | os.X_OK) and ctx.invoked_subcommand in _WRITERS:
-        _fail(f"ARBOR_HOME={home} is not writable here (a read-only workspace?): runs store every stage under it")
+    # every command reads or writes under it: refused before anything is made there
+    if problem := home_problem(home, writes=ctx.invoked_subcommand in _HOME_WRITERS):
+        _fail(problem)
 
 
 # the commands, in the order `arbor --help` lists them

@@ -18,38 +18,42 @@ from arbor.cli.store import _final_policy
 
 
 def _train_config(profile: str | None, run_id: str | None, resume: str | None, overrides: dict[str, str],
-                  home: Path) -> Any:
-    """The config ``arbor train`` will run with, every input checked (raises ConfigError / SchemaError)."""
+                  redo: str | None, home: Path) -> tuple[Any, str | None]:
+    """The config ``arbor train`` will run with and the run it names (None: the flow makes a fresh id), every input
+    checked and ``--redo`` applied (raises ConfigError / PreflightError / SchemaError). A named run, whichever way
+    it is named (``--run-id``, ``--resume``, ``--set run.run_id``, the profile), is taken through
+    ``storage.runs.claim_run``: one writer, held until this process ends; a refusal gives it back."""
     from arbor.config import ArborConfig, ConfigError, load_config, profile_path
     from arbor.config.resume import amend_config
+    from arbor.preflight import require
     from arbor.storage.liveness import owner_alive, read_owner
-    from arbor.storage.lock import RunLocked, acquire
-    from arbor.storage.runs import check_run_id, run_row
+    from arbor.storage.lock import release
+    from arbor.storage.runs import claim_run, one_run_id
 
-    if run_id is not None or resume is not None:  # one writer per run: held until this process ends
-        try:
-            acquire(check_run_id(resume or run_id or ""), home)
-        except RunLocked as e:
-            raise ConfigError(str(e)) from e
-    if resume is None:
-        if run_id is not None and run_row(check_run_id(run_id), home) is not None:
-            raise ConfigError(f"run '{run_id}' already exists in {home}: continue it with --resume {run_id}, or "
-                              "choose another --run-id")
-        return load_config(profile or "tiny-cpu", overrides)
-    if run_id is not None and run_id != resume:
+    if run_id is not None and resume is not None and run_id != resume:
         raise ConfigError(f"--run-id {run_id} and --resume {resume} name different runs; give --resume alone")
-    row = run_row(check_run_id(resume), home)
-    if row is None:
-        raise ConfigError(f"cannot resume run '{resume}': no such run in {home} (`arbor runs` lists them)")
-    stored = ArborConfig.model_validate_json(row["config_json"])
-    if profile is not None and profile_path(profile).stem != stored.run.profile:
-        raise ConfigError(f"--profile {profile}: run '{resume}' was started with profile '{stored.run.profile}' "
-                          "and resumes with its stored config (drop --profile)")
-    owner = read_owner(resume, home)
-    if owner is not None and owner_alive(owner):
-        raise ConfigError(f"run '{resume}' is still running (pid {owner['pid']} on {owner['host']}); stop it "
-                          "before resuming")
-    return amend_config(stored, overrides)[0]
+    cfg = None if resume is not None else load_config(profile or "tiny-cpu", overrides)
+    rid = resume if cfg is None else one_run_id("--run-id", run_id, cfg.run.run_id)
+    row = None if rid is None else claim_run(rid, home, exists=resume is not None)
+    try:
+        if row is not None and resume is not None:
+            stored = ArborConfig.model_validate_json(row["config_json"])
+            if profile is not None and profile_path(profile).stem != stored.run.profile:
+                raise ConfigError(f"--profile {profile}: run '{resume}' was started with profile "
+                                  f"'{stored.run.profile}' and resumes with its stored config (drop --profile)")
+            owner = read_owner(resume, home)
+            if owner is not None and owner_alive(owner):
+                raise ConfigError(f"run '{resume}' is still running (pid {owner['pid']} on {owner['host']}); stop "
+                                  "it before resuming")
+            cfg = amend_config(stored, overrides)[0]
+        require(cfg)
+        if redo is not None:
+            _redo(cfg, resume, redo, home)
+    except BaseException:
+        if rid is not None:
+            release(rid, home)
+        raise
+    return cfg, rid
 
 
 # suggested to the user after a run, the run id bound with --param run_id=...
@@ -113,25 +117,22 @@ def train_cmd(
     """Run (or resume) the arbor-train flow: `arbor train -p tiny-world train.lr=3e-4 run.steps=20`."""
     from arbor.config import ConfigError
     from arbor.paths import arbor_home
-    from arbor.preflight import PreflightError, require
+    from arbor.preflight import PreflightError
     from arbor.storage.schemas import SchemaError
 
     overrides = _overrides([*(sets or []), *(args or [])])
-    home = arbor_home()
+    home = arbor_home(create=False)  # made once the input is good: a refused command leaves nothing behind
     try:  # refuse unknown keys, bad values, unknown or live runs and missing resources before anything runs
-        cfg = _train_config(profile, run_id, resume, overrides, home)
-        require(cfg)
-        if redo is not None:
-            _redo(cfg, resume, redo, home)
+        cfg, name = _train_config(profile, run_id, resume, overrides, redo, home)
     except (ConfigError, PreflightError, SchemaError) as e:
         _fail(e)
+    arbor_home()
     t0 = time.perf_counter()
-    name = resume or run_id
 
     def train() -> str:
         from arbor.flows.train import arbor_train
 
-        return arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None, run_id=resume or run_id,
+        return arbor_train(profile=profile or cfg.run.profile, overrides=overrides or None, run_id=name,
                            resume=resume is not None)
 
     try:

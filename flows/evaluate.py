@@ -48,6 +48,36 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
              splits: list[str] | None = None, runs: int | None = None, limit: int | None = None,
              run_id: str | None = None) -> tuple[str, str]:
     """The body of ``arbor-eval``: evaluate, store, and return (run id, printed tables)."""
+    from arbor.storage.lock import release
+    from arbor.storage.runs import RunRefused, claim_run, run_row
+    from arbor.tasks.reporting.evaluate import second_judge_config
+
+    home = arbor_home()
+    cfg = load_config(profile, overrides)
+    workspace_inputs(cfg)  # relative input paths: the current directory's, else ARBOR_HOME's
+    if cfg.eval.second_judge_model:  # refused up front, before the run id is claimed
+        second_judge_config(cfg.judge, cfg.eval.second_judge_model)
+    splits = splits or list(cfg.eval.splits)
+    runs = runs or cfg.eval.runs
+    checkpoint = resolve_checkpoint(checkpoint, home) if checkpoint else None
+    model = checkpoint or cfg.run.start_checkpoint or cfg.policy.model
+    print(f"evaluating {model}" + ("" if checkpoint else " (no checkpoint given: the profile's start; pass "
+                                   "checkpoint=RUN_ID for a training run's final policy)"), flush=True)
+    rid = run_id or f"eval-{cfg.run.profile}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg.run.run_id = rid
+    if run_row(rid, home) is not None:  # the one door below says so too, but offers a resume eval does not have
+        raise RunRefused(f"run '{rid}' already exists in {home}: an evaluation is stored as a new run (pass another "
+                         "run_id, or none for a fresh one)")
+    claim_run(rid, home, exists=False)  # the one door: a stored run (training or evaluation) is never overwritten
+    try:
+        return _evaluate(cfg, rid, checkpoint, splits, runs, limit, home)
+    finally:
+        release(rid, home)
+
+
+def _evaluate(cfg: Any, rid: str, checkpoint: str | None, splits: list[str], runs: int, limit: int | None,
+              home: Path) -> tuple[str, str]:
+    """``run_eval`` once its run id is claimed."""
     from arbor.flows.run_life import recorded_run
     from arbor.llm import make_judge
     from arbor.llm.base import CallContext
@@ -68,19 +98,9 @@ def run_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrides
         summarize,
     )
 
-    home = arbor_home()
-    cfg = load_config(profile, overrides)
-    workspace_inputs(cfg)  # relative input paths: the current directory's, else ARBOR_HOME's
     second_model = cfg.eval.second_judge_model
-    second_cfg = second_judge_config(cfg.judge, second_model) if second_model else None  # refused up front
-    splits = splits or list(cfg.eval.splits)
-    runs = runs or cfg.eval.runs
-    checkpoint = resolve_checkpoint(checkpoint, home) if checkpoint else None
+    second_cfg = second_judge_config(cfg.judge, second_model) if second_model else None
     model = checkpoint or cfg.run.start_checkpoint or cfg.policy.model
-    print(f"evaluating {model}" + ("" if checkpoint else " (no checkpoint given: the profile's start; pass "
-                                   "checkpoint=RUN_ID for a training run's final policy)"), flush=True)
-    rid = run_id or f"eval-{cfg.run.profile}-{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg.run.run_id = rid
     load_judges()  # judge.backend=world | random: registered by ARBOR's package
     judge = make_judge(cfg.judge, home=home, config=cfg)
     second_judge = make_judge(second_cfg, home=home) if second_cfg is not None else None

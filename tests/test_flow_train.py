@@ -339,6 +339,15 @@ def test_eval_final_evaluates_the_final_policy_and_reports_table1(tmp_path: Path
     assert resolve_checkpoint("final", home) == str(home / "checkpoints" / "final" / "step_000002" / "hf")
     assert resolve_checkpoint("Qwen/Qwen3-8B", home) == "Qwen/Qwen3-8B"
     assert resolve_checkpoint("no-such-run", home) == "no-such-run"
+    # an evaluation never takes a stored run's id: refused before anything is written, the record unchanged
+    from arbor.flows.evaluate import run_eval
+    from arbor.storage.runs import RunRefused
+
+    before = table("runs", "final", home)
+    with pytest.raises(RunRefused, match="'final' already exists"):
+        run_eval(checkpoint="final", profile="tiny-cpu", overrides=o, run_id="final")
+    assert table("runs", "final", home) == before
+    assert not (home / "locks" / "final.lock").exists()
 
 
 def test_plugins_run_one_step(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from arbor.config import ArborConfig, load_config
+from arbor.config import ArborConfig, ConfigError, load_config
 from arbor.config.data import DataConfig
 from arbor.config.inputs import workspace_inputs
 from arbor.flows.run_life import watch_dependencies
@@ -39,8 +39,27 @@ def stored_config(run_id: str, home: Path) -> ArborConfig | None:
     return ArborConfig.model_validate_json(row["config_json"]) if row else None
 
 
+def redo_stages(cfg: ArborConfig, run_id: str, spec: str, home: Path) -> tuple[int, list[int]]:
+    """``STEP:STAGE`` (``arbor train --redo``, the flow's ``redo``): discard that stage of the stored run, the stages
+    after it and the checkpoints from that step on, so the resume computes them again (the judge's cache answers
+    what was already paid for): (stages discarded, checkpoint steps discarded). A bad spec raises ConfigError."""
+    from arbor.storage.parquet import discard_from
+    from arbor.tasks.methods import resolve_method
+    from arbor.tasks.training.checkpoint import discard_from as discard_checkpoints
+    from arbor.tasks.training.checkpoint import run_checkpoint_root
+
+    step_text, _, stage = spec.partition(":")
+    if not step_text.isdigit() or not stage:
+        raise ConfigError(f"redo {spec}: expected STEP:STAGE, e.g. 3:shape")
+    try:
+        gone = discard_from(run_id, int(step_text), stage, resolve_method(cfg.run.method).stage_names(), home)
+    except ValueError as e:
+        raise ConfigError(f"redo {spec}: {e}") from e
+    return len(gone), discard_checkpoints(run_checkpoint_root(cfg.checkpoint, run_id, home), int(step_text))
+
+
 def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_id: str | None,
-                resume: bool, home: Path) -> ArborConfig:
+                resume: bool, home: Path, redo: str | None = None) -> ArborConfig:
     """Resolve the config. The run is taken through ``storage.runs.claim_run`` whichever way its id comes (``run_id``,
     a ``run.run_id`` override, the profile's, or a fresh one) and stays locked by this process (the caller gives it
     back: ``storage.lock.release``). A known run id continues that run from its stored config: overrides of the keys
@@ -61,9 +80,14 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
     rid = rid or new_run_id(fresh.run.profile if fresh is not None else profile)
     row = claim_run(rid, home, exists=True if resume else None)
     try:
+        if redo is not None and row is None:
+            raise ConfigError(f"redo {redo}: run {rid!r} is not stored (redo recomputes stages of a stored run)")
         if row is not None:
             cfg, changes = amend_config(ArborConfig.model_validate_json(row["config_json"]), overrides)
             require(cfg)  # what the run needs is here, before its record changes
+            if redo is not None:
+                stages, ckpts = redo_stages(cfg, rid, redo, home)
+                print(f"redo {redo}: discarded {stages} stored stages of run {rid} and checkpoints of steps {ckpts}")
             if changes:
                 record_config_changes(rid, cfg.to_json(), changes, home)
                 path = run_config_path(rid, home)

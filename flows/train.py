@@ -219,9 +219,10 @@ def tag_flow_run(*new: str) -> None:
 
 @flow(name="arbor-train", log_prints=True, flow_run_name=flow_run_name)
 def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None, run_id: str | None = None,
-                resume: bool = False) -> str | State:
+                resume: bool = False, redo: str | None = None) -> str | State:
     """Run (or resume) a training run; returns its run id, or a Failed state naming what refused it (a bad key
-    or value, a missing resource) before anything of the run was written."""
+    or value, a missing resource) before anything of the run was written. ``redo`` (``STEP:STAGE``, a stored run
+    only): discard that stage, every later one and the checkpoints from that step, and compute them again."""
     from arbor.quiet import quiet
 
     quiet()  # a worker's flow run has no CLI to do it
@@ -238,7 +239,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
     home = arbor_home()
     ensure_catalog(home)  # create / migrate once, up front; the run never holds the catalog open
     try:  # takes the run (storage.runs.claim_run): one writer, locked from before its record is read
-        cfg = prepare_run(profile, overrides, run_id, resume, home)
+        cfg = prepare_run(profile, overrides, run_id, resume, home, redo=redo)
     except (ConfigError, PreflightError, SchemaError) as e:
         # refused before anything of the run was written: the flow run ends Failed with the reason as its one
         # line (a deployment run has no CLI to print it; a traceback would bury it)

@@ -148,6 +148,24 @@ def test_every_flow_door_is_refused_and_changes_nothing(stored, overrides, run_i
     assert_dup_unchanged(home)
 
 
+@pytest.mark.parametrize(("run_id", "resume", "redo", "message"), [
+    ("nope", False, "1:score", r"redo 1:score: run 'nope' is not stored"),
+    ("dup", True, "1", r"redo 1: expected STEP:STAGE"),
+    ("dup", True, "1:nope", r"redo 1:nope: "),
+], ids=["unstored", "no-stage", "unknown-stage"])
+def test_the_flows_redo_parameter_is_checked_before_anything_changes(stored, run_id, resume, redo, message) -> None:
+    """``arbor_train(redo=STEP:STAGE)`` (the deployment's parameter, ``--redo`` on the CLI) goes through the same
+    door: a run that is not stored, or a spec that names no stored stage, is refused and nothing changes."""
+    from arbor.flows.run_setup import prepare_run
+
+    _cwd, _env, home = stored
+    before = snapshot(home)
+    with pytest.raises(ConfigError, match=message):
+        prepare_run("tiny-cpu", None, run_id, resume, home, redo=redo)
+    assert snapshot(home) == before
+    assert_dup_unchanged(home)
+
+
 def test_a_flow_door_to_a_run_another_process_writes_is_refused(stored) -> None:
     """A flow's overrides naming 'dup' while another process writes it: refused before its record is read."""
     from arbor.flows.run_setup import prepare_run

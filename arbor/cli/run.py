@@ -76,28 +76,18 @@ def _next_steps(run_id: str, home: Path, seconds: float) -> None:
 
 def _redo(cfg: Any, resume: str | None, spec: str, home: Path) -> None:
     """``--redo STEP:STAGE``: discard that stage of the resumed run, the stages after it and the checkpoints from
-    that step on (a damaged artifact's remedy, issue 35 item 2); the resume then computes them again (the judge's
-    cache answers what was already paid for)."""
+    that step on (``flows.run_setup.redo_stages``, the flow's ``redo`` parameter); the resume computes them again."""
     from arbor.config import ConfigError
-    from arbor.storage.parquet import discard_from
+    from arbor.flows.run_setup import redo_stages
 
     if resume is None:
         raise ConfigError(f"--redo {spec}: needs --resume RUN (it changes a stored run)")
-    step_text, _, stage = spec.partition(":")
-    if not step_text.isdigit() or not stage:
-        raise ConfigError(f"--redo {spec}: expected STEP:STAGE, e.g. --redo 3:shape")
-    from arbor.tasks.methods import resolve_method
-
     try:
-        gone = discard_from(resume, int(step_text), stage, resolve_method(cfg.run.method).stage_names(), home)
-    except ValueError as e:
-        raise ConfigError(f"--redo {spec}: {e}") from e
-    from arbor.tasks.training.checkpoint import discard_from as discard_checkpoints
-    from arbor.tasks.training.checkpoint import run_checkpoint_root
-
-    ckpts = discard_checkpoints(run_checkpoint_root(cfg.checkpoint, cfg.run.run_id, home), int(step_text))
-    typer.echo(f"redo: discarded {len(gone)} stored stages of run {resume} from step {step_text} "
-               f"({stage} on){f' and checkpoints of steps {ckpts}' if ckpts else ''}", err=True)
+        stages, ckpts = redo_stages(cfg, resume, spec, home)
+    except ConfigError as e:
+        raise ConfigError(f"--{e}") from None
+    typer.echo(f"redo: discarded {stages} stored stages of run {resume} from step {spec.partition(':')[0]} "
+               f"({spec.partition(':')[2]} on){f' and checkpoints of steps {ckpts}' if ckpts else ''}", err=True)
 
 
 def train_cmd(

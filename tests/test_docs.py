@@ -412,3 +412,26 @@ def test_documented_defaults_are_the_code_s(tmp_path: Path, monkeypatch: pytest.
         r"^TORCH_SPEC \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
     assert said(r"from\s+`(TORCH_INDEX)`, PyTorch's CPU wheel index") and "whl/cpu" in re.search(
         r"^TORCH_INDEX \?= (\S+)", (ROOT / "Makefile").read_text(), re.M).group(1)
+
+
+# ---- what a paper profile runs, as the docs tell it ----------------------------------------------------------------
+def test_the_dapo_row_names_what_each_profile_runs() -> None:
+    """`dapo` runs the variant of `train.dapo_variant`: the README's row says what each variant a profile uses does
+    (the qwen3 ARBOR profiles run ARBOR §4.1's baseline, without clip-higher or refill)."""
+    from arbor.config import load_config
+
+    row = next(line for line in readme().splitlines() if line.startswith("| `dapo` |"))
+    used = {load_config(p.stem).train.dapo_variant for p in (ROOT / "configs").glob("*.yaml")}
+    assert used == {"dapo-paper", "arbor-paper"}
+    for variant in used:
+        assert f"`{variant}`" in row or f"dapo_variant={variant}" in row, (variant, row)
+    assert "nothing refilled" in row
+
+
+def test_rubricem_runs_through_its_own_profiles_deployments() -> None:
+    """docs/sft.md's RubricEM lines run RubricEM's profile (its SFT start, queries and judge), not ARBOR's
+    `qwen3-8b` deployments with overrides."""
+    lines = [line for line in (ROOT / "docs" / "sft.md").read_text().splitlines() if "deployment run" in line]
+    runs = [re.search(r"deployment run '([^']+)'", line).group(1) for line in lines]  # type: ignore[union-attr]
+    assert "arbor-train/qwen3-8b-rubricem" in runs and "arbor-sft/qwen3-8b-rubricem" in runs
+    assert not any(r.endswith("/qwen3-8b") for r in runs), runs

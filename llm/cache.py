@@ -9,6 +9,12 @@ layout) are read through and their entries copied into the store, so a resumed r
 
 An entry also records who paid for it (issue 60 item 4): ``paid_by`` = {run_id, attempt} (``attempt``: the paying
 process, ``process_attempt``) and ``cost_usd``, so that a run's spend survives a kill (``payment_carried``).
+
+The key holds the served model's identity (``served_identity``: what the endpoint's ``GET /models`` reports for it),
+not the endpoint's URL: another GGUF behind the same model name misses, the same model behind a new URL hits.
+Entries written before the identity was part of the key are keyed by the name alone; they are read only where the
+endpoint reports nothing of its model (no ``/models`` route, the model not listed), since which model wrote them
+is unknown.
 """
 
 from __future__ import annotations
@@ -50,13 +56,36 @@ def payment_carried(entry: Mapping[str, Any], run_id: str | None, attempt: str, 
     return float(entry.get("cost_usd") or 0.0)
 
 
+# The fields of a ``/models`` entry that name the weights. Left out: ``created`` (llama.cpp's server and vLLM stamp
+# the time of the request), ``permission(s)`` (vLLM: a fresh random id each request), ``object``, and launch
+# settings (vLLM's ``max_model_len``; llama.cpp's ``aliases``, ``tags`` and the slot context ``meta.n_ctx``).
+IDENTITY_FIELDS = ("id", "owned_by", "root", "parent", "meta")
+LAUNCH_META = ("n_ctx",)
+
+
+def served_identity(listing: Any, model: str) -> dict[str, Any] | None:
+    """What a ``GET /models`` answer says of the model that requests naming ``model`` reach: the entry with that id,
+    else the only entry (a one-model server, llama.cpp's or llama-cpp-python's, answers any name with its model),
+    cut to ``IDENTITY_FIELDS``; None when the answer lists no such model."""
+    data = listing.get("data") if isinstance(listing, Mapping) else None
+    entries = [e for e in data if isinstance(e, Mapping)] if isinstance(data, list) else []
+    entry = next((e for e in entries if e.get("id") == model), entries[0] if len(entries) == 1 else None)
+    if entry is None:
+        return None
+    out = {k: entry[k] for k in IDENTITY_FIELDS if k in entry}
+    if isinstance(out.get("meta"), Mapping):
+        out["meta"] = {k: v for k, v in out["meta"].items() if k not in LAUNCH_META}
+    return out
+
+
 def cache_key(role: str, model: str, prompt_version: str, messages: list[dict[str, str]],
-              params: dict[str, Any]) -> str:
-    """sha256 over (role, model, prompt version, rendered messages, sampling params)."""
-    payload = json.dumps(
-        {"role": role, "model": model, "prompt_version": prompt_version, "messages": messages, "params": params},
-        sort_keys=True, ensure_ascii=False,
-    )
+              params: dict[str, Any], served: Mapping[str, Any] | None = None) -> str:
+    """sha256 over (role, model, prompt version, rendered messages, sampling params) and, when the endpoint reports
+    it, the served model's identity (``served_identity``); without it the key is the one of earlier releases."""
+    fields = {"role": role, "model": model, "prompt_version": prompt_version, "messages": messages, "params": params}
+    if served is not None:
+        fields["served"] = dict(served)
+    payload = json.dumps(fields, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

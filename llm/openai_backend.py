@@ -26,7 +26,14 @@ from arbor.liveness import DependencyStalled, is_stall
 from arbor.llm import prompts
 from arbor.llm.answers import check_reply
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
-from arbor.llm.cache import ResponseCache, cache_key, payment_carried, process_attempt, prompt_hash
+from arbor.llm.cache import (
+    ResponseCache,
+    cache_key,
+    payment_carried,
+    process_attempt,
+    prompt_hash,
+    served_identity,
+)
 from arbor.llm.health import REFUSED_ERRORS, public_url, short_reason
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.llm.text import WHOLE, shared_budget
@@ -42,6 +49,7 @@ REPLY_EXCERPT_CHARS = 200  # how much of a refused reply the ledger keeps (judge
 # (workspace, run, key) whose earlier payment a hit of this process carried: a run id names a run within one
 # workspace only, and one process may hold runs of two workspaces with the same id (a notebook, a test worker)
 _CARRIED: set[tuple[str, str, str]] = set()
+UNREAD = {"unread": True}  # the served identity of a call whose endpoint could not say (``OpenAIJudge._served``)
 
 
 @cache
@@ -120,6 +128,9 @@ class OpenAIJudge(Judge):
         # judge.structured_outputs=auto: the dialect each endpoint takes, learnt from its first refusal
         self.dialects: dict[str | None, str] = {}
         self._paid_keys: dict[str, set[str]] = {}  # run -> cache keys its committed ledger paid for (``_carry``)
+        # (base_url, key variable, model) -> the served model's identity (``_served``), read once per judge
+        self._served_ids: dict[tuple[str | None, str, str], dict[str, Any] | None] = {}
+        self._served_reads: dict[tuple[str | None, str, str], asyncio.Future[dict[str, Any] | None]] = {}
 
     # ---- transport ---------------------------------------------------------------------------------------
     def _bind_loop(self) -> None:
@@ -127,6 +138,7 @@ class OpenAIJudge(Judge):
         if loop is not self._loop:  # clients and semaphores belong to one event loop
             self._loop, self._clients, self._inflight = loop, {}, {}
             self._sem = asyncio.Semaphore(self.cfg.concurrency)
+            self._served_reads = {}
 
     def _client(self, base_url: str | None, key_env: str) -> openai.AsyncOpenAI:
         self._bind_loop()
@@ -181,6 +193,47 @@ class OpenAIJudge(Judge):
             else:
                 hi = mid - 1
         return best
+
+    async def _served(self, role: str, rc: Mapping[str, object]) -> dict[str, Any] | None:
+        """The identity of the model the role's endpoint serves (``cache.served_identity`` of its ``GET /models``),
+        read once per judge, endpoint and model; calls that start together share the read."""
+        where: tuple[str | None, str, str] = (rc["base_url"], str(rc["api_key_env"]), str(rc["model"]))  # type: ignore[assignment]
+        if where in self._served_ids:
+            return self._served_ids[where]
+        self._bind_loop()
+        read = self._served_reads.get(where)
+        if read is None:
+            read = self._served_reads[where] = asyncio.ensure_future(self._read_served(role, rc, where))
+            read.add_done_callback(lambda _: self._served_reads.pop(where, None))
+        return await asyncio.shield(read)
+
+    async def _read_served(self, role: str, rc: Mapping[str, object],
+                           where: tuple[str | None, str, str]) -> dict[str, Any] | None:
+        """None (the key of the name alone) where the endpoint has no ``/models`` route or does not list the model.
+        A read that fails otherwise (no connection, 5xx) or a model still loading (llama.cpp lists it with ``meta:
+        null``) is read again by the next call; this call's key holds ``UNREAD``, so it never meets an entry of a
+        known model. No byte for the role's stall deadline is a stall, as for any request (``DependencyStalled``)."""
+        client = self._client(rc["base_url"], str(rc["api_key_env"]))  # type: ignore[arg-type]
+        stall = float(rc["stall_s"]) if rc.get("stall_s") is not None else self.cfg.timeout_s  # type: ignore[arg-type]
+        try:
+            listing = await client.get("/models", cast_to=object,
+                                       options={"timeout": openai.Timeout(self.cfg.timeout_s, read=stall)})
+        except openai.APITimeoutError as e:
+            if is_stall(e):
+                raise DependencyStalled(f"the judge of role {role!r}", public_url(rc["base_url"]),  # type: ignore[arg-type]
+                                        stall) from e
+            return UNREAD
+        except openai.APIStatusError as e:
+            if e.status_code in (429, 500, 502, 503, 504):
+                return UNREAD
+            listing = None  # no such route or method here (404, 405, 501, ...): the endpoint reports nothing
+        except openai.APIError:
+            return UNREAD
+        served = served_identity(listing, where[2])
+        if served is not None and "meta" in served and served["meta"] is None:
+            return UNREAD
+        self._served_ids[where] = served
+        return served
 
     def _dialect(self, base_url: str | None) -> str:
         mode = self.cfg.structured_outputs
@@ -246,7 +299,7 @@ class OpenAIJudge(Judge):
         rc["max_tokens"] = self._reply_tokens(role, items)
         model = str(rc["model"])
         params = {"temperature": rc["temperature"], "max_tokens": rc["max_tokens"]}
-        key = cache_key(role, model, version, messages, params)
+        key = cache_key(role, model, version, messages, params, await self._served(role, rc))
         row = {"role": role, "model": model, "prompt_version": version, "cache_key": key,
                "prompt_hash": prompt_hash(messages)}
         t0 = time.perf_counter()

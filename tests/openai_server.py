@@ -22,6 +22,15 @@ prompt, placeholders and all: issue 50 item 9, issue 60 item 6), ``length`` (the
 as when ``max_tokens`` runs out), ``ok``. ``always="A"`` makes every pairwise answer ``{"winner": "A"}``.
 ``accuracy_by_model={"judge-b": "inverse"}`` scripts the accuracy verdict by the requested model (a second judge).
 ``scripted={"You count": '{"count": 2}'}`` answers a role the server does not know (one a test registers).
+
+``OpenAIServer(models={"judge": {"n_params": ..., "size": ...}})`` answers ``GET /v1/models`` as llama.cpp's
+``llama-server`` does for the GGUF it serves (ggml-org/llama.cpp, tools/server: the models handler's entry is
+``id`` (the alias), ``object: "model"``, ``created: std::time(0)`` (the time of the request), ``owned_by:
+"llamacpp"`` and ``meta`` = ``model_meta()``: vocab_type, n_vocab, n_ctx_train, n_embd, n_params, size); without
+``models`` it has no such route (404), like an endpoint that lists nothing. llama-cpp-python's server, which
+``arbor judge serve`` runs, lists only ``id``, ``object``, ``owned_by: "me"`` and ``permissions: []``
+(llama_cpp/server/app.py lines 535-549 at 3691546, v0.3.35) and answers any model name with its one model
+(llama_cpp/server/model.py lines 36-41).
 """
 
 from __future__ import annotations
@@ -233,9 +242,11 @@ def echo_of(system: str) -> str:
 class OpenAIServer:
     """A uvicorn + starlette server on 127.0.0.1 with an ephemeral port, run in a background thread."""
 
-    def __init__(self, plan: FaultPlan | None = None, *, api_key: str | None = None):
+    def __init__(self, plan: FaultPlan | None = None, *, api_key: str | None = None,
+                 models: dict[str, dict[str, Any]] | None = None):
         self.plan = plan or FaultPlan()
         self.api_key = api_key
+        self.models = models  # model name -> the ``meta`` GET /v1/models reports for it (None: no such route)
         self.counts: Counter[str] = Counter()  # cache key -> requests received
         self.roles: Counter[str] = Counter()
         self.faults_served: list[str] = []
@@ -244,6 +255,7 @@ class OpenAIServer:
         self.keyed: list[tuple[float, str]] = []  # (wall-clock time, cache key) of each request read whole
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
             Route("/_arbor/counts", self._counts, methods=["GET"]),
         ])
         self._server: uvicorn.Server | None = None
@@ -257,6 +269,15 @@ class OpenAIServer:
     async def _counts(self, request: Request) -> JSONResponse:
         return JSONResponse({"counts": dict(self.counts), "roles": dict(self.roles), "faults": self.faults_served,
                              "arrivals": self.arrivals})
+
+    async def _models(self, request: Request) -> JSONResponse:
+        if self.models is None:
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return JSONResponse({"error": {"message": "bad api key", "type": "auth"}}, status_code=401)
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": int(time.time()), "owned_by": "llamacpp", "meta": meta}
+            for name, meta in self.models.items()]})
 
     async def _chat(self, request: Request) -> JSONResponse:
         if self.api_key is not None and request.headers.get("authorization") != f"Bearer {self.api_key}":

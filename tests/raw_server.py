@@ -20,6 +20,7 @@ class RawServer:
         self.port = self.sock.getsockname()[1]
         self.conns: list[socket.socket] = []
         self.requests = 0
+        self.lines: list[str] = []  # each whole request's first line ("POST /v1/chat/completions HTTP/1.1")
         self.first_at: float | None = None  # monotonic time the first whole request was read
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -49,6 +50,7 @@ class RawServer:
                     continue
                 buf = body[length:]
                 self.requests += 1
+                self.lines.append(head.split(b"\r\n", 1)[0].decode("latin-1"))
                 self.first_at = self.first_at or time.monotonic()
                 if self.mode == "500":
                     msg = b'{"error": {"message": "the judge is broken", "type": "server_error"}}'

@@ -215,9 +215,8 @@ def test_gpu_torch_spec_is_the_torch_preflight_accepts_for_nccl_sync() -> None:
     bad = {(name, v): weight_sync_problems(nccl, torch_version=v) for name, v in specs
            if weight_sync_problems(nccl, torch_version=v)}
     assert not bad, bad
-    gpu_comment = (ROOT / "pyproject.toml").read_text(encoding="utf-8").split("gpu = [", 1)[0].rsplit("\n\n", 1)[-1]
-    pinned = re.findall(r"pins torch==([0-9.]+)", gpu_comment)
-    assert pinned == [VLLM_TORCH], gpu_comment
+    pinned = re.findall(r"vLLM 0\.33\.0 pins `torch==([0-9.]+)`", (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8"))
+    assert pinned == [VLLM_TORCH], pinned
 
 
 def makefile_targets() -> set[str]:
@@ -342,6 +341,55 @@ def test_makefile_installs_cpu_torch_from_the_cpu_index_with_a_fallback() -> Non
     assert '--index-url "https://download.pytorch.org/whl/cu128" "torch==2.14.0"' in gpu, gpu
     plain = torch_line("TORCH_INDEX=")
     assert "--index-url" not in plain and plain.endswith('pip install -q "torch==2.13.0"'), plain
+
+
+def _make_n(*args: str) -> str:
+    """What `make -n ARGS` would run (nothing runs)."""
+    import subprocess
+
+    return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+
+
+def test_make_setup_reinstalls_torch_when_its_spec_changes_and_only_then(tmp_path: Path) -> None:
+    """A venv set up with the CPU torch (`make demo`): `make setup` with the GPU node's TORCH_SPEC / TORCH_INDEX
+    reinstalls torch (and what is built against it), in the same venv; the same pair again does nothing."""
+    import os
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").touch()
+    (venv / ".torch-spec").write_text("torch==2.13.0 https://download.pytorch.org/whl/cpu\n")
+    installed = venv / "bin" / ".installed"
+    installed.touch()
+    later = max(p.stat().st_mtime for p in (ROOT / "pyproject.toml", ROOT / "constraints.txt",
+                                             venv / ".torch-spec")) + 60
+    os.utime(installed, (later, later))
+    assert "pip" not in _make_n("setup", f"VENV={venv}")  # the pair it was set up with: nothing to do
+    gpu = _make_n("setup", f"VENV={venv}", "TORCH_SPEC=torch==2.14.0",
+                  "TORCH_INDEX=https://download.pytorch.org/whl/cu128")
+    assert f"{venv}/bin/pip uninstall -q -y torch" in gpu, gpu
+    assert '--index-url "https://download.pytorch.org/whl/cu128" "torch==2.14.0"' in gpu, gpu
+    assert f"'torch==2.14.0 https://download.pytorch.org/whl/cu128' > {venv}/.torch-spec" in gpu, gpu
+    assert "-m venv" not in gpu and "--prebuild-ops" in gpu  # the same venv; DeepSpeed's ops built for it
+    assert "pip" not in _make_n("setup", f"VENV={venv}")  # a dry run changed nothing
+
+
+def test_make_clean_never_deletes_the_runs() -> None:
+    clean = _make_n("clean")
+    assert "rm -rf .venv" in clean and ".arbor" not in clean, clean
+    assert _make_n("clean-runs").strip() == "rm -rf .arbor"
+
+
+def test_no_extra_puts_vllm_beside_arbor() -> None:
+    """vLLM 0.33 caps fastapi below 0.137 and prefect 3.8.8 needs 0.139 or newer: an extra holding vLLM could never
+    resolve, so vLLM has an environment of its own (make vllm-env) and no doc offers such an extra."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert not [r for reqs in extras.values() for r in reqs if re.match(r"vllm\b", r)], extras
+    docs = [README, *(ROOT / "docs").glob("*.md")]
+    offers = [p.name for p in docs if p.name != "decisions.md"
+              and re.search(r"\[gpu\]|`gpu` extra pins", p.read_text(encoding="utf-8"))]
+    assert not offers, offers
 
 
 def readme_commands() -> list[str]:

@@ -597,6 +597,30 @@ def test_cache_is_shared_across_processes(server: OpenAIServer, tmp_path: Path) 
     assert set(server.counts.values()) == {1}  # the second process made no request
 
 
+# what llama.cpp's server reports for SmolLM2-135M-Instruct's Q8_0 GGUF and for a larger model under the same alias
+SMOLLM2 = {"vocab_type": 2, "n_vocab": 49152, "n_ctx_train": 8192, "n_embd": 576, "n_params": 134515008,
+           "size": 138953472, "n_ctx": 8192}
+BIGGER = {**SMOLLM2, "n_embd": 960, "n_params": 361821120, "size": 384778752}
+
+
+def test_the_cache_key_follows_the_served_model_not_its_url(tmp_path: Path) -> None:
+    """The same model behind a new URL (a resume after the judge moved) is a hit, even with another context size;
+    another GGUF served under the same model name is a miss."""
+    def ask(srv: OpenAIServer) -> tuple[bool | None, bool]:
+        judge = make_judge(config(srv), home=tmp_path)
+        out = run(_with(judge, judge.ask(ACCURACY, question=Q, golds=["Paris"], prediction="Paris")))
+        return out.value, out.cache_hit
+
+    with (OpenAIServer(api_key=SECRET, models={"test-judge": SMOLLM2}) as first,
+          OpenAIServer(api_key=SECRET, models={"test-judge": {**SMOLLM2, "n_ctx": 4096}}) as moved,
+          OpenAIServer(api_key=SECRET, models={"test-judge": BIGGER}) as other):
+        assert ask(first) == (True, False) and sum(first.counts.values()) == 1
+        assert moved.base_url != first.base_url
+        assert ask(moved) == (True, True) and not moved.counts  # paid once, not twice
+        assert ask(other) == (True, False) and sum(other.counts.values()) == 1  # not the old model's answer
+        assert ask(first) == (True, True) and sum(first.counts.values()) == 1
+
+
 def _searching(sample: int, n_search: int, passage_reps: int, reward: float) -> Trajectory:
     """A trajectory with a think, a query and a long result block per search (passages of ~40 * reps chars)."""
     body = "".join(f"<think>step {k} of {sample}: what is still missing</think>\n<search>tower {k} designer {sample}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +34,69 @@ def test_vllm_executable_is_looked_up_where_the_flow_will_start_it(tmp_path) -> 
     present.chmod(0o755)
     ok = "\n".join(check(load_config("qwen3-8b", {"cluster.vllm_executable": str(present)}), gpu_count=8, env={}))
     assert "cluster.vllm_executable" not in ok
+
+
+def _fake_vllm(folder: Path, version: str) -> Path:
+    """A `vllm` whose --version answers ``version`` (make vllm-env's CPU launcher answers 0.32.0+cpu)."""
+    exe = folder / "bin" / "vllm"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(f"#!/bin/sh\necho {version}\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_bare_vllm_is_the_checkouts_vllm_env_as_an_absolute_path(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """cluster.vllm_executable=vllm (the qwen3 profiles') with none on PATH is what make vllm-env built, absolute,
+    so a Prefect worker in another directory starts the same file; a path on PATH or a configured path wins."""
+    import arbor.paths
+    from arbor.paths import vllm_command
+    from arbor.tasks.env.serving import vllm_serve_spec
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    env = tmp_path / "checkout" / ".venv-vllm"
+    assert vllm_command("vllm", env) == "vllm"  # not built: left as configured, for preflight to name
+    exe = _fake_vllm(env, "0.33.0")
+    monkeypatch.chdir(tmp_path)
+    assert vllm_command("vllm", env) == str(exe) and exe.is_absolute()
+    assert vllm_command("/opt/vllm/bin/vllm", env) == "/opt/vllm/bin/vllm"
+    monkeypatch.setattr(arbor.paths, "VLLM_ENV", env)  # this checkout's .venv-vllm, as `make vllm-env` leaves it
+    assert vllm_serve_spec(load_config("qwen3-8b"), "/ckpt").argv[:2] == [str(exe), "serve"]
+    assert "cluster.vllm_executable" not in "\n".join(check(load_config("qwen3-8b"), gpu_count=8, env={}))
+    _fake_vllm(tmp_path / "on-path", "0.33.0")
+    monkeypatch.setenv("PATH", str(tmp_path / "on-path" / "bin"))
+    assert vllm_command("vllm", env) == "vllm"  # PATH's vllm, as before
+
+
+def test_without_vllm_preflight_names_the_one_setting_or_make_vllm_env(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import arbor.paths
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(arbor.paths, "VLLM_ENV", tmp_path / ".venv-vllm", raising=False)
+    [line] = [m for m in check(load_config("qwen3-8b"), gpu_count=8, env={}) if "vllm_executable" in m]
+    assert line == (f"cluster.vllm_executable: no `vllm` on PATH and no {tmp_path / '.venv-vllm/bin/vllm'}: run "
+                    f"`make vllm-env` in {arbor.paths.PROJECT_ROOT} (nothing to set afterwards), or set "
+                    "cluster.vllm_executable=/absolute/path/to/bin/vllm (vLLM's own environment; docs/gpu.md)"), line
+
+
+def test_qwen3_on_a_cpu_box_after_make_vllm_env_names_only_what_a_gpu_node_supplies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`arbor train -p qwen3-8b` here, once make vllm-env has built vLLM's CPU build into .venv-vllm: the refusal
+    names the GPUs, keys, endpoints, data and the GPU torch, never vLLM's executable or its version."""
+    import arbor.paths
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    _fake_vllm(tmp_path / ".venv-vllm", "0.32.0+cpu")
+    monkeypatch.setattr(arbor.paths, "VLLM_ENV", tmp_path / ".venv-vllm", raising=False)
+    missing = check(load_config("qwen3-8b"), gpu_count=0, env={})
+    keys = {m.split(":", 1)[0] for m in missing}
+    assert "cluster" in keys and "judge.api_key_env" in keys, missing
+    gpu_node = {"cluster", "judge.api_key_env", "search.api_key_env", "judge.base_url", "policy.model",
+                "memory.embedder", "sft.data",  # models offline here (HF_HUB_OFFLINE), data not downloaded
+                "cluster.weight_sync=nccl"}  # the GPU torch (make setup TORCH_SPEC=torch==2.14.0)
+    assert keys <= gpu_node, missing
+    assert not any("vllm_executable" in m or "vllm-env" in m or "vLLM 0.32" in m for m in missing), missing
 
 
 def test_tiny_cpu_needs_nothing() -> None:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from arbor.config import load_config
+from arbor.paths import vllm_command
 from arbor.tasks.env.serving import LaunchSpec, ServerDied, Supervised, vllm_serve_spec
 
 
@@ -22,7 +23,7 @@ def test_vllm_serve_command_for_profile() -> None:
                                    "cluster.vllm_tensor_parallel": 1})
     spec = vllm_serve_spec(cfg, "/ckpt/step_000010/hf")
     a = spec.argv
-    assert a[:3] == ["vllm", "serve", "/ckpt/step_000010/hf"]
+    assert a[:3] == [vllm_command("vllm"), "serve", "/ckpt/step_000010/hf"]  # after make vllm-env: .venv-vllm's
     assert a[a.index("--data-parallel-size") + 1] == "2" and a[a.index("--tensor-parallel-size") + 1] == "1"
     assert a[a.index("--max-model-len") + 1] == "36864"
     assert "--weight-transfer-config" in a

@@ -16,7 +16,7 @@ import shutil
 
 from arbor.config import ArborConfig
 from arbor.config.inputs import find_input, is_named_set, is_relative_input, missing_input_message
-from arbor.paths import resolve_home_path
+from arbor.paths import resolve_home_path, vllm_command
 from arbor.preflight.inputs import (
     _embedder_problems,
     _file_inputs,
@@ -36,6 +36,7 @@ from arbor.preflight.judges import (
 from arbor.preflight.serving import (
     _gpu_count,
     store_port_problems,
+    vllm_missing_message,
     vllm_version_problems,
     weight_sync_problems,
 )
@@ -106,7 +107,8 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
     missing += _embedder_problems(cfg)
     need = len(set(cfg.cluster.rollout_gpus) | set(cfg.cluster.train_gpus))
     have = (_gpu_count() if gpu_count is None else gpu_count) if need else 0  # torch only when GPUs are needed
-    if need and have < need and not cfg.train.hostfile:
+    gpus_missing = bool(need and have < need and not cfg.train.hostfile)
+    if gpus_missing:
         missing.append(
             f"cluster: the profile places rollouts on GPUs {cfg.cluster.rollout_gpus} and training on "
             f"{cfg.cluster.train_gpus} ({need} GPUs) but this machine has {have}"
@@ -133,14 +135,18 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
         vllm = cfg.cluster.vllm_executable
         if is_relative_input("cluster.vllm_executable", vllm):  # a path: the cwd's, else ARBOR_HOME's
             vllm = str(find_input("cluster.vllm_executable", vllm) or vllm)
+        vllm = vllm_command(vllm)  # `vllm` off PATH: the checkout's .venv-vllm, as the flow starts it
         if cfg.cluster.manage_vllm and shutil.which(vllm) is None:
             if is_relative_input("cluster.vllm_executable", vllm):
                 missing.append(missing_input_message("cluster.vllm_executable", vllm) + " (make vllm-env prints it)")
+            elif vllm == "vllm":
+                missing.append(vllm_missing_message())
             else:
                 missing.append(f"cluster.vllm_executable: the flow manages `vllm serve` but {vllm!r} "
                                "is not an executable here (make vllm-env, docs/gpu.md)")
         elif cfg.cluster.manage_vllm:
-            missing += vllm_version_problems(vllm, cpu=not cfg.cluster.rollout_gpus, weight_sync=cfg.cluster.weight_sync)
+            missing += vllm_version_problems(vllm, cpu=not cfg.cluster.rollout_gpus, weight_sync=cfg.cluster.weight_sync,
+                                             gpus_missing=gpus_missing)
         missing += weight_sync_problems(cfg.cluster)
         missing += store_port_problems(cfg)
         if not cfg.cluster.manage_vllm and not cfg.rollout.base_url:

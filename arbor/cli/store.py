@@ -27,32 +27,50 @@ class RunsFormat(StrEnum):
 
 
 def sql_cmd(
-    query: Annotated[str | None, typer.Argument(help="SQL to run (read-only) against the workspace catalog")] = None,
+    query: Annotated[str | None, typer.Argument(help="SQL to run (read-only, one statement) against the workspace "
+                                                "catalog")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="read the SQL from this file")] = None,
     fmt: Annotated[SqlFormat, typer.Option("--format", help="output format")] = SqlFormat.table,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file (parquet needs it)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write every row to this file, outside the "
+                                                "workspace (parquet needs it)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace the --output file if it exists")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="print at most N rows (default 10000)")] = None,
+    all_rows: Annotated[bool, typer.Option("--all", help="print every row")] = False,
     param: Annotated[list[str] | None, typer.Option("--param", help="NAME=VALUE, bound to $NAME in the SQL "
                                                     "(repeatable), e.g. --param run_id=r1")] = None,
 ) -> None:
-    """Query runs with SQL, read-only; works while a training run writes to the same workspace."""
-    from arbor.storage.sql import SqlError, check_format, query_and_render
+    """Query runs with SQL, read-only; works while a training run writes to the same workspace. Ctrl-C stops a
+    query."""
+    from arbor.storage.sql import ROW_CAP, SqlError, check_format, check_output, write_query
 
     if (query is None) == (file is None):
         _fail("give either a query or --file FILE")
+    if limit is not None and all_rows:
+        _fail("give --limit N or --all, not both")
     bad = [p for p in param or [] if "=" not in p or not p.split("=", 1)[0]]
     if bad:
         _fail(f"--param {bad[0]}: expected NAME=VALUE")
     params = dict(p.split("=", 1) for p in param or [])
     try:
-        check_format(fmt.value, output)
         text = file.read_text() if file is not None else query
-        out = query_and_render(text or "", fmt=fmt.value, output=output, params=params)
     except OSError as e:
         _fail(f"--file {file}: {e.strerror or e}")
+    cap = None if all_rows or (output is not None and limit is None) else limit or ROW_CAP
+    try:
+        check_format(fmt.value, output)
+        target = check_output(output, force=force) if output is not None else None
+        n, more = write_query(text or "", fmt.value, target, cap=cap, params=params)
     except SqlError as e:
         _fail(e)
-    if out:
-        sys.stdout.write(out if out.endswith("\n") else out + "\n")
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted (Ctrl-C): the query was stopped" + (f"; {output} is unchanged" if output
+                                                                           else ""), err=True)
+        raise typer.Exit(130) from None
+    if output is not None:
+        typer.echo(f"wrote {n} rows to {output}")
+    if more:
+        typer.echo(f"stopped after {n} rows: --limit N prints up to N, --all prints every row, --output FILE writes "
+                   "them all to a file", err=True)
 
 
 def runs_cmd(

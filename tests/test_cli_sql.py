@@ -23,8 +23,8 @@ EIGHT = {"runs", "steps", "trajectories", "rubrics", "rubric_events", "rubric_ac
 
 @pytest.fixture()
 def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("ARBOR_HOME", str(tmp_path))
-    return tmp_path
+    monkeypatch.setenv("ARBOR_HOME", str(tmp_path / "home"))  # results written beside it, never into it
+    return tmp_path / "home"
 
 
 def _run(*args):
@@ -90,8 +90,8 @@ def test_errors_are_clear(home):
     assert res.exit_code == 2 and "'xml' is not one of" in res.output
     res = _run("sql", "--file", str(home / "nope.sql"))
     assert res.exit_code == 2 and res.output.strip() == f"error: --file {home / 'nope.sql'}: No such file or directory"
-    res = _run("sql", "select 1", "--output", str(home / "no_dir" / "x.csv"), "--format", "csv")
-    assert res.exit_code == 2 and "no_dir" in res.output and not (home / "no_dir").exists()
+    res = _run("sql", "select 1", "--output", str(home.parent / "no_dir" / "x.csv"), "--format", "csv")
+    assert res.exit_code == 2 and "no_dir" in res.output and not (home.parent / "no_dir").exists()
 
 
 def test_format_options_are_choices() -> None:

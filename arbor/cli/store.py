@@ -6,11 +6,11 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from arbor.cli.common import _fail, _me
+from arbor.cli.common import _fail, _me, load_run, stored_run
 
 
 class SqlFormat(StrEnum):
@@ -27,32 +27,50 @@ class RunsFormat(StrEnum):
 
 
 def sql_cmd(
-    query: Annotated[str | None, typer.Argument(help="SQL to run (read-only) against the workspace catalog")] = None,
+    query: Annotated[str | None, typer.Argument(help="SQL to run (read-only, one statement) against the workspace "
+                                                "catalog")] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="read the SQL from this file")] = None,
     fmt: Annotated[SqlFormat, typer.Option("--format", help="output format")] = SqlFormat.table,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file (parquet needs it)")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write every row to this file, outside the "
+                                                "workspace (parquet needs it)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace the --output file if it exists")] = False,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="print at most N rows (default 10000)")] = None,
+    all_rows: Annotated[bool, typer.Option("--all", help="print every row")] = False,
     param: Annotated[list[str] | None, typer.Option("--param", help="NAME=VALUE, bound to $NAME in the SQL "
                                                     "(repeatable), e.g. --param run_id=r1")] = None,
 ) -> None:
-    """Query runs with SQL, read-only; works while a training run writes to the same workspace."""
-    from arbor.storage.sql import SqlError, check_format, query_and_render
+    """Query runs with SQL, read-only; works while a training run writes to the same workspace. Ctrl-C stops a
+    query."""
+    from arbor.storage.sql import ROW_CAP, SqlError, check_format, check_output, write_query
 
     if (query is None) == (file is None):
         _fail("give either a query or --file FILE")
+    if limit is not None and all_rows:
+        _fail("give --limit N or --all, not both")
     bad = [p for p in param or [] if "=" not in p or not p.split("=", 1)[0]]
     if bad:
         _fail(f"--param {bad[0]}: expected NAME=VALUE")
     params = dict(p.split("=", 1) for p in param or [])
     try:
-        check_format(fmt.value, output)
         text = file.read_text() if file is not None else query
-        out = query_and_render(text or "", fmt=fmt.value, output=output, params=params)
     except OSError as e:
         _fail(f"--file {file}: {e.strerror or e}")
+    cap = None if all_rows or (output is not None and limit is None) else limit or ROW_CAP
+    try:
+        check_format(fmt.value, output)
+        target = check_output(output, force=force) if output is not None else None
+        n, more = write_query(text or "", fmt.value, target, cap=cap, params=params)
     except SqlError as e:
         _fail(e)
-    if out:
-        sys.stdout.write(out if out.endswith("\n") else out + "\n")
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted (Ctrl-C): the query was stopped" + (f"; {output} is unchanged" if output
+                                                                           else ""), err=True)
+        raise typer.Exit(130) from None
+    if output is not None:
+        typer.echo(f"wrote {n} rows to {output}")
+    if more:
+        typer.echo(f"stopped after {n} rows: --limit N prints up to N, --all prints every row, --output FILE writes "
+                   "them all to a file", err=True)
 
 
 def runs_cmd(
@@ -75,29 +93,25 @@ def runs_cmd(
         _fail(e)
 
 
-def _run_root(run_id: str, home: Path) -> Path:
-    """A stored run's checkpoint folder, found through its stored config (ValueError when there is no such run,
-    SchemaError for an id that cannot be one)."""
-    from arbor.storage.runs import run_row
-
-    row = run_row(run_id, home)
-    if row is None:  # refused before torch is imported (checkpoint's module): a wrong id answers at once
-        raise ValueError(f"no run {run_id!r} in {home} (`{_me()} runs` lists them)")
+def _run_root(row: dict[str, Any], home: Path) -> Path:
+    """A stored run's checkpoint folder, found through its stored config (its ``runs`` row)."""
     from arbor.tasks.training.checkpoint import run_root_from_config
 
-    return run_root_from_config(row["config_json"], run_id, home)
+    return run_root_from_config(row["config_json"], row["run_id"], home)
 
 
 def _final_policy(run_id: str) -> Path | None:
     """The run's trained policy (``hf/`` of its latest complete checkpoint); None when there is none."""
     from arbor.paths import arbor_home
+    from arbor.storage.runs import run_row
     from arbor.storage.schemas import SchemaError
     from arbor.tasks.training.checkpoint import final_policy
 
     try:
-        return final_policy(_run_root(run_id, arbor_home()))
-    except (SchemaError, ValueError):
+        row = run_row(run_id, arbor_home())
+    except SchemaError:
         return None
+    return final_policy(_run_root(row, arbor_home())) if row is not None else None
 
 
 def export_cmd(
@@ -108,12 +122,8 @@ def export_cmd(
     """Export a run's trained policy as a plain Hugging Face folder (safetensors, config, tokenizer): load it with
     `AutoModelForCausalLM.from_pretrained(OUT)`, serve it with vLLM, or pass it as policy.model."""
     from arbor.paths import arbor_home
-    from arbor.storage.schemas import SchemaError
 
-    try:
-        root = _run_root(run_id, arbor_home())
-    except (SchemaError, ValueError) as e:
-        _fail(e)
+    root = _run_root(stored_run(run_id), arbor_home())
     from arbor.tasks.training.checkpoint import export_policy
 
     try:
@@ -128,14 +138,8 @@ def verify_cmd(run_id: Annotated[str, typer.Argument(help="the run to check")]) 
     damaged file, naming it and the stage)."""
     from arbor.paths import arbor_home
     from arbor.storage.parquet import verify_run
-    from arbor.storage.runs import check_run_id, run_row
-    from arbor.storage.schemas import SchemaError
 
-    try:
-        if run_row(check_run_id(run_id), arbor_home()) is None:
-            _fail(f"no run '{run_id}' in {arbor_home()}")
-    except SchemaError as e:
-        _fail(e)
+    stored_run(run_id)
     stages, files, problems = verify_run(run_id, arbor_home())
     for p in problems:
         typer.echo(f"damaged: {p}", err=True)
@@ -147,14 +151,9 @@ def verify_cmd(run_id: Annotated[str, typer.Argument(help="the run to check")]) 
 def disk_cmd(run_id: Annotated[str, typer.Argument(help="the run to measure")]) -> None:
     """Disk usage of one run: Parquet per table, checkpoints, TensorBoard events, reports."""
     from arbor.paths import arbor_home
-    from arbor.storage.runs import check_run_id
-    from arbor.storage.schemas import SchemaError
     from arbor.storage.usage import human, run_disk_usage
 
-    try:
-        check_run_id(run_id)  # a run id is a path component: '../..' would walk outside ARBOR_HOME
-    except SchemaError as e:
-        _fail(e)
+    load_run(run_id)  # a run id is a path component: '../..' would walk outside ARBOR_HOME
     usage = run_disk_usage(run_id, arbor_home())
     if not usage:
         _fail(f"nothing on disk for run '{run_id}' in {arbor_home()}")
@@ -171,9 +170,10 @@ def report_cmd(run_id: Annotated[str, typer.Argument(help="the run to report on"
     from arbor.storage.schemas import SchemaError
 
     home = arbor_home()
+    load_run(run_id)
     try:  # a run id that names nothing is refused before the catalog is opened
         if not any(stage_files(t, run_id, home) for t in ("runs", "trajectories", "rubric_events")):
-            _fail(f"no run '{run_id}' in {home} (`arbor runs` lists them)")
+            _fail(f"no run '{run_id}' in {home} (`{_me()} runs` lists them)")
     except SchemaError as e:
         _fail(e)
     from arbor.tasks.reporting.report import ReportError, build_report
@@ -194,15 +194,9 @@ def rubrics_export_cmd(
     import json
 
     from arbor.paths import arbor_home
-    from arbor.storage.runs import run_row
-    from arbor.storage.schemas import SchemaError
 
     home = arbor_home()
-    try:
-        if run_row(run_id, home) is None:
-            _fail(f"no run '{run_id}' in {home} (`arbor runs` lists them)")
-    except SchemaError as e:
-        _fail(e)
+    stored_run(run_id)
     if output is not None and not output.expanduser().resolve().parent.is_dir():
         _fail(f"--output {output}: folder {output.expanduser().resolve().parent} does not exist")
     from arbor.flows.pool import export_pool

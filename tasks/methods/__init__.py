@@ -21,7 +21,9 @@ A user's method is a subclass of ``arbor.tasks.methods.base.Method`` named by ``
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from arbor.config import ArborConfig
 from arbor.plugins import IMPORT_PATH
@@ -57,6 +59,10 @@ ROLE_MODULES = ("arbor.tasks.methods.arbor.roles", "arbor.tasks.methods.rar.role
 # whatever the method.
 JUDGE_MODULES = ("arbor.tasks.methods.arbor.world_judge",)
 REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
+# ``runs.method`` of the runs that trained no method: an evaluation (flows/evaluate.py) and Co-ReAct's generator
+# training (flows/guidance.py), whose tables are Co-ReAct's, as are those of any run with guidance.mode on
+NOT_METHODS = ("eval", "co-react-generator")
+GUIDANCE_TABLES = "arbor.tasks.methods.coreact.tables"
 
 
 class MethodError(ValueError):
@@ -136,10 +142,25 @@ def resolve_method(spec: str) -> type[Method]:
     return obj
 
 
+def load_run_tables(row: Mapping[str, Any]) -> None:
+    """Make a stored run's tables known to this process (``storage.schemas``), from its ``runs`` row: its method's
+    (``runs.method``: a name or ``pkg.module:ClassName``, whose class registers them when defined) and Co-ReAct's
+    when the run was guided or trained its generator. ``MethodError`` when the method cannot be imported here."""
+    try:
+        stored = json.loads(row.get("config_json") or "{}")
+    except ValueError:
+        stored = {}
+    spec = row.get("method") or (stored.get("run") or {}).get("method") or "arbor"
+    if spec not in NOT_METHODS:
+        resolve_method(spec)
+    if spec == "co-react-generator" or (stored.get("guidance") or {}).get("mode", "off") != "off":
+        importlib.import_module(GUIDANCE_TABLES)
+
+
 def make_method(cfg: ArborConfig) -> Method:
     """The configured method (``run.method``), constructed with the run's config."""
     return resolve_method(cfg.run.method)(cfg)
 
 
-__all__ = ["BUILTIN", "BUILTIN_REQUIRES", "METHOD_SWITCHES", "REGISTRY", "MethodError", "check_method", "make_method", "method_names",
-           "register", "requirement_problems", "resolve_method"]
+__all__ = ["BUILTIN", "BUILTIN_REQUIRES", "METHOD_SWITCHES", "REGISTRY", "MethodError", "check_method", "load_run_tables",
+           "make_method", "method_names", "register", "requirement_problems", "resolve_method"]

@@ -63,3 +63,26 @@ def test_the_comparison_table(workspace: Path) -> None:
 
 def test_average_of_nothing() -> None:
     assert average([]).mean is None and str(average([])) == "-"
+
+
+def test_arbor_report_compares_existing_runs(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``arbor report A B``: each run's report, then their Table 1 side by side (nothing is trained or evaluated)."""
+    import time
+
+    from typer.testing import CliRunner
+
+    from arbor.cli import app
+    from arbor.config import load_config
+
+    for rid in ("A", "B"):
+        cfg = load_config("tiny-world", {"run.method": "grpo"})
+        cfg.run.run_id = rid
+        write_stage("runs", [{"profile": "tiny-world", "method": "grpo", "seed": 0, "config_json": cfg.to_json(),
+                              "created_at": time.time()}], run_id=rid, step=0, stage="run", home=workspace)
+    monkeypatch.setenv("ARBOR_HOME", str(workspace))
+    result = CliRunner().invoke(app, ["report", "A", "B"])
+    assert result.exit_code == 0, result.output[-3000:]
+    assert f"report: {workspace / 'reports' / 'A' / 'report.md'}" in result.output
+    f1 = result.output.split("**F1**")[1].split("**LLM-judge acc.**")[0]
+    assert "| A | 50.0 ± 25.0 | 40.0 ± 20.0 | 45.0 ± 16.0 |" in f1 and "| B | 100.0 ± 0.0 | - | - |" in f1
+    assert "## Table 1" in (workspace / "reports" / "B" / "report.md").read_text()

@@ -163,26 +163,35 @@ def disk_cmd(run_id: Annotated[str, typer.Argument(help="the run to measure")]) 
     typer.echo(f"{'total':<{width}}  {human(sum(usage.values())):>10}")
 
 
-def report_cmd(run_id: Annotated[str, typer.Argument(help="the run to report on")]) -> None:
-    """Markdown + PNG report of a run (Tables 2 and 3, Figure 5, rubric histories, lineage), from the SQL views."""
+def report_cmd(run_ids: Annotated[list[str], typer.Argument(help="the run to report on; with more runs, their "
+                                                                  "Table 1 side by side")]) -> None:
+    """Markdown + PNG report of a run (Tables 1-3, Figure 5, rubric histories, lineage), from the SQL views; given
+    several stored runs, also prints their Table 1 side by side (one row per run)."""
     from arbor.paths import arbor_home
     from arbor.storage.parquet import stage_files
     from arbor.storage.schemas import SchemaError
 
     home = arbor_home()
-    load_run(run_id)
-    try:  # a run id that names nothing is refused before the catalog is opened
-        if not any(stage_files(t, run_id, home) for t in ("runs", "trajectories", "rubric_events")):
-            _fail(f"no run '{run_id}' in {home} (`{_me()} runs` lists them)")
-    except SchemaError as e:
-        _fail(e)
+    for run_id in run_ids:
+        load_run(run_id)
+        try:  # a run id that names nothing is refused before the catalog is opened
+            if not any(stage_files(t, run_id, home) for t in ("runs", "trajectories", "rubric_events")):
+                _fail(f"no run '{run_id}' in {home} (`{_me()} runs` lists them)")
+        except SchemaError as e:
+            _fail(e)
     from arbor.tasks.reporting.report import ReportError, build_report
+    from arbor.tasks.reporting.table1 import format_table1
 
-    try:
-        paths = build_report(run_id)
-    except ReportError as e:
-        _fail(e)
-    typer.echo(f"report: {paths.markdown}")
+    for run_id in run_ids:
+        try:
+            paths = build_report(run_id)
+        except ReportError as e:
+            _fail(e)
+        typer.echo(f"report: {paths.markdown}")
+    if len(run_ids) > 1:
+        table = format_table1(run_ids, home)
+        typer.echo("\nTable 1 (each run's last evaluation; %, ± SE over questions):\n\n" + (table or
+                   "no evaluation stored for these runs (run.eval_final, run.eval_every, or arbor eval)"))
 
 
 def rubrics_export_cmd(

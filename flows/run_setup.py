@@ -12,6 +12,7 @@ from typing import Any
 from arbor.config import ArborConfig, ConfigError, load_config
 from arbor.config.data import DataConfig
 from arbor.config.inputs import workspace_inputs
+from arbor.config.train import CheckpointConfig
 from arbor.flows.run_life import watch_dependencies
 from arbor.paths import resolve_home_path
 from arbor.tasks.methods import make_method
@@ -39,7 +40,7 @@ def stored_config(run_id: str, home: Path) -> ArborConfig | None:
     return ArborConfig.model_validate_json(row["config_json"]) if row else None
 
 
-def redo_stages(cfg: ArborConfig, run_id: str, spec: str, home: Path) -> tuple[int, list[int]]:
+def redo_stages(method: str, checkpoint: CheckpointConfig, run_id: str, spec: str, home: Path) -> tuple[int, list[int]]:
     """``STEP:STAGE`` (``arbor train --redo``, the flow's ``redo``): discard that stage of the stored run, the stages
     after it and the checkpoints from that step on, so the resume computes them again (the judge's cache answers
     what was already paid for): (stages discarded, checkpoint steps discarded). A bad spec raises ConfigError."""
@@ -52,10 +53,10 @@ def redo_stages(cfg: ArborConfig, run_id: str, spec: str, home: Path) -> tuple[i
     if not step_text.isdigit() or not stage:
         raise ConfigError(f"redo {spec}: expected STEP:STAGE, e.g. 3:shape")
     try:
-        gone = discard_from(run_id, int(step_text), stage, resolve_method(cfg.run.method).stage_names(), home)
+        gone = discard_from(run_id, int(step_text), stage, resolve_method(method).stage_names(), home)
     except ValueError as e:
         raise ConfigError(f"redo {spec}: {e}") from e
-    return len(gone), discard_checkpoints(run_checkpoint_root(cfg.checkpoint, run_id, home), int(step_text))
+    return len(gone), discard_checkpoints(run_checkpoint_root(checkpoint, run_id, home), int(step_text))
 
 
 def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_id: str | None,
@@ -86,7 +87,7 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
             cfg, changes = amend_config(ArborConfig.model_validate_json(row["config_json"]), overrides)
             require(cfg)  # what the run needs is here, before its record changes
             if redo is not None:
-                stages, ckpts = redo_stages(cfg, rid, redo, home)
+                stages, ckpts = redo_stages(cfg.run.method, cfg.checkpoint, rid, redo, home)
                 print(f"redo {redo}: discarded {stages} stored stages of run {rid} and checkpoints of steps {ckpts}")
             if changes:
                 record_config_changes(rid, cfg.to_json(), changes, home)

@@ -83,7 +83,7 @@ def _redo(cfg: Any, resume: str | None, spec: str, home: Path) -> None:
     if resume is None:
         raise ConfigError(f"--redo {spec}: needs --resume RUN (it changes a stored run)")
     try:
-        stages, ckpts = redo_stages(cfg, resume, spec, home)
+        stages, ckpts = redo_stages(cfg.run.method, cfg.checkpoint, resume, spec, home)
     except ConfigError as e:
         raise ConfigError(f"--{e}") from None
     typer.echo(f"redo: discarded {stages} stored stages of run {resume} from step {spec.partition(':')[0]} "

@@ -68,10 +68,10 @@ def run_compare(methods: list[str], profile: str = "tiny-cpu", overrides: dict[s
     import secrets
 
     from arbor.flows.train import arbor_train
-    from arbor.storage.sql import query_and_render, sql_file
+    from arbor.storage.sql import query, render, sql_file
 
     plan = plan_compare(methods, profile, overrides)
     prefix = prefix or f"compare-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     run_ids = [arbor_train(profile=profile, overrides=sets, run_id=f"{prefix}-{m}") for m, sets in plan.items()]
-    table = query_and_render(sql_file("compare_runs"), home=arbor_home(), params={"run_ids": run_ids})
+    table = render(query(sql_file("compare_runs"), {"run_ids": run_ids}, home=arbor_home()))
     return run_ids, table

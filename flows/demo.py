@@ -35,7 +35,7 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     from arbor.config import ArborConfig
     from arbor.flows.train import arbor_train
     from arbor.storage.runs import run_row
-    from arbor.storage.sql import query_and_render, sql_file
+    from arbor.storage.sql import query, render, sql_file
     from arbor.tasks.reporting.curves import collect_curve_rows, plot_curves
 
     sets = dict(overrides or {})
@@ -71,5 +71,5 @@ def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, 
     for title, sql in QUERIES:
         print(f"\n-- {title}\n{me} sql \"{sql}\"")
     print("\nTable 2 for this run:")
-    print(query_and_render(sql_file("zero_variance_of_run"), params={"run_id": run_id}))
+    print(render(query(sql_file("zero_variance_of_run"), {"run_id": run_id})))
     return run_id

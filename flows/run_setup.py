@@ -84,6 +84,8 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
         if redo is not None and row is None:
             raise ConfigError(f"redo {redo}: run {rid!r} is not stored (redo recomputes stages of a stored run)")
         if row is not None:
+            if fresh is not None:  # the flow run again (a Retry): its overrides as the first attempt stored them
+                overrides = resolved_overrides(overrides, fresh)
             cfg, changes = amend_config(ArborConfig.model_validate_json(row["config_json"]), overrides)
             require(cfg)  # what the run needs is here, before its record changes
             if redo is not None:
@@ -116,6 +118,21 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
 def run_config_path(run_id: str, home: Path) -> Path:
     """The run's resolved config with each value's source, beside its artifacts (``arbor config show``'s text)."""
     return home / "runs" / run_id / "config.yaml"
+
+
+def resolved_overrides(overrides: dict[str, Any] | list[str] | None, fresh: ArborConfig) -> dict[str, Any]:
+    """``overrides`` with each value read back from ``fresh`` after ``workspace_inputs`` (a relative input path made
+    absolute, as a new run stores it), so the same overrides given again compare equal to the stored run's."""
+    workspace_inputs(fresh)
+    out: dict[str, Any] = {}
+    for key, value in _as_mapping(overrides).items():
+        node: Any = fresh
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+            if node is None:
+                break
+        out[key] = value if node is None or not isinstance(node, str | int | float | bool) else node
+    return out
 
 
 def _as_mapping(overrides: dict[str, Any] | list[str] | None) -> dict[str, Any]:

@@ -68,15 +68,16 @@ def test_grpo_raises_the_training_reward_on_the_world(world_sft: Path, tmp_path:
 
 
 def test_the_world_judge_answers_arbor_in_a_real_run(world_sft: Path, tmp_path: Path, prefect_harness) -> None:
-    """Issue 63 item 2: three tiny-world ARBOR steps with ``judge.backend=world`` from the shared SFT start. The judge
+    """Issue 63 item 2: four tiny-world ARBOR steps with ``judge.backend=world`` from the shared SFT start. The judge
     is really asked: it induces drafts about the world's process features and judges pairs, admitted drafts become
     common rubrics, and every scored group's 11 pairwise verdicts (K = 8) are stored beside both trajectories' base
     rewards (``rubric_verdicts``), which is what ``judge_signal_quality`` reads. (When the first rubric activates
-    depends on the start's exact weights: step 2 from one start, step 3 from another, so three steps.)"""
+    depends on the start's exact weights: step 2 from one start, step 3 from another, none in three steps of 8 groups
+    from a third, so four steps of 16 groups.)"""
     from arbor.tasks.methods.arbor.world_judge import WORLD_FEATURES
 
     home = tmp_path / "home"
-    _train(home, "world", {"run.steps": 3, "run.eval_every": None, "checkpoint.every": 3, "rollout.batch_size": 8,
+    _train(home, "world", {"run.steps": 4, "run.eval_every": None, "checkpoint.every": 4, "rollout.batch_size": 16,
                            "run.method": "arbor", "judge.backend": "world", "memory.k_consol": 1,
                            "run.sft_warm_start": False, "run.start_checkpoint": str(world_sft)})
     calls = table("judge_calls", "world", home)
@@ -86,7 +87,7 @@ def test_the_world_judge_answers_arbor_in_a_real_run(world_sft: Path, tmp_path: 
     assert drafts and {e["feature"] for e in drafts} <= set(WORLD_FEATURES)
     activations = table("rubric_activations", "world", home)
     verdicts = table("rubric_verdicts", "world", home)
-    assert activations, "no common rubric scored a group in three steps"
-    for step in (1, 2, 3):  # one verdict per edge of every scored (rubric, group)
+    assert activations, "no common rubric scored a group in four steps"
+    for step in (1, 2, 3, 4):  # one verdict per edge of every scored (rubric, group)
         assert sum(v["step"] == step for v in verdicts) == 11 * sum(a["step"] == step for a in activations)
     assert {v["outcome"] for v in verdicts} <= {0.0, 0.5, 1.0, None}

@@ -252,6 +252,16 @@ def test_frozen_memory_admits_and_retires_nothing(sft_policy: Path, tmp_path: Pa
                 if e["event"] in ("induced", "admitted", "consolidated", "retired")]
 
 
+def book_corpus(tmp_path: Path) -> Path:
+    """Twenty passages "Book i was written by Author i." as a JSONL corpus (the questions of ``_question_rows``)."""
+    import json
+
+    corpus = tmp_path / "my_corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
+                              + "\n" for i in range(20)))
+    return corpus
+
+
 def _question_rows(fmt: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
     """Four questions in one of the formats users have (issue 14 item 2); (data path, field overrides).
     Parquet and the remaining combinations are read in tests/test_data_formats.py."""
@@ -283,12 +293,9 @@ def _question_rows(fmt: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
 def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness, fmt: str) -> None:
     """`--set data.train=... --set search.corpus=...` run one step on a user's files (random tiny policy), in each
     data format arbor reads."""
-    import json
 
     data, fields = _question_rows(fmt, tmp_path)
-    corpus = tmp_path / "my_corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
-                              + "\n" for i in range(20)))
+    corpus = book_corpus(tmp_path)
     home = tmp_path / "home"
     o = {"run.steps": 1, "run.sft_warm_start": False, "data.train": data, "search.corpus": str(corpus),
          "rollout.batch_size": 2, "rollout.k": 2, "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2,
@@ -309,15 +316,12 @@ def test_users_own_dataset_and_corpus(tmp_path: Path, prefect_harness, fmt: str)
 def test_eval_final_evaluates_the_final_policy_and_reports_table1(tmp_path: Path, prefect_harness) -> None:
     """run.eval_final (the paper profiles' Table 1): no in-run cadence, the final policy alone is evaluated, as the
     last step's eval stage; the report's Table 1 shows it, per split, as eval_summary reads it."""
-    import json
 
     from arbor.storage.sql import run_file
     from arbor.tasks.reporting.report import build_report
 
     data, fields = _question_rows("jsonl", tmp_path)
-    corpus = tmp_path / "my_corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
-                              + "\n" for i in range(20)))
+    corpus = book_corpus(tmp_path)
     home = tmp_path / "home"
     o = {"run.steps": 2, "run.sft_warm_start": False, "data.train": data, "search.corpus": str(corpus),
          "rollout.batch_size": 2, "rollout.k": 2, "rollout.max_new_tokens_per_turn": 16, "rollout.max_turns": 2,
@@ -357,9 +361,7 @@ def test_plugins_run_one_step(sft_policy: Path, tmp_path: Path, prefect_harness)
     import json
 
     data, _ = _question_rows("flashrag-jsonl", tmp_path)
-    corpus = tmp_path / "my_corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"title": f"Book {i}", "text": f"Book {i} was written by Author {i}."})
-                              + "\n" for i in range(20)))
+    corpus = book_corpus(tmp_path)
     home = tmp_path / "home"
     o = {"run.steps": 1, "run.sft_warm_start": False, "run.start_checkpoint": str(sft_policy), "data.train": data,
          "data.eval": data, "search.corpus": str(corpus), "rollout.batch_size": 2, "rollout.k": 2,

@@ -70,6 +70,7 @@ WHOLE_CONFIG: dict[str, str] = {
     "flows/run_setup.py::start_checkpoint": "policy, rollout and run, and hands it to the SFT flow",
     "flows/run_setup.py::open_run": "the training flow's root (nine sections)",
     "flows/run_setup.py::make_trainer": "hands it to the trainer",
+    "flows/run_setup.py::resolved_overrides": "reads back any dotted key a retried flow run was given",
 }
 
 
@@ -110,4 +111,4 @@ def test_the_walk_finds_a_method_and_a_function() -> None:
     found = whole_config_functions()
     assert "tasks/training/train.py::Trainer.__init__" in found and "flows/run_setup.py::open_run" in found
     assert "arbor/preflight/serving.py::weight_sync_plan" not in found  # takes cluster and rollout
-    assert len(found) == len(WHOLE_CONFIG) == 48
+    assert len(found) == len(WHOLE_CONFIG) == 49

@@ -347,8 +347,11 @@ def _make_n(*args: str) -> str:
     """What `make -n ARGS` would run (nothing runs)."""
     import subprocess
 
-    return subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                          check=True).stdout
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # run under `make test`
+    return subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, check=True, env=env).stdout
 
 
 def test_make_setup_reinstalls_torch_when_its_spec_changes_and_only_then(tmp_path: Path) -> None:

@@ -178,7 +178,7 @@ def test_deploy_and_run_from_anywhere(tmp_path: Path) -> None:
             assert got["global_concurrency_limit"] is None and got["pull_steps"] == spec()["pull"], key
         assert SECRET not in json.dumps(list(served.values()))
 
-        # README "On a cluster": SFT data written as data/sft/<file>.jsonl in the workspace, then arbor-sft and an
+        # docs/usage.md "SFT, then RL, as Prefect deployments": SFT data written as data/sft/<file>.jsonl in the workspace, then arbor-sft and an
         # arbor-train run from its SFT start, by a worker started outside the checkout, which runs each flow in a
         # temporary directory of its own: `sft.data` given relative is read from ARBOR_HOME (it was resolved against
         # the worker's temporary directory and refused). The train run is also Retry in the UI: started without

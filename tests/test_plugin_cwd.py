@@ -1,5 +1,5 @@
 """A method named by import path is found in the working directory by the installed `arbor` console script, as
-`python -m` users expect, and a failed import names its real cause (README "Methods", docs/plugins.md)."""
+`python -m` users expect, and a failed import names its real cause (docs/methods.md, docs/plugins.md)."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ def test_openai_judge_without_key_or_url() -> None:
 
 
 def test_unset_judge_url_is_the_openai_clients_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """README: left unset, judge.base_url is the OpenAI client's default endpoint (or OPENAI_BASE_URL). The openai
+    """docs/usage.md: left unset, judge.base_url is the OpenAI client's default endpoint (or OPENAI_BASE_URL). The openai
     backend then builds its client with base_url=None; preflight checks the endpoint that client will call."""
     import openai
 
@@ -139,7 +139,7 @@ def test_unset_judge_url_is_the_openai_clients_default(monkeypatch: pytest.Monke
     assert judge_endpoint(None, {"OPENAI_BASE_URL": "http://h:1/v1"}) == "http://h:1/v1"
     assert judge_endpoint("http://set:2/v1", {"OPENAI_BASE_URL": "http://h:1/v1"}) == "http://set:2/v1"
     cfg = load_config("tiny-cpu", {"judge.backend": "openai"})
-    assert cfg.judge.base_url is None and cfg.judge.api_key_env == "OPENAI_API_KEY"  # the README's defaults
+    assert cfg.judge.base_url is None and cfg.judge.api_key_env == "OPENAI_API_KEY"  # docs/usage.md's defaults
     with socket.socket() as listening:  # OPENAI_BASE_URL answers, the key is set: nothing is missing
         listening.bind(("127.0.0.1", 0))
         listening.listen()

@@ -1,4 +1,4 @@
-"""Relative input paths under a Prefect worker (README "On a cluster"): a process worker runs each flow in a
+"""Relative input paths under a Prefect worker (docs/usage.md, "SFT, then RL"): a process worker runs each flow in a
 temporary directory, so `sft.data: data/sft/toolstar_still_search.jsonl` (the qwen3 profiles') and
 `cluster.vllm_executable=.venv-vllm/bin/vllm` are read from ARBOR_HOME when the current directory lacks them, and
 are otherwise refused before the run with the places looked and what to give instead. tests/test_deployment.py

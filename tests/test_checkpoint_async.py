@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from test_train import make_batch, make_trainer, params, tiny_model_dir
 
 from arbor.tasks.training import checkpoint as ckpt
-from arbor.tasks.training.checkpoint_async import hold_writes, in_flight
+from arbor.tasks.training.checkpoint_async import HostPool, hold_writes, in_flight
 
 pytestmark = pytest.mark.timeout(300)  # a save that waited for its held writer would hang: fail instead
 
@@ -106,3 +106,25 @@ def test_a_crash_with_a_save_in_flight_leaves_the_previous_checkpoint_latest(mod
     c.save_checkpoint(2)  # the next save clears the abandoned leftover
     assert ckpt.complete_steps(c.ckpt_root) == [1, 2]
     assert not (c.ckpt_root / "step_000002.tmp").exists()
+
+
+@pytest.mark.parametrize("overrides", [{}, {"train.zero_stage": 3, "policy.lora.enabled": True}],
+                         ids=["zero2", "zero3-lora"])
+def test_reserve_before_the_first_step_holds_every_buffer_the_saves_draw(model_dir: Path, tmp_path: Path,
+                                                                         overrides: dict[str, Any]) -> None:
+    """``CheckpointSaver.reserve`` at the start fills the pool with every buffer the first step's save draws, the
+    Adam moments the first step creates included: the first and second saves allocate at most a few scalars (the
+    optimizer's step counters). It writes nothing under the checkpoint root. A CPU trainer does not reserve (a
+    pool would hold a second copy of the model), so the pool is given here unpinned, as the CUDA one is pinned."""
+    tr = make_trainer(model_dir, tmp_path / "a", **overrides)
+    assert tr.reserved == (0.0, 0) and tr.saver.pool is None
+    tr.saver.pool = HostPool(pin=False)
+    _, reserved = tr.saver.reserve(tr.engine)
+    assert reserved > 0 and (not tr.ckpt_root.exists() or not any(tr.ckpt_root.iterdir()))
+    for step in (1, 2):
+        tr.train_step(make_batch(step, step - 1), step)
+        tr.save_checkpoint(step, wait=False)
+        tr.finish_save()
+        assert tr.save_timing is not None and 0 < tr.save_timing["snapshot_bytes"] <= tr.saver.pool.allocated_bytes
+        assert tr.saver.pool.allocated_bytes - reserved <= 64, (step, tr.saver.pool.allocated_bytes, reserved)
+    assert ckpt.latest_complete(tr.ckpt_root) == ckpt.step_dir(tr.ckpt_root, 2)

@@ -58,40 +58,67 @@ def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
+class HostPool:
+    """Host buffers the background saves copy into, kept between saves and drawn by (shape, dtype): one save draws
+    at a time (a save first waits for the one in flight), so the previous save's buffers are free again. ``pin``:
+    page-locked buffers (CUDA: the device copies run asynchronously, and allocating page-locked memory of a model's
+    and optimizer's size is what held the first save's step)."""
+
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.buffers: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+        self.allocated_bytes = 0
+
+    def drawer(self) -> Callable[[tuple[int, ...], torch.dtype], torch.Tensor]:
+        """A draw of one save: the i-th request of a (shape, dtype) gets that key's i-th buffer, allocated once."""
+        taken: dict[tuple[tuple[int, ...], torch.dtype], int] = {}
+
+        def draw(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            key = (tuple(shape), dtype)
+            i = taken.get(key, 0)
+            taken[key] = i + 1
+            bufs = self.buffers.setdefault(key, [])
+            if i == len(bufs):
+                bufs.append(torch.empty(key[0], dtype=dtype, device="cpu", pin_memory=self.pin))
+                self.allocated_bytes += bufs[-1].numel() * bufs[-1].element_size()
+            return bufs[i]
+
+        return draw
+
+
 class HostSnapshot:
     """A checkpoint's files as host-memory copies, taken at once and written later (issue 48 item 5).
 
     Every tensor reached from a saved object is copied (``copy_``) into host memory; containers are rebuilt, other
     leaves deep-copied, so nothing written later aliases state the next step changes. A view copied already (the
-    module's weights in both ``ds/`` and ``hf/``) is shared, not copied twice. On CUDA the copies go into pinned
-    buffers of ``pool`` (kept by the caller between saves, keyed by file and position) and ``finish`` waits for the
-    device; on CPU each save gets fresh buffers (a pool would hold a second copy of the model between saves)."""
+    module's weights in both ``ds/`` and ``hf/``) is shared, not copied twice. With a ``pool`` (CUDA: pinned) the
+    copies go into its buffers and ``finish`` waits for the device; without one each save gets fresh buffers (a
+    CPU run: a pool would hold a second copy of the model between saves)."""
 
-    def __init__(self, root: Path, pool: dict[tuple[Any, ...], torch.Tensor] | None = None) -> None:
+    def __init__(self, root: Path, pool: HostPool | None = None) -> None:
         self.root = Path(root)
         self.pool = pool
+        self._draw = pool.drawer() if pool is not None else None
         self.files: list[tuple[Path, Any]] = []  # (path, object for torch.save)
         self.jobs: list[Callable[[], None]] = []  # other writes (hf/, adapter/), in order after the files
         self.bytes = 0
         self._seen: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
         self._cuda = False
 
-    def copy(self, obj: Any, key: tuple[Any, ...] = ()) -> Any:
-        """``obj`` with every tensor replaced by a host copy (``key``: the pool's slot of a tensor)."""
+    def copy(self, obj: Any) -> Any:
+        """``obj`` with every tensor replaced by a host copy."""
         if isinstance(obj, torch.Tensor):
             t = obj.detach()
             vk = _view_key(t)
             hit = self._seen.get(vk)
             if hit is not None:
                 return hit[1]
-            pin = t.device.type == "cuda"
-            self._cuda |= pin
-            buf = self.pool.get(key) if (pin and self.pool is not None) else None
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
-                if pin and self.pool is not None:
-                    self.pool[key] = buf
-            buf.copy_(t, non_blocking=pin)
+            self._cuda |= t.device.type == "cuda"
+            if self._draw is not None:
+                buf = self._draw(tuple(t.shape), t.dtype)
+            else:
+                buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.device.type == "cuda")
+            buf.copy_(t, non_blocking=buf.is_pinned())
             self._seen[vk] = (t, buf)  # the source stays alive: no later tensor can take its address
             self.bytes += buf.numel() * buf.element_size()
             return buf
@@ -99,12 +126,12 @@ class HostSnapshot:
             out = copy.copy(obj)  # keeps the mapping's type (OrderedDict, defaultdict's factory)
             out.clear()
             for k, v in obj.items():
-                out[k] = self.copy(v, (*key, k))
+                out[k] = self.copy(v)
             return out
         if isinstance(obj, list):
-            return [self.copy(v, (*key, i)) for i, v in enumerate(obj)]
+            return [self.copy(v) for v in obj]
         if isinstance(obj, tuple):
-            items = [self.copy(v, (*key, i)) for i, v in enumerate(obj)]
+            items = [self.copy(v) for v in obj]
             return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
         if obj is None or isinstance(obj, (str, bytes, int, float, bool, torch.dtype, torch.device)):
             return obj
@@ -112,12 +139,7 @@ class HostSnapshot:
 
     def add(self, path: Path, obj: Any) -> None:
         """A ``torch.save`` file of ``obj`` (copied now, written by the writer)."""
-        path = Path(path)
-        try:
-            slot: Any = str(path.relative_to(self.root))
-        except ValueError:
-            slot = str(path)
-        self.files.append((path, self.copy(obj, (slot,))))
+        self.files.append((Path(path), self.copy(obj)))
 
     def finish(self) -> None:
         """Wait for the device's copies (the next step may change the sources as soon as this returns)."""
@@ -207,12 +229,11 @@ def snapshot_hf(snapshot: HostSnapshot, engine: Any, path: Path, zero_stage: int
     raw = module_state_dict(engine, zero_stage)
     if rank != 0:
         return
-    sd = snapshot.copy(merged(engine, raw), ("hf",))
+    sd = snapshot.copy(merged(engine, raw))
     lm = engine.module.lm
     adapters = None
     if adapter_dir is not None and lora.has_lora(lm):
-        adapters = snapshot.copy({k: v for k, v in raw.items() if k.rpartition(".")[2] in lora._LORA_KEYS},
-                                 ("adapter",))
+        adapters = snapshot.copy({k: v for k, v in raw.items() if k.rpartition(".")[2] in lora._LORA_KEYS})
 
     def write() -> None:
         _write_hf(lm, dict(sd), Path(path), tokenizer_src)
@@ -277,7 +298,7 @@ class PendingSave:
             self.snapshot.write(self.abandon.is_set, self.serialization)
             if self.abandon.is_set():
                 return
-            self.snapshot = HostSnapshot(self.snapshot.root)  # the copies can go (pinned buffers stay in the pool)
+            self.snapshot = HostSnapshot(self.snapshot.root)  # the copies can go (a pool's buffers stay in it)
             self.written.set()
             if self.commit_state is not None:
                 commit(self.tmp, self.step, self.commit_state)

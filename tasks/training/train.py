@@ -109,6 +109,10 @@ class Trainer:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.saver = CheckpointSaver(self.ckpt_root, cfg.checkpoint, rank=self.rank, world=self.world,
                                      zero_stage=self.tc.zero_stage, model_path=self.model_path)
+        # the background save's pinned host buffers, allocated now rather than inside the first step's save
+        # (seconds, bytes; CUDA under checkpoint.async_save: a CPU save keeps no pool)
+        on_cuda = torch.device(self.device).type == "cuda"
+        self.reserved = self.saver.reserve(self.engine) if cfg.checkpoint.async_save and on_cuda else (0.0, 0)
         self.packing = packing_mode(self.engine.module.lm)  # issue 48 item 3; the reference is the same model
         if self.rank == 0:
             print(f"trainer: micro-batches {self.packing} ({self.engine.module.lm.config._attn_implementation} "

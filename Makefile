@@ -124,8 +124,12 @@ dist: setup
 	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w dist .
 	@ls dist/*.whl
 
-# issue 48 item 7: the folder a GPU run carries (bench/out/gpu-pack, < 50 MiB: this project's wheel, DeepSpeed built
-# from its sdist, cp312 wheels the device image lacks) and the one device command that runs bench/gpu_check.py
+# The GPU check (docs/gpu.md, "Measuring the trainer"): the folder a GPU run carries (bench/out/gpu-pack, < 50 MiB:
+# this project's wheel, DeepSpeed built from its sdist, cp312 wheels the device image lacks), the one device command
+# that runs bench/gpu_check.py within five minutes, and, on a machine without CUDA, that command's CPU dry run (every
+# part at tiny sizes), so a broken part shows before device time is spent on it.
 .PHONY: gpu-check
 gpu-check: setup
 	$(BIN)/python bench/gpu_pack.py build
+	@if $(BIN)/python -c "import sys, torch; sys.exit(torch.cuda.is_available())"; then \
+	  $(BIN)/python bench/gpu_check.py --dry-run --out bench/out/gpu-check-dry; fi

@@ -26,6 +26,7 @@ killed half-way still reports what it measured.
   while the background writer writes, the time until the commit, and the reload of hf/ with ``from_pretrained``.
 - ``rollout-b16``, ``rollout-b64``: ``bench/rollout.py`` (the agent loop of ``TransformersEngine`` against
   ``generate()``), its ratio parsed from its output.
+- ``arbor-step``: one ARBOR step end to end (``part_arbor_step``), its seconds by stage.
 
 Writes ``gpu_check.txt`` (the table), ``gpu_check.json`` (every row) and ``gpu_check.log`` (each part's output
 tail) under ``--out``.
@@ -89,22 +90,29 @@ class Part:
 
 def train_rows(size: str, mode: str) -> tuple[str, ...]:
     base = (f"train {size} {mode}",)
-    return base + ((f"weight sync {size}", f"checkpoint save {size}", f"checkpoint wait {size}",
-                    f"checkpoint reload {size}")
+    return base + ((f"profile {size}", f"weight sync {size}", f"checkpoint reserve {size}", f"checkpoint save {size}",
+                    f"checkpoint wait 1 {size}", f"checkpoint wait 2 {size}", f"checkpoint reload {size}")
                    if (size, mode) == ("1.7b", "zero2") else ())
 
 
+STEP_STAGES = ("rollout", "score", "retire", "induce", "shape", "consolidate", "train", "checkpoint", "sync")
+
+# the default parts fit ``--budget`` (300 s: five minutes of the device, so that a change and a second run fit in
+# its fifteen); the others run when named (``--parts``)
 PARTS = (
-    Part("matmul", 40, ("matmul peak",)),
-    Part("head", 40, ("head full 16k", "head chunked 16k")),
-    Part("train-1.7b-zero2", 190, train_rows("1.7b", "zero2")),
+    Part("matmul", 20, ("matmul peak",)),
+    Part("head", 25, ("head full 16k", "head chunked 16k")),
+    Part("train-1.7b-zero2", 95, train_rows("1.7b", "zero2")),
+    Part("train-0.6b-zero2", 35, train_rows("0.6b", "zero2")),
+    Part("rollout-b16", 35, ("rollout b16",), kind="rollout"),
+    Part("rollout-b64", 35, ("rollout b64",), kind="rollout"),
+    Part("arbor-step", 55, ("arbor step 0.6b",)),
+)
+MORE_PARTS = (
     Part("train-1.7b-lora", 80, train_rows("1.7b", "lora")),
-    Part("train-0.6b-zero2", 60, train_rows("0.6b", "zero2")),
     Part("train-1.7b-zero3", 90, train_rows("1.7b", "zero3")),
     Part("train-0.6b-zero3", 60, train_rows("0.6b", "zero3")),
     Part("train-0.6b-lora", 60, train_rows("0.6b", "lora")),
-    Part("rollout-b16", 75, ("rollout b16",), kind="rollout"),
-    Part("rollout-b64", 60, ("rollout b64",), kind="rollout"),
 )
 MIN_START_S = 15.0  # a part is not started with less budget than this left
 
@@ -117,6 +125,7 @@ class Ctx:
     result: Path
     work: Path
     dry: bool
+    out: Path  # the orchestrator's --out: files beside the table (the profile)
     device: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -326,27 +335,35 @@ def part_train(ctx: Ctx, size: str, mode: str) -> None:
              detail=f"state_dict_for_sync {t_sd:.2f} s + pack {t_pack:.3f} s: {nbytes / 2**30:.2f} GiB in "
                     f"{n_buckets} chunks ({nbytes / 2**30 / max(t_pack, 1e-9):.0f} GiB/s; {how})")
     del sd
-    # checkpoint (issue 48 item 5): the step's save copies the state to pinned host memory and returns; the next
-    # step runs while the background writer writes ds/ + hf/; then the wait for the commit. Then hf/ reloaded.
-    sync(ctx.device)
-    t0 = time.perf_counter()
-    path = tr.save_checkpoint(wait=False)
-    t_wait = time.perf_counter() - t0
-    host_gib = (tr.save_timing or {}).get("snapshot_bytes", 0.0) / 2**30
-    batch = make_batch(shape["vocab_size"], wl, tr.policy_version)
-    t1 = time.perf_counter()
-    tr.train_step(policy_update(batch, 3, cfg.train, cfg.run.overlap), 3)
-    sync(ctx.device)
-    t_next = time.perf_counter() - t1
+    # checkpoint: the trainer filled the save's host pool at its start (CheckpointSaver.reserve); each step's save
+    # copies the state into it and returns; the next step runs while the background writer writes ds/ + hf/
+    reserve_s, reserve_bytes = tr.reserved
+    ctx.emit(f"checkpoint reserve {size}", step_s=reserve_s,
+             detail=f"the trainer's start: {reserve_bytes / 2**30:.1f} GiB of host buffers"
+                    + (", pinned" if gpu else " (a CPU trainer keeps no pool: 0)"))
+    waits, nexts, path = [], [], None
+    t_first = time.perf_counter()
+    for k, step in enumerate((3, 4)):
+        sync(ctx.device)
+        t0 = time.perf_counter()
+        path = tr.save_checkpoint(wait=False)
+        waits.append(time.perf_counter() - t0)
+        host_gib = (tr.save_timing or {}).get("snapshot_bytes", 0.0) / 2**30
+        batch = make_batch(shape["vocab_size"], wl, tr.policy_version)
+        t1 = time.perf_counter()
+        tr.train_step(policy_update(batch, step, cfg.train, cfg.run.overlap), step)
+        sync(ctx.device)
+        nexts.append(time.perf_counter() - t1)
+        ctx.emit(f"checkpoint wait {k + 1} {size}", step_s=waits[-1],
+                 detail=f"the step's wait for save {k + 1}: host copy of {host_gib:.1f} GiB; the next step "
+                        f"{nexts[-1]:.2f} s with the writer running (alone {walls[-1]:.2f} s)")
     t_finish = tr.finish_save()
-    t_save = time.perf_counter() - t0
+    assert path is not None
     size_gib = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 2**30
-    ctx.emit(f"checkpoint save {size}", step_s=t_save,
-             detail=f"ds/ + hf/, {size_gib:.1f} GiB on disk, committed by the background writer")
-    ctx.emit(f"checkpoint wait {size}", step_s=t_wait,
-             detail=f"the step's wait: host copy of {host_gib:.1f} GiB (first save: pinned buffers allocated); next "
-                    f"step {t_next:.2f} s with the writer running (alone {walls[-1]:.2f} s), then {t_finish:.1f} s "
-                    "until the commit")
+    ctx.emit(f"checkpoint save {size}", step_s=time.perf_counter() - t_first,
+             detail=f"two saves, ds/ + hf/, {size_gib:.1f} GiB on disk each, committed by the background writer "
+                    f"({t_finish:.1f} s waited for the last at the end)")
+    profile_step(ctx, tr, cfg, shape, wl, size, step=5)
     from transformers import AutoModelForCausalLM
 
     sync(ctx.device)
@@ -359,6 +376,31 @@ def part_train(ctx: Ctx, size: str, mode: str) -> None:
         lm.generate(input_ids=torch.tensor([[11, 12, 13]], device=ctx.device), max_new_tokens=4, do_sample=False)
     ctx.emit(f"checkpoint reload {size}", step_s=t_load, detail="from_pretrained(hf/) + .to(device); generates")
     shutil.rmtree(path, ignore_errors=True)
+
+
+def profile_step(ctx: Ctx, tr: Any, cfg: Any, shape: dict[str, Any], wl: Workload, size: str, step: int) -> None:
+    """One more step under torch.profiler: where its time goes, by operator (self time on the device, on the CPU in
+    the dry run). The top operators are the row's detail; the table of the top 40 is written beside the results
+    (``profile-<size>.txt``)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from arbor.tasks.training.update import policy_update
+
+    gpu = ctx.device == "cuda"
+    batch = make_batch(shape["vocab_size"], wl, tr.policy_version)
+    sync(ctx.device)
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
+        tr.train_step(policy_update(batch, step, cfg.train, cfg.run.overlap), step)
+        sync(ctx.device)
+    took = time.perf_counter() - t0
+    attr = "self_device_time_total" if gpu else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, attr), reverse=True)
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    top = [f"{e.key[:40]} {100 * getattr(e, attr) / total:.0f}%" for e in events[:6]]
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    (ctx.out / f"profile-{size}.txt").write_text(prof.key_averages().table(sort_by=attr, row_limit=40))
+    ctx.emit(f"profile {size}", step_s=took, detail="self time by operator: " + ", ".join(top))
 
 
 def pack_buckets(sd: dict[str, Any], device: str, bucket_bytes: int = 2**30) -> tuple[float, int, int, str]:
@@ -402,12 +444,65 @@ def pack_buckets(sd: dict[str, Any], device: str, bucket_bytes: int = 2**30) -> 
             f"per-dtype buckets of {bucket_bytes / 2**20:.0f} MiB")
 
 
+def part_arbor_step(ctx: Ctx) -> None:
+    """One ARBOR step end to end on one device, as a run takes it (``RunState.run_stage`` for each stage of the
+    method, then the checkpoint and the weight sync): Qwen3-0.6B's body (28 layers, hidden 1024) with the tiny
+    policy's tokenizer (8k vocabulary instead of 152k: no Qwen3 tokenizer without the Hub) and random weights, the
+    transformers engine, the rules judge, local BM25, DeepSpeed ZeRO-2 and the in-process weight sync; 16 questions
+    x K 8. Step 1 warms up; step 2 is the row, its seconds by stage. No Prefect: the stages are committed to the
+    stage store as the flow's tasks commit them."""
+    from arbor.flows.run_setup import open_run, prepare_run
+    from arbor.storage.catalog import ensure_catalog
+    from arbor.tasks.env.policy import TINY_SHAPES, TinyPolicyConfig, build_tiny_policy
+
+    gpu = ctx.device == "cuda"
+    home = ctx.work / "arbor-home"
+    body = TinyPolicyConfig(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=128) if gpu else TINY_SHAPES["1.5m"]
+    t0 = time.perf_counter()
+    policy = build_tiny_policy(body, path=ctx.work / "models" / "arbor-step")
+    t_build = time.perf_counter() - t0
+    o = {"run.method": "arbor", "run.steps": 2, "run.sft_warm_start": False, "run.eval_every": None,
+         "run.eval_final": False, "policy.model": "tiny", "policy.tiny_path": str(policy),
+         "rollout.batch_size": 16 if gpu else 2, "rollout.k": 8 if gpu else 4,
+         "rollout.max_new_tokens_per_turn": 128 if gpu else 16, "rollout.max_response_tokens": 512 if gpu else 48,
+         "train.bf16": gpu, "train.gradient_checkpointing": gpu, "checkpoint.every": 1, "checkpoint.async_save": True,
+         "judge.backend": "rules", "tracking.loggers": []}
+    ensure_catalog(home)
+    cfg = prepare_run("tiny-cpu", o, "gpu-check-arbor", False, home)
+    t0 = time.perf_counter()
+    with open_run(cfg, home) as run:
+        t_open = time.perf_counter() - t0
+        walls = []
+        for step in (1, 2):
+            t0 = time.perf_counter()
+            *before, train = run.method.stages
+            for stage in before:
+                run.run_stage(step, stage)
+            run.end_judging(step)
+            run.run_stage(step, train)
+            run.after_train(step)
+            walls.append(time.perf_counter() - t0)
+        seconds = dict(run.stage_seconds[2])
+        inside = dict(getattr(run.trainer, "last_timing", {}))
+    order = [st for st in STEP_STAGES if st in seconds] + sorted(set(seconds) - set(STEP_STAGES))
+    cells = ", ".join(f"{st} {seconds[st]:.2f}" for st in order)
+    update = ", ".join(f"{k} {inside[k]:.2f}" for k in ("old_logprobs", "forward", "backward", "optimizer")
+                       if k in inside)
+    ctx.emit("arbor step 0.6b", step_s=walls[-1], stages=seconds,
+             detail=f"{cells} s (train: {update}); warm-up step {walls[0]:.1f} s, trainer and engines "
+                    f"{t_open:.1f} s, policy built {t_build:.1f} s")
+
+
 def run_part_inline(name: str, ctx: Ctx) -> None:
     if name == "matmul":
         part_matmul(ctx)
         return
     if name == "head":
         part_head(ctx)
+        return
+    if name == "arbor-step":
+        part_arbor_step(ctx)
         return
     _, size, mode = name.split("-")
     part_train(ctx, size, mode)
@@ -488,7 +583,7 @@ def run_all(out: Path, budget_s: float, dry: bool, only: list[str] | None = None
     """Every part in order, each in its own process within its limit and the remaining budget; the rows."""
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="arbor-gpu-check-"))
-    parts = [p for p in PARTS if only is None or p.name in only]
+    parts = list(PARTS) if only is None else [p for p in (*PARTS, *MORE_PARTS) if p.name in only]
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     logf = (out / "gpu_check.log").open("w")
@@ -506,7 +601,7 @@ def run_all(out: Path, budget_s: float, dry: bool, only: list[str] | None = None
                 cmd = rollout_command(part, dry)
             else:
                 cmd = [sys.executable, "-P", str(Path(__file__).resolve()), "--part", part.name, "--result", str(result),
-                       "--work", str(work)] + (["--dry-run"] if dry else [])
+                       "--work", str(work), "--out", str(out)] + (["--dry-run"] if dry else [])
             t0 = time.perf_counter()
             rc, output = run_process(cmd, limit, env)
             took = time.perf_counter() - t0
@@ -589,9 +684,10 @@ def environment(dry: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "gpu-check")
-    ap.add_argument("--budget", type=float, default=500.0, help="seconds for all parts together")
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds for all parts together")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes, the same code path")
-    ap.add_argument("--parts", default=None, help="comma-separated part names (default: all)")
+    ap.add_argument("--parts", default=None, help="comma-separated part names (default: PARTS; MORE_PARTS "
+                    "by name)")
     ap.add_argument("--limit", action="append", default=[], metavar="PART=SECONDS", help="override a part's limit")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # one part, in its own process
     ap.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
@@ -599,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)  # arbor comes from the installed package (the device: the carried wheel)
     if args.part:
         try:
-            run_part_inline(args.part, Ctx(args.result, args.work, args.dry_run))
+            run_part_inline(args.part, Ctx(args.result, args.work, args.dry_run, args.out))
         except BaseException:
             traceback.print_exc()
             return 1

@@ -38,11 +38,13 @@ DEST = ROOT / "bench" / "out" / "gpu-pack"  # bench/out/ is git-ignored: the dev
 LIMIT_BYTES = 50 * 2**20
 DEVICE_SITE = "/tmp/arbor-site"
 DEVICE_PYTHON = "3.12"
-PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64")
-# What importing the trainer path (DeepSpeed, arbor.config, arbor.tasks.training, the rollout bench) needs and the
-# device image lacks. typing_extensions is in the image (torch's), but pydantic_core wants a newer one.
+# the image is glibc 2.39 (Ubuntu 24.04's Python 3.12.3); DuckDB 2 publishes manylinux_2_27/2_28 wheels only
+PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64")
+# What importing the trainer path (DeepSpeed, arbor.config, arbor.tasks.training, the rollout bench) and one ARBOR
+# step (the stage store's catalog: DuckDB, 24 MB) need and the device image lacks. typing_extensions is in the image
+# (torch's), but pydantic_core wants a newer one.
 BINARY = ("pydantic", "pydantic_core", "annotated-types", "typing-inspection", "typing_extensions", "hjson", "dill",
-          "bm25s")
+          "bm25s", "duckdb")
 DEEPSPEED = "deepspeed"
 
 
@@ -185,7 +187,7 @@ def unpack(src: Path, site: Path) -> list[str]:
     return names
 
 
-def device_command(dest: Path = DEST, budget_s: int = 500) -> str:
+def device_command(dest: Path = DEST, budget_s: int = 300) -> str:
     """The one command for the device tool (run in the repository root; $OUT comes back)."""
     rel = dest.resolve().relative_to(ROOT)
     return (f"python3 bench/gpu_pack.py unpack {rel} {DEVICE_SITE} >/dev/null && "
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the folder and print the device command")
     b.add_argument("--dest", type=Path, default=DEST)
-    b.add_argument("--budget", type=int, default=500, help="gpu_check.py's total budget in seconds")
+    b.add_argument("--budget", type=int, default=300, help="gpu_check.py's total budget in seconds")
     sub.add_parser("plan", help="print the plan (no network)")
     u = sub.add_parser("unpack", help="(device) unzip the folder's wheels into a site folder")
     u.add_argument("src", type=Path)

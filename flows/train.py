@@ -44,7 +44,7 @@ from arbor.storage.liveness import Heartbeat
 from arbor.storage.lock import release
 from arbor.tasks.methods.base import Stage
 from arbor.tasks.stages import StageStore
-from arbor.tasks.step import RunState, timed_stage
+from arbor.tasks.step import RunState
 
 
 def flow_run_name() -> str:
@@ -79,10 +79,7 @@ STAGE_CACHE = CachePolicy.from_cache_key_fn(stage_cache_key)
 
 
 def _stage(run: RunState, step: int, stage: Stage, compute: Callable[[], dict[str, Any]]) -> StageRef:
-    if run.progress is not None:
-        run.progress.stage_started(step, stage.name)
-    judged = lambda: run.check_judge(step, stage.name, compute())  # noqa: E731 - a judge that answered nothing: no commit
-    run.store.run(step, stage.name, stage.tables, timed_stage(run, step, stage.name, judged))
+    run.run_stage(step, stage, compute)
     return StageRef(run.run_id, step, stage.name, stage.tables)
 
 

@@ -39,7 +39,7 @@ from arbor.storage.parquet import read_stage
 from arbor.storage.schemas import tables as known_tables
 from arbor.tasks.env.datasets import Question
 from arbor.tasks.methods import make_method
-from arbor.tasks.methods.base import Method, check_stages
+from arbor.tasks.methods.base import Method, Stage, check_stages
 from arbor.tasks.stages import Rows, StageStore
 from arbor.tasks.training.update import policy_update
 from arbor.tasks.training.weight_sync import sync_policy
@@ -230,6 +230,16 @@ class RunState:
         """After the step's last judging stage: the streaming figures of the step (unclaimed guesses dropped)."""
         self.stream_stats = self.judge.take_stats() if isinstance(self.judge, StreamedJudge) else None
 
+    def run_stage(self, step: int, stage: Stage, compute: Callable[[], dict[str, Rows]] | None = None) -> None:
+        """Compute ``stage`` of ``step`` (default: ``compute(stage.name, step)``) and commit its tables to the stage
+        store, its seconds in ``stage_seconds``; a stage the store holds is loaded, not computed. A judge that
+        answered nothing is refused before the commit (``check_judge``). What a flow's stage task runs."""
+        if self.progress is not None:
+            self.progress.stage_started(step, stage.name)
+        rows = compute or (lambda: self.compute(stage.name, step))
+        judged = lambda: self.check_judge(step, stage.name, rows())  # noqa: E731
+        self.store.run(step, stage.name, stage.tables, timed_stage(self, step, stage.name, judged))
+
     def compute(self, stage: str, step: int) -> dict[str, Rows]:
         """The rows of ``stage`` of ``step``: a pipeline stage (``rollout``, ``shape``, ``train``) or the method's
         own hook of that name, given the step's rollouts (judge work a prefetch began is claimed there)."""
@@ -273,9 +283,14 @@ class RunState:
             self.judge.settle_wasted(self.stream_stats)  # their cost is in the committed steps row (issue 60)
         if self.progress is not None and checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
             self.progress.stage_started(step, "checkpoint")  # the progress line names the phase (issue 49)
-        self.trainer.maybe_save(step, self.last_train_metrics)
+        seconds = self.stage_seconds.setdefault(step, {})
+        t0 = time.perf_counter()
+        self.trainer.maybe_save(step, self.last_train_metrics)  # the step's share of the save (timing_s/checkpoint)
+        t1 = time.perf_counter()
         self.method.after_train(self, step, self.last_train_metrics)
+        t2 = time.perf_counter()
         self.sync_weights()
+        seconds |= {"checkpoint": t1 - t0, "sync": time.perf_counter() - t2}
 
     def evaluate(self, step: int) -> dict[str, Rows]:
         """Held-out evaluation every ``run.eval_every`` steps on the first ``run.eval_size`` questions of each set
@@ -391,8 +406,14 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
 
     out: dict[str, float | None] = {f"timing_s/{stage}": secs
                                     for stage, secs in state.stage_seconds.get(step, {}).items()}
-    if step > 0:  # every stage of the step, train and eval included (the steps row is written before train runs)
+    if step > 0:  # every stage of the step, train and eval included (the steps row is written before train runs),
+        # with the checkpoint's and the weight sync's share after train
         out["timing_s/step"] = sum(state.stage_seconds.get(step, {}).values())
+        # inside train: the update's passes (the trainer of this process; a trainer service reports none)
+        trained = "train" in state.stage_seconds.get(step, {})  # computed in this process, not loaded
+        timing = (getattr(state.trainer, "last_timing", None) or {}) if trained else {}
+        out |= {f"timing_s/train_{k}": float(timing[k]) for k in ("old_logprobs", "forward", "backward", "optimizer")
+                if k in timing}
         events = read_stage_rows(state, step, "rubric_events")
         for kind in ("induced", "admitted", "consolidated", "retired"):
             out[f"rubric/{kind}"] = float(sum(e["event"] == kind for e in events))

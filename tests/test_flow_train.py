@@ -404,9 +404,14 @@ def _assert_tracked(home: Path, run_id: str) -> None:
     hist = wandb_history(run_dir)
     by_step = {r["_step"]: r for r in hist}
     assert grouped <= set(by_step[1]) and by_step[1]["samples/nrows"] == 2
-    stages = {k: v for k, v in by_step[1].items() if k.startswith("timing_s/") and k != "timing_s/step"}
-    assert {"timing_s/train", "timing_s/eval"} <= set(stages)  # a step's time counts its training and evaluation
+    inside = {k: v for k, v in by_step[1].items() if k.startswith("timing_s/train_")}  # the update's passes
+    stages = {k: v for k, v in by_step[1].items()
+              if k.startswith("timing_s/") and k != "timing_s/step" and k not in inside}
+    # a step's time counts its training, the checkpoint's and the weight sync's shares and its evaluation
+    assert {"timing_s/train", "timing_s/eval", "timing_s/checkpoint", "timing_s/sync"} <= set(stages)
     assert by_step[1]["timing_s/step"] == pytest.approx(sum(stages.values()))
+    assert {"timing_s/train_forward", "timing_s/train_backward", "timing_s/train_optimizer"} <= set(inside)
+    assert 0 < sum(inside.values()) <= stages["timing_s/train"]
     assert "rubric/pool_size" not in by_step[1]
     evals = {k for r in hist for k in r if k.startswith("eval/")}
     assert any(k.endswith("/strict_f1") for k in evals) and {0, 1} <= {r["_step"] for r in hist if evals & set(r)}

@@ -43,7 +43,7 @@ def test_plan_pins_every_wheel_to_the_constraints_ci_runs() -> None:
     items = pack.plan(pins)
     kinds = {i.name: i.kind for i in items}
     assert kinds["arbor-rl"] == "project" and kinds["deepspeed"] == "sdist"
-    for n in ("pydantic", "pydantic_core", "annotated-types", "typing-inspection", "hjson"):
+    for n in ("pydantic", "pydantic_core", "annotated-types", "typing-inspection", "hjson", "duckdb"):
         assert kinds[n] == "binary"
     for i in items:
         if i.kind != "project":
@@ -62,7 +62,8 @@ def test_commands_fetch_cp312_manylinux_wheels_and_build_deepspeed_without_ops(t
         assert flag in cmd
     assert cmd[cmd.index("--python-version") + 1] == "3.12" and cmd[cmd.index("--implementation") + 1] == "cp"
     assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--platform"] == ["manylinux_2_17_x86_64",
-                                                                          "manylinux2014_x86_64"]
+                                                                          "manylinux2014_x86_64",
+                                                                          "manylinux_2_28_x86_64"]
     cmd, env = pack.commands(pack.Item("sdist", "deepspeed", "0.19.8"), tmp_path)
     assert env == {"DS_BUILD_OPS": "0"} and "wheel" in cmd and "--no-build-isolation" in cmd
     assert "deepspeed==0.19.8" in cmd and cmd[cmd.index("--no-binary") + 1] == "deepspeed"
@@ -134,25 +135,48 @@ def test_rollout_summary_is_parsed() -> None:
     assert check.parse_rollout("Traceback ...\nRuntimeError: CUDA error") is None
 
 
-@pytest.mark.timeout(300)
-def test_dry_run_reports_a_timed_out_part_and_still_trains(tmp_path: Path) -> None:
-    """The CPU dry run of the real code path: the matmul part is given no time (killed: a timeout row, and no MFU
-    anywhere), the head part and the 0.6B ZeRO-2 part (tiny on the CPU) still run and report their rows."""
+def test_the_default_parts_fit_five_minutes_of_the_device() -> None:
+    """Every default part's limit together within the default budget (300 s), so that `make gpu-check`, a change and
+    a second `make gpu-check` fit the device's fifteen minutes; the parts not run by default are named."""
+    assert sum(p.limit_s for p in check.PARTS) <= 300
+    assert {p.name for p in check.PARTS} >= {"matmul", "train-1.7b-zero2", "train-0.6b-zero2", "rollout-b16",
+                                             "rollout-b64", "arbor-step"}
+    assert not {p.name for p in check.PARTS} & {p.name for p in check.MORE_PARTS}
+
+
+@pytest.mark.timeout(600)
+def test_dry_run_runs_every_code_path_and_reports_a_timed_out_part(tmp_path: Path) -> None:
+    """The CPU dry run (``make gpu-check`` without CUDA, tiny sizes) of every code path of the default parts (the
+    0.6B train part and the batch-64 rollout run the code of the 1.7B and batch-16 ones at other sizes): the matmul
+    part is given no time (killed: a timeout row, and no MFU anywhere); every other row is measured: the trainer's
+    steps, the profile, the weight-sync packing, both background saves' waits, the reload, the rollout ratio and one
+    ARBOR step end to end with its seconds by stage."""
     out = tmp_path / "out"
+    same_code = {"train-0.6b-zero2", "rollout-b64"}
+    parts = [p for p in check.PARTS if p.name not in same_code]
     subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--dry-run", "--out", str(out),
-                    "--parts", "matmul,head,train-0.6b-zero2", "--limit", "matmul=0.05"], check=True, cwd=ROOT,
+                    "--limit", "matmul=0.05", "--parts", ",".join(p.name for p in parts)], check=True, cwd=ROOT,
                    capture_output=True, text=True)
     data = json.loads((out / "gpu_check.json").read_text())
     rows = {r["row"]: r for r in data["rows"]}
+    assert set(rows) == {r for p in parts for r in p.rows}
     assert rows["matmul peak"]["status"].startswith("timeout")
-    assert rows["head chunked 16k"]["status"] == rows["head full 16k"]["status"] == "ok"
-    train = rows["train 0.6b zero2"]
-    assert train["status"] == "ok" and train["tokens_s"] > 0 and train["step_s"] > 0
+    assert {n: r["status"] for n, r in rows.items() if r["status"] != "ok"} == {"matmul peak": rows["matmul peak"]["status"]}
+    train = rows["train 1.7b zero2"]
+    assert train["tokens_s"] > 0 and train["step_s"] > 0
     # one mini-batch (updates_per_batch 1): pi_old from the forward, no pi_old pass ran: 6N per token (issue 48 item 2)
     assert train["params"] == check.count_params(check.DRY_SHAPE) and train["old_pass"] is False
     wl = check.DRY_WORKLOAD
     assert train["model_flops"] == 6 * train["params"] * wl.seqs * (wl.prompt + wl.response)
     assert "mfu" not in train
+    assert rows["checkpoint wait 1 1.7b"]["step_s"] > 0 and rows["checkpoint wait 2 1.7b"]["step_s"] > 0
+    assert rows["checkpoint reserve 1.7b"]["step_s"] == 0.0  # a CPU trainer keeps no pool
+    assert "self time by operator: " in rows["profile 1.7b"]["detail"]
+    assert "Self CPU" in (out / "profile-1.7b.txt").read_text()
+    assert rows["rollout b16"]["ratio"] > 0
+    step = rows["arbor step 0.6b"]
+    assert set(step["stages"]) == set(check.STEP_STAGES) and all(v >= 0 for v in step["stages"].values())
+    assert step["step_s"] >= sum(step["stages"].values()) * 0.99
     text = (out / "gpu_check.txt").read_text()
-    assert "CPU dry run" in text and "train 0.6b zero2" in text and "timeout" in text
-    assert "===== train-0.6b-zero2: rc 0" in (out / "gpu_check.log").read_text()
+    assert "CPU dry run" in text and "arbor step 0.6b" in text and "timeout" in text
+    assert "===== arbor-step: rc 0" in (out / "gpu_check.log").read_text()

@@ -6,8 +6,7 @@ benchmark, a notebook or a Prefect worker that imports its flows; a value the us
 
 DeepSpeed's CPU accelerator compiles its shm comm op on first use into torch's extension cache, one folder per
 Python and accelerator shared by every environment of the user. Two environments (two checkouts) write different
-include paths into its build file, so each use after the other's recompiles it (85-190 s on two cores, measured
-session 30). Each torch installation gets a folder of its own unless TORCH_EXTENSIONS_DIR is set (an environment
+include paths into its build file, so each use after the other's recompiles it (85-190 s on two cores). Each torch installation gets a folder of its own unless TORCH_EXTENSIONS_DIR is set (an environment
 that reaches another's torch through a .pth line shares that one's build).
 """
 

@@ -1,4 +1,4 @@
-"""Prefect's temporary API server, started by arbor in a session of its own (issue 49).
+"""Prefect's temporary API server, started by arbor in a session of its own.
 
 Left to Prefect, a flow run without ``PREFECT_API_URL`` starts a temporary server as a child in arbor's process
 group: a Ctrl-C or a group-wide SIGTERM killed it together with arbor, and the flow then waited minutes on the dead

@@ -24,12 +24,12 @@ whose first protocol tag is ``</think>`` as closing that implicit block; we neve
 ``<result>`` bodies are opaque tool output: only ``</result>`` ends them. The agent loop must pass tool text through
 ``result_block`` (which removes protocol tags from it) so a web page cannot forge structure.
 
-Protocols (issue 14 item 3): the grammar above is arbor's (the paper's). ``SEARCH_R1`` is Search-R1's
+Protocols: the grammar above is arbor's (the paper's). ``SEARCH_R1`` is Search-R1's
 (Jin et al., 2025): tool output between ``<information>`` and ``</information>`` (wrapped in blank lines, as its
 agent loop appends it) and the answer as the plain text of ``<answer> ... </answer>``, no ``\\boxed{}``. The same
 checker serves both: every function here takes ``protocol`` (default ``ARBOR``).
 
-``RUBRICEM`` (issue 15) is RubricEM's stage scaffold (its §3.2, App. B.1) in arbor's grammar: ``<structured_plan>``
+``RUBRICEM`` is RubricEM's stage scaffold (its §3.2, App. B.1) in arbor's grammar: ``<structured_plan>``
 (Plan), searches with ``<tool_output>`` results and ``<state_evaluation>`` after each (Research), ``<review>``
 (Review), then the boxed ``<answer>`` (Answer); ``stage_order_error`` adds the scaffold's order rules and
 ``stage_spans`` cuts a response into the four stages SS-GRPO credits. The paper's ``<call_tool name=...>`` is

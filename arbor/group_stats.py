@@ -130,7 +130,7 @@ def table2_fractions(classes: Sequence[GroupClass]) -> dict[str, float]:
     return out
 
 
-# ---- is the judge helping? (issue 63 item 4; the SQL of the same figures: ARBOR's judge_signal_quality view) ------
+# ---- is the judge helping? (the SQL of the same figures: ARBOR's judge_signal_quality view) ------
 def verdict_agreement(verdicts: Sequence[tuple[float | None, float, float]]) -> tuple[int, int, int]:
     """(agree, disagree, tie) over judged edges ``(outcome, base_i, base_j)`` whose base rewards differ: agree when
     the trajectory with the higher base reward wins (outcome 1: i wins, 0: j wins, 0.5 tie); failed edges (None)

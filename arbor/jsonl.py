@@ -1,4 +1,4 @@
-"""Reading a JSONL file a user hands us: every failure names the file and the line (issue 35 item 5)."""
+"""Reading a JSONL file a user hands us: every failure names the file and the line."""
 
 from __future__ import annotations
 

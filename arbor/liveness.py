@@ -1,4 +1,4 @@
-"""Liveness of the servers a run relies on (issue 49 item 2): one watch loop, ``Watch``, for all of them.
+"""Liveness of the servers a run relies on: one watch loop, ``Watch``, for all of them.
 
 A server arbor starts is watched through its process (``watch_process``: ``arbor.api_server``,
 ``tasks.env.serving.Supervised``): its exit is seen at once and named with its pid and status, unless its owner
@@ -8,7 +8,7 @@ says the exit was planned (its own stop, a restart). A server someone else start
 ``every_s`` seconds (nothing is sent: no request, no credentials), and once every attempt has failed for
 ``dead_after_s`` seconds the server is taken for gone and ``on_death`` is called with one phrase naming it. A
 server that accepts connections but never answers is not detected here: each client bounds it with a progress
-deadline (``DependencyStalled``: no byte for ``*.stall_s`` seconds, issue 60).
+deadline (``DependencyStalled``: no byte for ``*.stall_s`` seconds).
 
 A URL is shown without its user and password (a secret never reaches a log line).
 """
@@ -63,7 +63,7 @@ def reachable(host: str, port: int, timeout_s: float = 1.0) -> str | None:
 
 
 class DependencyStalled(RuntimeError):
-    """A server that took a request and then sent no byte for ``stall_s`` seconds (issue 60): the request is not
+    """A server that took a request and then sent no byte for ``stall_s`` seconds: the request is not
     retried (a wedged server would wedge the retry too) and the run ends naming the server, resumable.
 
     The deadline is httpx's read timeout (``transport_timeout``): httpcore wraps every receive on the socket in its

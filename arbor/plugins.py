@@ -1,4 +1,4 @@
-"""Plug-ins by import path (issue 14 item 1): ``reward.fn``, ``search.backend`` and ``judge.backend`` accept
+"""Plug-ins by import path: ``reward.fn``, ``search.backend`` and ``judge.backend`` accept
 ``pkg.module:Name`` beside the built-in names, as ``run.method`` does (docs/plugins.md).
 
 A plug-in that fails to import, is missing, or has the wrong shape is refused before anything starts, by a
@@ -31,7 +31,7 @@ def import_timeout_s() -> float:
 
 def import_bounded(module: str) -> Any:
     """``importlib.import_module`` in a daemon thread, given ``import_timeout_s()``: user code that hangs at import
-    (issue 35 item 8: a plug-in that slept at import hung ``arbor train``) raises ``TimeoutError`` instead, and a
+    (a plug-in that slept at import hung ``arbor train``) raises ``TimeoutError`` instead, and a
     plug-in that raises anything at import (SystemExit included) raises it here."""
     if module in sys.modules:
         return sys.modules[module]

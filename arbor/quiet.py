@@ -1,4 +1,4 @@
-"""A quiet default (issue 34 item 7): arbor's own lines, not its libraries' chatter; ``--verbose`` brings it back.
+"""A quiet default: arbor's own lines, not its libraries' chatter; ``--verbose`` brings it back.
 
 What is silenced, and how (each at its source, so nothing of arbor's own is lost):
 
@@ -99,7 +99,7 @@ NOISY_LOGGERS = ("prefect", "prefect.flow_runs", "prefect.task_runs", "prefect.s
 def all_handlers() -> list[logging.Handler]:
     """Every handler configured so far, on the root logger and every named one."""
     # a copy first: another thread (a Prefect or judge client starting up) may add a logger meanwhile, and iterating
-    # the live dict then raised "dictionary changed size during iteration" (session 31); dict.copy is one C call
+    # the live dict then raised "dictionary changed size during iteration"; dict.copy is one C call
     named = logging.Logger.manager.loggerDict.copy()
     loggers = [logging.getLogger(), *(lg for lg in named.values() if isinstance(lg, logging.Logger))]
     return [h for lg in loggers for h in lg.handlers]

@@ -1,4 +1,4 @@
-"""One way for a run to stop when asked (issue 49).
+"""One way for a run to stop when asked.
 
 ``arbor train`` installs ``install()`` before it starts anything. From then on SIGINT (Ctrl-C) and SIGTERM — sent
 to the process or to its whole process group (a terminal's Ctrl-C, ``timeout``, SLURM's ``scancel``) — and a

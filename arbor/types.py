@@ -39,8 +39,8 @@ class Trajectory:
     shaped_reward: float | None = None
     policy_version: int = 0
     gen_seconds: float = 0.0
-    # segment credit for the trainer: RubricEM's stages (issue 15: where each stage starts among the response
-    # tokens, and its score) or ARCO's turns (issue 16: where each policy turn starts, and its advantage A_t)
+    # segment credit for the trainer: RubricEM's stages (where each stage starts among the response
+    # tokens, and its score) or ARCO's turns (where each policy turn starts, and its advantage A_t)
     stage_starts: list[int] | None = None
     stage_rewards: list[float] | None = None
 
@@ -185,19 +185,19 @@ class StepLabel:
 @dataclass(frozen=True)
 class LossSettings:
     """The policy loss's fixed choices for a whole run, decided by the controller (the method) and handed to the
-    trainer when it is built (issue 32 item 2): the upper PPO clip and the KL term's initial coefficient and
+    trainer when it is built: the upper PPO clip and the KL term's initial coefficient and
     reference (``frozen``: the start checkpoint, loaded once more; ``old``: pi_old), and how the per-token losses
     are averaged (``loss_agg``)."""
 
     eps_clip_high: float
     kl_coef: float
     kl_reference: Literal["old", "frozen"]
-    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"  # tasks.training.losses (issue 50)
+    loss_agg: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"  # tasks.training.losses
 
 
 @dataclass
 class UpdateBatch:
-    """One policy update as the controller sends it to the trainer (issue 32 item 2): the trajectories to train on
+    """One policy update as the controller sends it to the trainer: the trajectories to train on
     (tokens, loss masks, behaviour log-probs, their policy versions), one advantage per response token of
     each, how many policy versions behind the trainer each was sampled, and this update's KL coefficient.
     ``metrics``: the controller's figures about the choice (groups, groups kept), returned with the trainer's.

@@ -1,4 +1,4 @@
-"""A watchdog that outlives us to stop what we started (issue 35 item 5: clean exits).
+"""A watchdog that outlives us to stop what we started (clean exits).
 
 Prefect's temporary API server is a child process of ``arbor train``; a SIGKILL of ``arbor train`` re-parented it
 to PID 1, where it ran on for minutes. ``guard()`` starts one small process per CLI run that watches ours through

@@ -1,4 +1,4 @@
-"""How close legitimate judge answers come to the answer filter's thresholds (issue 56 item 4).
+"""How close legitimate judge answers come to the answer filter's thresholds.
 
     python bench/answer_filter.py
 

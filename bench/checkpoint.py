@@ -1,4 +1,4 @@
-"""How long a training step waits for its checkpoint, before and after the background writer (issue 48 item 5).
+"""How long a training step waits for its checkpoint, before and after the background writer.
 
     python bench/checkpoint.py [--hidden 512 --layers 8 --vocab 32000] [--steps 2] [--threads 1]
 

@@ -1,4 +1,4 @@
-"""What the stage checksums cost (issue 35 item 2; goal: at most 2% of a step).
+"""What the stage checksums cost (goal: at most 2% of a step).
 
 Trains a short run (default: tiny-world, the rules judge, no SFT), then, per step, times what the checksums add:
 hashing every file the step's stages committed (the commit records each file's size and SHA-256) and checking

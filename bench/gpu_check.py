@@ -1,4 +1,4 @@
-"""One GPU check of the trainer and the rollout engine in one table, within a fixed budget (issue 48 item 7).
+"""One GPU check of the trainer and the rollout engine in one table, within a fixed budget.
 
     python3 bench/gpu_check.py --out DIR [--budget 480]       # on the device (``make gpu-check`` prints the call)
     python bench/gpu_check.py --dry-run --out DIR              # the same code path on the CPU, tiny sizes
@@ -10,19 +10,19 @@ killed half-way still reports what it measured.
 
 - ``matmul``: the bf16 matmul peak (8192^3, TFLOP/s): the denominator of every MFU.
 - ``head``: the policy head's forward + backward at 16k loss positions (hidden 2048, vocabulary 152k, bf16):
-  full logits vs the chunked head (issue 48 item 1), memory above the inputs.
+  full logits vs the chunked head, memory above the inputs.
 - ``train-<size>-<mode>``: ``Trainer.train_step`` on a Qwen3-architecture model built from its config with random
   weights (no download), 0.6B with 32 x 2k-token sequences and 1.7B with 8 x 8k, under ZeRO-2, ZeRO-3 and LoRA
   (bf16, gradient checkpointing, 16k-token micro-batches): one warm-up step, then one timed step. tokens/s counts
   every real token; MFU counts 6N model FLOPs per token plus 2N per token the trainer put through a pi_old pass
-  (``Trainer.last_timing['old_pass_tokens']``; none with one mini-batch, issue 48 item 2) (N every parameter, the tied
+  (``Trainer.last_timing['old_pass_tokens']``; none with one mini-batch) (N every parameter, the tied
   embedding once; the issue's goal) over the measured peak; ``MFU+attn`` adds causal attention's
   4 * layers * heads * head_dim * L(L+1)/2 FLOPs per sequence and forward pass (x3 for forward + backward, + the
   pi_old pass's share). Peak
   memory is ``torch.cuda.max_memory_allocated`` over both steps.
 - in the 1.7B ZeRO-2 part, after its steps: ``state_dict_for_sync`` and the packing of that 1.7B state dict on
   CUDA as the NCCL weight sync packs it (``vllm_sync.packed_chunks``; the broadcast needs a second GPU), then
-  ``save_checkpoint(wait=False)`` (ds/ + hf/; issue 48 item 5): the step's wait for it (the host copy), a step run
+  ``save_checkpoint(wait=False)`` (ds/ + hf/): the step's wait for it (the host copy), a step run
   while the background writer writes, the time until the commit, and the reload of hf/ with ``from_pretrained``.
 - ``rollout-b16``, ``rollout-b64``: ``bench/rollout.py`` (the agent loop of ``TransformersEngine`` against
   ``generate()``), its ratio parsed from its output.
@@ -178,7 +178,7 @@ def part_matmul(ctx: Ctx) -> None:
 
 def part_head(ctx: Ctx) -> None:
     """The policy head's forward + backward at 16k loss positions, hidden 2048 (1.7B), vocabulary 152k, bf16, T 0.7,
-    entropy diagnostic on: full logits (the path before issue 48 item 1) vs ``chunked_logprobs``; the memory above
+    entropy diagnostic on: full logits (the path before the chunked head) vs ``chunked_logprobs``; the memory above
     the inputs (CUDA allocator peak) and the seconds."""
     import torch
 
@@ -311,7 +311,7 @@ def part_train(ctx: Ctx, size: str, mode: str) -> None:
     lengths = [wl.prompt + wl.response] * wl.seqs
     n = count_params(shape)
     # forward + backward (2x) for every token, + the pi_old forward for the tokens the trainer says it put through
-    # a no-grad pi_old pass (none when the update is one mini-batch: issue 48 item 2)
+    # a no-grad pi_old pass (none when the update is one mini-batch)
     old_share = timing["old_pass_tokens"] / max(1.0, timing["tokens"])
     old_pass = timing["old_pass_tokens"] > 0
     passes = 3 + old_share

@@ -1,4 +1,4 @@
-"""The folder a device run carries for ``make gpu-check`` (issue 48 item 7).
+"""The folder a device run carries for ``make gpu-check``.
 
 The GPU machine's image has Python 3.12, torch, transformers, accelerate, peft, safetensors, numpy and pandas, but
 not DeepSpeed, pydantic (and its three helpers), hjson, dill or bm25s, and it has no network (STACK_NOTES, "The GPU

@@ -1,11 +1,11 @@
-"""Co-ReAct on the synthetic world (issue 17): guided against unguided held-out answers, per checkpoint and source.
+"""Co-ReAct on the synthetic world: guided against unguided held-out answers, per checkpoint and source.
 
     python bench/guidance.py --checkpoint sft=DIR --checkpoint rl-s0=DIR ... --pool POOL.json --generator DIR
 
 Every (checkpoint, seed, source) is one ``arbor eval`` of the ``--profile`` (``tiny-world``, or ``smol-world``:
 SmolLM2-135M-Instruct, a policy that reads instructions) on ``world:eval``: the same
 questions and seeds answered unguided, then under Co-ReAct guidance (inject, verify, retry) with the
-source's step rubrics, both under the paper's inference protocol (issue 33 item 4: a greedy agent, so seeds of one
+source's step rubrics, both under the paper's inference protocol (a greedy agent, so seeds of one
 checkpoint agree; ``--set guidance.agent_temperature=null`` samples at the profile's temperature instead): ``judge`` (the rules judge's prompt-only writer), ``memory`` (an ARBOR run's exported
 common pool, ``--pool``) and ``generator`` (a trained generator, ``--generator``). A checkpoint named ``X-sN`` is
 one training seed N of X and is evaluated with seed N; any other is evaluated with every ``--seeds`` seed.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 SOURCES = ("judge", "memory", "generator")
 # guidance text needs context room: the rubric lands in the prompt and in the result blocks (it counts against the
-# context budget, not the response budget, since issue 33 item 4; the budgets are equal for the unguided answers)
+# context budget, not the response budget, now; the budgets are equal for the unguided answers)
 ROOM: dict[str, Any] = {"rollout.max_response_tokens": 768, "rollout.max_context_tokens": 1280}
 
 

@@ -1,4 +1,4 @@
-"""Peak memory of the policy head's forward + backward, full logits vs chunked (issue 48 item 1).
+"""Peak memory of the policy head's forward + backward, full logits vs chunked.
 
     python bench/head_memory.py [--positions 16384] [--hidden 64] [--vocab 151936]
 
@@ -8,7 +8,7 @@ diagnostic (detached) on, as the trainer does by default; the loss is a weighted
 dominates. Each measurement runs in a fresh process: the peak resident set (``ru_maxrss``) minus the resident set
 just before the head runs (inputs and weights allocated).
 
-- ``full``: today's path before issue 48 (``linear`` -> ``.float() / T`` -> ``token_logprobs`` + ``token_entropy``),
+- ``full``: the path before the chunked head (``linear`` -> ``.float() / T`` -> ``token_logprobs`` + ``token_entropy``),
   measured at smaller N (one [N x V] float32 tensor at N = 16k is 9.3 GiB; several are live at once) and
   extrapolated linearly to N, which is exact in form: every large tensor is [N x V];
 - ``chunked``: ``tasks.training.head.chunked_logprobs`` (256 MiB of float32 logits per chunk), measured at N.

@@ -1,4 +1,4 @@
-"""Every judge role against a real judge (issue 31 item 6): does it answer, how often, how fast, cut off or not.
+"""Every judge role against a real judge: does it answer, how often, how fast, cut off or not.
 
     python bench/judge_roles.py --run RUN --home HOME --base-url http://127.0.0.1:PORT/v1 --model smollm2 \
         [--calls 10] [--modes auto off] [--roles pairwise accuracy ...]
@@ -13,7 +13,7 @@ own reflections need a RubricEM run). Staged-protocol roles read the standard pr
 
 Per role and ``judge.structured_outputs`` mode: calls, valid answers (the role's parser accepted the reply within
 the judge's retries), mean attempts, mean latency, prompt and completion tokens per call, calls whose last reply
-was cut off at max_tokens, and the invalid answers (issue 50 item 9): attempts whose reply validated but was the
+was cut off at max_tokens, and the invalid answers: attempts whose reply validated but was the
 prompt's template echoed, a loop or an empty field (``llm.answers``), and the calls that ended so (fell back). Nothing is cached (each mode is asked afresh) and the judge's key is read from
 ``--api-key-env`` (any value for a local server).
 """
@@ -124,7 +124,7 @@ def build_calls(groups: list[list[Any]], staged: list[list[Any]], cfg: Any, deco
                       if len(ts := trajectory_steps(t, decode, cfg.rollout.max_searches)) > turn]
             cands = [s.action, *others]
             if len(cands) > 1:
-                # no golds: what the council is sent by default (guidance.rank_golds false, issue 50 item 5)
+                # no golds: what the council is sent by default (guidance.rank_golds false)
                 calls["rank_actions"].append(lambda j, q=q, h=s.history, c=cands: ask_ranking(
                     j, q, None, h, c, order=list(range(len(c)))[::-1]))
     by_query = dict(list(drafts.items())[:4])

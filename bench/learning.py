@@ -1,9 +1,9 @@
-"""Learning curves on the synthetic world (issue 12 item 3): every method, several seeds, one SFT start.
+"""Learning curves on the synthetic world: every method, several seeds, one SFT start.
 
     python bench/learning.py                       # grpo dapo arbor no-memory rar x seeds 0 1 2
     python bench/learning.py --quick               # grpo and arbor, one seed, fewer steps: a smoke run
     python bench/learning.py --methods grpo --seeds 0 1 --set run.steps=4
-    python bench/learning.py --profile smol-world --methods grpo arbor   # SmolLM2-135M-Instruct (issue 30)
+    python bench/learning.py --profile smol-world --methods grpo arbor   # SmolLM2-135M-Instruct
 
 Each (method, seed) is an ordinary ``arbor-train`` run of the ``--profile`` (default ``tiny-world``) from the same SFT checkpoint
 (trained once, seed 0), on the same batches (``run.seed``) and with held-out evaluation at step 0 and every
@@ -52,7 +52,7 @@ STAGED_PROMPT = ("Answer the question by searching. Plan in <structured_plan></s
 RUBRICEM_SETS: dict[str, Any] = {"rollout.protocol": "rubricem", "rollout.system_prompt": STAGED_PROMPT,
                                  "sft.reflections": 0.25, "rollout.max_context_tokens": 1024}
 METHOD_SETS: dict[str, dict[str, Any]] = {"ss-grpo": RUBRICEM_SETS, "rubricem": RUBRICEM_SETS}
-# the measured setting (docs/decisions.md, "Issue 12, session 6"): three times the demo's RL steps, held-out F1
+# the measured setting (docs/decisions.md): three times the demo's RL steps, held-out F1
 # sampled at the rollout temperature over 4 x 200 answers at steps 0, 15 and 30; any --set overrides these
 BENCH_SETS: dict[str, Any] = {"run.steps": 30, "run.eval_every": 15, "run.eval_runs": 4}
 # per profile: smol-world's own file already holds its measured setting (20 steps, eval at 0, 10 and 20)

@@ -1,4 +1,4 @@
-"""Rubric-memory bookkeeping cost per step (issue 3): 32 groups x 8 trajectories, 2 active rubrics.
+"""Rubric-memory bookkeeping cost per step: 32 groups x 8 trajectories, 2 active rubrics.
 
     python bench/memory.py [--steps N] [--groups G] [--k K]
 

@@ -1,4 +1,4 @@
-"""Padding of the trainer's micro-batches on a Search-R1-like length mix (issue 48 item 3).
+"""Padding of the trainer's micro-batches on a Search-R1-like length mix.
 
 Draws seeded steps of ``--groups`` prompts x ``--k`` trajectories (prompt ~300 tokens per group, responses 500-8k
 tokens from a clipped log-normal with a long tail; ~64k tokens a step), cuts each step into ``--updates``

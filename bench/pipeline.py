@@ -3,7 +3,7 @@
     python bench/pipeline.py [--steps 3] [--home bench/out/pipeline] [--start-checkpoint PATH]   # schedules
     python bench/pipeline.py --stages [--steps 2]                                                 # stages, resume
 
-Schedules (issue 19): the world profile (tiny-world) against the local OpenAI-compatible judge in its own process,
+Schedules: the world profile (tiny-world) against the local OpenAI-compatible judge in its own process,
 200 ms a call, judge.concurrency 32, the same seed three times: serial (``run.stream_judging=false``), streamed
 (the default) and one-step (streamed + ``run.overlap=one-step``). Per step, from the run's own records:
 
@@ -15,7 +15,7 @@ Schedules (issue 19): the world profile (tiny-world) against the local OpenAI-co
 and the ratios pre-train / max(rollout, judge) and pre-train / (rollout + judge); over the run: the idle share of
 the rollout engine (1 - rollout seconds / run wall) and of the trainer (1 - train seconds / run wall).
 
-``--stages`` (issue 7): per-stage wall time of a tiny step, the rubric machinery's share against rollout +
+``--stages``: per-stage wall time of a tiny step, the rubric machinery's share against rollout +
 training, and the cost of resuming a run killed mid-step against the time of the stage that was lost.
 
 The workspace keeps the SFT warm start between invocations (content-addressed), so only the first run pays it.
@@ -118,7 +118,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--home", default=str(ROOT / "bench" / "out" / "pipeline"))
     ap.add_argument("--start-checkpoint", default=None, help="an SFT checkpoint of tiny-world (else: trained once)")
-    ap.add_argument("--stages", action="store_true", help="the per-stage and resume benchmark (issue 7)")
+    ap.add_argument("--stages", action="store_true", help="the per-stage and resume benchmark")
     args = ap.parse_args()
     home = Path(args.home).resolve()
     home.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Agent-loop throughput against plain ``generate`` on the same prompts and lengths (issue 5 acceptance).
+"""Agent-loop throughput against plain ``generate`` on the same prompts and lengths (the acceptance).
 
     python bench/rollout.py [--size 50m|5m|500m] [--batch 16] [--turn-tokens 64] [--device cpu|cuda]
 
@@ -19,7 +19,7 @@ with the chat template), temperature 1.0, and generate the same number of tokens
 Prints generated tokens/s of both, the ratio (target >= 0.8 when compute dominates, ~50M parameters on CPU) and the
 turns per trajectory.
 
-``--model smollm2`` (or a GGUF file / HF directory; issue 30 item 6): the real SmolLM2-135M-Instruct, loaded through
+``--model smollm2`` (or a GGUF file / HF directory): the real SmolLM2-135M-Instruct, loaded through
 ``tasks.env.policy.resolve_model`` / ``load_policy`` (converted once into ``bench/out/models-home``), on the world's
 held-out questions rendered with its own chat template (``build_prompt_ids`` with the loop's system prompt), with the
 smol-world profile's rollout settings (temperature 0.7, 48 new tokens per turn, 4 turns / 3 searches, 256 response

@@ -1,4 +1,4 @@
-"""How far the rollout engine's log-probs sit from the trainer's (issue 59 item 3): TIS weights of a run's first step.
+"""How far the rollout engine's log-probs sit from the trainer's: TIS weights of a run's first step.
 
     python bench/rollout_logprobs.py --home HOME --run-id RUN [--step 1] [--cap 2]
 

@@ -1,4 +1,4 @@
-"""Behaviour check for refactors (issues 13, 51): every shipped method stores the same rows before and after a change.
+"""Behaviour check for refactors: every shipped method stores the same rows before and after a change.
 
     python bench/same_rows.py --ref fa7e91e                       # this tree vs commit fa7e91e
     python bench/same_rows.py --ref main --profile tiny-world --set run.start_checkpoint=PATH   # a policy that
@@ -48,7 +48,7 @@ from pathlib import Path
 
 tree = Path.cwd()
 if (tree / "tasks").is_dir() and '"arbor.tasks" = "tasks"' in (tree / "pyproject.toml").read_text():
-    # the arbor.* layout (issue 13 item 7): map this tree's folders into arbor.*, as package-dir does on install
+    # the arbor.* layout: map this tree's folders into arbor.*, as package-dir does on install
     import arbor
     mods = []
     for name in ("storage", "llm", "tasks", "flows"):

@@ -1,4 +1,4 @@
-"""Cache store at scale (issue 34 item 6): ``--entries`` cache entries written and read through the single-file
+"""Cache store at scale: ``--entries`` cache entries written and read through the single-file
 store (``storage.kvstore.KVStore``, what ``CachedSearch`` and the judge cache use) against the layout both caches
 had before, one JSON file per entry (``<root>/<key[:2]>/<key>.json`` written to a temporary name and renamed),
 reimplemented here as the reference and measured in the same run on the same disk.
@@ -32,7 +32,7 @@ from arbor.storage.kvstore import STORE_FILE, KVStore
 
 
 class PerFileCache:
-    """The old layout (``llm/cache.py`` and ``CachedSearch`` before issue 34): one JSON file per key, written to a
+    """The old layout (of ``llm/cache.py`` and ``CachedSearch`` before the key-value store): one JSON file per key, written to a
     unique temporary name in its folder and ``os.replace``d into place."""
 
     def __init__(self, root: Path) -> None:

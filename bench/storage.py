@@ -1,4 +1,4 @@
-"""Storage benchmark (issue 2): synthetic trajectories at scale through storage/ vs. raw pyarrow / raw DuckDB.
+"""Storage benchmark: synthetic trajectories at scale through storage/ vs. raw pyarrow / raw DuckDB.
 
 Writes ``--rows`` trajectories (~``--text-bytes`` of text each) one step partition at a time (memory stays
 bounded by one partition), ``--activations`` rubric activations and one judge call per activation, then prints

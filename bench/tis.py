@@ -1,4 +1,4 @@
-"""TIS weights of RubricEM's reflection candidates at the paper's rollout temperature (issue 33 item 8).
+"""TIS weights of RubricEM's reflection candidates at the paper's rollout temperature.
 
     python bench/tis.py [--model smollm2] [--prompts 8] [--samples 8] [--new-tokens 96] [--threads 2]
 

@@ -1,4 +1,4 @@
-"""Training-step benchmark: DeepSpeed trainer vs a plain torch loop on the same model and batch (issue 6).
+"""Training-step benchmark: DeepSpeed trainer vs a plain torch loop on the same model and batch.
 
 Prints the step time split (pi_old pass / forward / backward / optimizer / checkpoint) and tokens/s of both, and
 their ratio (DeepSpeed overhead). ``--gpu``: a ~0.6B-parameter Qwen3-architecture model in bf16 on one GPU, with
@@ -7,7 +7,7 @@ MFU against the bf16 matmul peak measured in the same run.
     python bench/train.py            # CPU, tiny model (~5M parameters)
     python bench/train.py --gpu      # one GPU, ~0.6B parameters
     python bench/train.py --model smollm2 [--lora both|off|on] [--steps 2] [--threads N]
-                          [--micro-batch-tokens N] [--sequential full|lora|both] [--profile]   # issue 30 item 6
+                          [--micro-batch-tokens N] [--sequential full|lora|both] [--profile]
 
 ``--model`` (``smollm2``, a GGUF file or an HF directory; loaded through ``tasks.env.policy.resolve_model``, converted
 once into ``bench/out/models-home``): ``Trainer.train_step`` with the smol-world profile (ZeRO-2, float32, its LoRA
@@ -90,8 +90,8 @@ class TorchLoop:
         self.model = PolicyHead(lm)  # the same loss-position head the trainer uses, without DeepSpeed
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-6, weight_decay=0.01)
         adv = group_advantages([t.base_reward for t in batch], [t.group for t in batch])
-        # the trainer's token-packed micro-batches (one [B, L] batch of 65k tokens does not fit a GPU: issue 48),
-        # packed rows where the attention allows (issue 48 item 3)
+        # the trainer's token-packed micro-batches (one [B, L] batch of 65k tokens does not fit a GPU),
+        # packed rows where the attention allows
         packing = packing_mode(lm)
         self.micros = []
         for rows in pack_micro_batches([len(t.prompt_ids) + len(t.response_ids) for t in batch], micro_batch_tokens,
@@ -466,7 +466,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="--model: one more step of each side under torch.profiler")
     ap.add_argument("--profile-dir", default=str(ROOT / "bench" / "out" / "profile"))
     ap.add_argument("--pi-old-pass", action="store_true",
-                    help="default bench: a no-grad pi_old pass over every trajectory, as before issue 48 item 2 "
+                    help="default bench: a no-grad pi_old pass over every trajectory, as earlier "
                          "(default: the first mini-batch's pi_old from its own forward)")
     args = ap.parse_args()
     if args.model:
@@ -486,7 +486,7 @@ def main() -> int:
     Qwen3ForCausalLM(Qwen3Config(max_position_embeddings=4096, **shape)).save_pretrained(model_dir)
     n_params = sum(p.numel() for p in Qwen3ForCausalLM(Qwen3Config(**shape)).parameters())
 
-    micro_batch_tokens = 16384 if gpu else 10**9  # GPU: 4 x 2k-token sequences a micro-batch (issue 48)
+    micro_batch_tokens = 16384 if gpu else 10**9  # GPU: 4 x 2k-token sequences a micro-batch
     overrides = {"run.run_id": "bench", "train.micro_batch_tokens": micro_batch_tokens, "train.zero_stage": 2,
                  "train.bf16": gpu, "train.gradient_checkpointing": gpu, "train.entropy_diagnostic": False}
     bench_cfg = load_config("tiny-cpu", overrides)
@@ -528,7 +528,7 @@ def main() -> int:
           "(DeepSpeed / plain; < 1 is DeepSpeed overhead)")
     if gpu:
         peak = matmul_peak_tflops()
-        # training FLOPs ~ 6 N per token, + 2 N per token the trainer put through a pi_old pass (issue 48 item 2)
+        # training FLOPs ~ 6 N per token, + 2 N per token the trainer put through a pi_old pass
         achieved = (6 * tokens + 2 * old_pass_tokens) * n_params / ds_step / 1e12
         print(f"bf16 matmul peak={peak:.0f} TFLOP/s; model FLOPs={achieved:.1f} TFLOP/s; MFU={achieved / peak:.1%}")
     return 0

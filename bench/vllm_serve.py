@@ -1,5 +1,5 @@
 """A real `vllm serve` against arbor's transformers engine on the same prompts, and seconds per weight sync by
-``reload`` against ``restart`` (issue 59 acceptance).
+``reload`` against ``restart`` (the acceptance).
 
     python bench/vllm_serve.py [--batch 16] [--k 1] [--repeats 3] [--syncs 3]
 

@@ -1,4 +1,4 @@
-"""Seconds to push a policy's weights to `vllm serve`, both ways arbor can (issue 47), on the CPU over gloo.
+"""Seconds to push a policy's weights to `vllm serve`, both ways arbor can, on the CPU over gloo.
 
 - ``nccl`` path: ``tasks.training.vllm_sync.VllmWeightSync`` (start -> update + packed broadcast -> finish ->
   weight_info -> prefix-cache reset) into ``tests/vllm_server.py`` (vLLM 0.33's contract) with one worker, in this

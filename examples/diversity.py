@@ -1,4 +1,4 @@
-"""A user's method that adds one stage and one table, in one file (issue 32 item 6; docs/methods.md).
+"""A user's method that adds one stage and one table, in one file (docs/methods.md).
 
 GRPO plus a per-group diversity score: a group whose K answers all read alike teaches little, so each trajectory
 earns a bonus for how much its response differs from the rest of its group.

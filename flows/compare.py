@@ -1,10 +1,10 @@
-"""``arbor compare``: the paper's comparisons (Tables 1, 2, 7) on the same data and seeds (issue 8 item 1).
+"""``arbor compare``: the paper's comparisons (Tables 1, 2, 7) on the same data and seeds.
 
 Every method runs the same profile, seed, batches and overrides; only ``run.method`` differs. Each run ends with a
 held-out evaluation (``run.eval_every`` = the last step), and the table reads everything back through SQL, with the
 trajectories each method rolled out per step beside it (``rollouts_per_step``: DAPO's own refill samples more).
 
-The baselines run as ARBOR's paper ran them (``PAPER_BASELINES``, issue 56 item 5) unless ``--set`` says otherwise:
+The baselines run as ARBOR's paper ran them (``PAPER_BASELINES``) unless ``--set`` says otherwise:
 DAPO drops outcome-homogeneous groups without refill or clip-higher (§4.1, B.2), RaR adds its centred rating with
 lambda alone (App. C.3). ``arbor train`` keeps each method's own default (the tiny profiles' rows unchanged).
 """

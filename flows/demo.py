@@ -1,4 +1,4 @@
-"""``arbor demo``: the main job on the embedded default (issue 7 item 6, issue 12 item 2).
+"""``arbor demo``: the main job on the embedded default.
 
 A profile end to end on two cores (the synthetic world ``tiny-world`` by default; ``--profile tiny-cpu`` for the
 shipped Wikipedia passages): build the tiny policy, SFT warm start, then ARBOR steps with the offline rules judge
@@ -28,7 +28,7 @@ QUERIES = (
 )
 
 
-PROFILE = "tiny-world"  # the synthetic world: held-out F1 at the SFT start and after RL (issue 12)
+PROFILE = "tiny-world"  # the synthetic world: held-out F1 at the SFT start and after RL
 
 
 def run_demo(steps: int | None = None, overrides: dict[str, Any] | None = None, profile: str = PROFILE) -> str:

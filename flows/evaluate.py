@@ -107,7 +107,7 @@ def _evaluate(cfg: Any, rid: str, checkpoint: str | None, splits: list[str], run
     write_stage("runs", [{"run_id": rid, "profile": cfg.run.profile, "method": "eval", "seed": cfg.run.seed,
                           "config_json": cfg.to_json(), "created_at": time.time(), "git_sha": None}],
                 run_id=rid, step=0, stage="run", home=home)
-    with recorded_run(cfg, rid, home):  # stopped / failed / completed, endpoints watched (issue 60)
+    with recorded_run(cfg, rid, home):  # stopped / failed / completed, endpoints watched
         search = make_search(cfg.search, home=home, config=cfg)
         if cfg.rollout.engine == "transformers":
             src = checkpoint or cfg.run.start_checkpoint or policy_source(cfg.policy, home)  # tiny: its shape

@@ -1,4 +1,4 @@
-"""``arbor-guidance-train``: Co-ReAct's rubric generator, trained with list-wise GRPO (issue 17; paper §3.1-3.2).
+"""``arbor-guidance-train``: Co-ReAct's rubric generator, trained with list-wise GRPO (paper §3.1-3.2).
 
 Stages, each stored before the next starts, so a re-run with the same run id resumes after the last finished one
 without new rollouts or judge calls for work already stored:
@@ -74,12 +74,12 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     rid = str(cfg.run.run_id)
     from arbor import stop
 
-    stop.set_run(rid)  # a stopped run's last line names it (issue 49)
+    stop.set_run(rid)  # a stopped run's last line names it
     g = cfg.guidance
     if new_run:  # prepare_run wrote the row with run.method; this run trains the generator, not a policy
         write_stage("runs", [{**(run_row(rid, home) or {}), "method": "co-react-generator"}], run_id=rid, step=0,
                     stage="run", home=home)
-    with recorded_run(cfg, rid, home, council=True):  # stopped / failed / completed, endpoints watched (issue 60)
+    with recorded_run(cfg, rid, home, council=True):  # stopped / failed / completed, endpoints watched
         declare_tables(TABLES, home)  # branch_points, generator_samples: Co-ReAct's, known to the workspace's readers
         load_judges()  # judge.backend=world | random: registered by ARBOR's package
         judge = make_judge(cfg.judge, home=home, config=cfg)

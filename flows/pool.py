@@ -1,4 +1,4 @@
-"""The common rubric pool as an artifact (issue 7 item 7): export a run's pool for another run's warm start."""
+"""The common rubric pool as an artifact: export a run's pool for another run's warm start."""
 
 from __future__ import annotations
 

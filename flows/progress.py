@@ -1,4 +1,4 @@
-"""Progress a person can follow (issue 7 item 1, issue 34 item 7): where the run is, how far the stage is, when it ends.
+"""Progress a person can follow: where the run is, how far the stage is, when it ends.
 
 On a terminal: live bars (the run's steps, the current stage: rollout groups or judge calls), with every log line
 (Prefect's, arbor's, a library's) printed above them through the same console, so nothing garbles the bars. Off a

@@ -16,7 +16,7 @@ from arbor.tasks.stages import StageStore
 
 def dependency_endpoints(cfg: ArborConfig, *, council: bool = False,
                          rollout_served: bool = False) -> list[tuple[str, str]]:
-    """(name, URL) of every server the run talks to and did not start (issue 60 item 2), each URL once under the
+    """(name, URL) of every server the run talks to and did not start, each URL once under the
     first name that claims it: the judge (``judge.base_url``), every role with an endpoint of its own
     (``judge.roles.<role>.base_url``), with ``council`` Co-ReAct's ranking judges (``guidance.rank_judges``), the
     search service (``search.url``), the rollout server (unless the flow serves it: ``rollout_served``). A judge
@@ -48,7 +48,7 @@ def dependency_endpoints(cfg: ArborConfig, *, council: bool = False,
 
 def watch_dependencies(cfg: ArborConfig, servers: list[Any], *, council: bool = False,
                        on_death: Callable[[str], None] | None = None) -> list[Any]:
-    """Under a command on the stop path, a server the run relies on that dies ends the run naming it (issue 49):
+    """Under a command on the stop path, a server the run relies on that dies ends the run naming it:
     the `vllm serve` the flow started, by its process; every other endpoint (``dependency_endpoints``) by its
     port (``arbor.liveness``), one on another machine asked less often and given longer (a network blip is not a
     dead server). ``on_death``: what a death calls (default: ``stop.request``, only when the stop path is
@@ -83,7 +83,7 @@ def end_status(e: BaseException) -> str:
 @contextmanager
 def recorded_run(cfg: ArborConfig, rid: str, home: Path, *, council: bool = False) -> Iterator[StageStore]:
     """The life of a run that is not ``arbor train``'s (``arbor eval``, ``arbor guidance-train``), recorded as
-    ``arbor_train`` records its own (issue 60 item 3): ``running``, then ``completed``, ``stopped`` (a signal) or
+    ``arbor_train`` records its own: ``running``, then ``completed``, ``stopped`` (a signal) or
     ``failed`` in its ``stage_runs`` row, also when the stop's bound forces the exit; owned by this process (its
     heartbeat); its endpoints watched (``watch_dependencies``). Its ``runs`` row must exist."""
     from arbor import stop

@@ -101,7 +101,7 @@ def prepare_run(profile: str, overrides: dict[str, Any] | list[str] | None, run_
         cfg = fresh or load_config(profile, overrides)
         one_run_id("run_id", rid, cfg.run.run_id)  # a new run named twice (run_id, run.run_id): the same run
         workspace_inputs(cfg)  # relative input paths: the current directory's, else ARBOR_HOME's
-        require(cfg)  # a run that cannot start leaves nothing behind (issue 47: a deployment run on the wrong machine)
+        require(cfg)  # a run that cannot start leaves nothing behind (a deployment run on the wrong machine)
         cfg.run.run_id = rid
         write_stage("runs", [{
             "run_id": rid, "profile": cfg.run.profile, "method": cfg.run.method, "seed": cfg.run.seed,
@@ -215,7 +215,7 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
     servers += watch_dependencies(cfg, servers)
     load_judges()  # judge.backend=world | random: registered by ARBOR's package
     judge = make_judge(cfg.judge, home=home, config=cfg)
-    if cfg.run.stream_judging:  # issue 19: a group's judge work starts once its rollouts end
+    if cfg.run.stream_judging:  # a group's judge work starts once its rollouts end
         from arbor.llm.stream import StreamedJudge
 
         judge = StreamedJudge(judge)
@@ -237,12 +237,12 @@ def open_run(cfg: ArborConfig, home: Path) -> RunState:
 
 
 def data_line(d: DataConfig, eval_every: int | None, n_train: int) -> str:
-    """The run's start line naming its question sets and how many training questions it samples from (issue 56: a
+    """The run's start line naming its question sets and how many training questions it samples from (a
     paper profile trained on the 129 shipped questions, 2,000 asked of them, and no line said so). ``n_train``: the
     questions loaded (``data.train_size`` caps them; a larger size takes the whole set, and the line says so)."""
     every = eval_every
     sample = ""
-    if d.train_size is not None and d.train_size > n_train:  # never silent (issue 56: 2,000 asked, 129 given)
+    if d.train_size is not None and d.train_size > n_train:  # never silent (2,000 asked, 129 given)
         sample = f"; data.train_size={d.train_size} asks for more than it holds: all {n_train} are used"
     elif d.train_size is not None:
         sample = f", a seeded sample of data.train_size={d.train_size}"
@@ -279,7 +279,7 @@ def _lazy_embedder(name: str) -> Any:
 
 
 def restore_policy(state: RunState) -> None:
-    """Load the latest complete checkpoint, then replay every later stored training stage (issue 6 item 3).
+    """Load the latest complete checkpoint, then replay every later stored training stage.
 
     Under ``run.overlap=one-step`` the rollout engine must hold the policy its next rollout was scheduled with,
     two versions behind: it is synced when the replay passes that version, and no checkpoint is written past it

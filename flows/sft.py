@@ -1,4 +1,4 @@
-"""``arbor-sft``: the SFT warm start that precedes RL (paper §4.1, App. B.2; issue 6 item 5).
+"""``arbor-sft``: the SFT warm start that precedes RL (paper §4.1, App. B.2).
 
 For the tiny CPU policy the data are synthesised from the offline training questions' supporting facts
 (think -> search -> real BM25 results -> answer, ``tasks.env.sft_data``); a user's own JSONL in our tag format works the
@@ -41,12 +41,12 @@ def sft_key(cfg: ArborConfig) -> str:
         sft["guided"] = {"share": cfg.sft.guided, "tau": cfg.guidance.tau,
                          "retry_feedback": cfg.guidance.retry_feedback}
     parts = {"sft": sft, "policy": policy,
-             # require_answers at its default keeps the earlier keys (issue 56 added it)
+             # require_answers at its default keeps the earlier keys (the added it)
              "data": cfg.data.model_dump(mode="json", exclude={"require_answers"} if cfg.data.require_answers else None),
-             # how long a search may stay silent does not change what it returns (issue 60 added it)
+             # how long a search may stay silent does not change what it returns (the added it)
              "search": cfg.search.model_dump(mode="json", exclude={"stall_s"}), "seed": cfg.run.seed,
              "max_searches": cfg.rollout.max_searches, "micro_batch_tokens": cfg.train.micro_batch_tokens,
-             # the micro-batch cut (issue 60: SFT on the RL trainer's packer re-keyed every start once)
+             # the micro-batch cut (SFT on the RL trainer's packer re-keyed every start once)
              "packer": "pack_micro_batches"}
     if cfg.rollout.system_prompt:  # SFT tokenises with the run's prompt; unset keeps the earlier keys
         parts["system_prompt"] = cfg.rollout.system_prompt
@@ -200,7 +200,7 @@ def launch_sft(cfg: ArborConfig, base: Path, data: Path, out: Path, state: Path,
                 if line.startswith("SFT"):  # rank 0's progress and resume lines
                     print(line.rstrip(), flush=True)
             code = proc.wait()
-        except BaseException:  # asked to stop (issue 49): the group is in a session of its own, stop it here
+        except BaseException:  # asked to stop: the group is in a session of its own, stop it here
             stop_group(proc)
             raise
     if code != 0 or not summary.exists():

@@ -1,6 +1,6 @@
 """``arbor-train``: the RL loop as a Prefect flow (DESIGN §1, paper §3 and App. B.2).
 
-Each step runs the stage graph the run's method declares (``Method.stages``, issue 32) as Prefect tasks
+Each step runs the stage graph the run's method declares (``Method.stages``) as Prefect tasks
 (``score-step3``). A stage task takes the run's resources, commits its tables to the Parquet stage store keyed by
 (run_id, step, stage), and returns a ``StageRef`` to them. Its Prefect cache key is that same triple: a stage that
 completed in an earlier attempt of the run shows as Cached and is not run again; the cache record is written only
@@ -84,8 +84,8 @@ def _stage(run: RunState, step: int, stage: Stage, compute: Callable[[], dict[st
 
 
 def retry_unless_judge_down(_task: Any, _task_run: Any, state: State) -> bool:
-    """A stage's retries (``Stage.retries``) are not spent on a judge that answered nothing (issue 62) or a server
-    that stalled (issue 60): the same calls would wait out the same timeouts again before the run ends."""
+    """A stage's retries (``Stage.retries``) are not spent on a judge that answered nothing or a server
+    that stalled: the same calls would wait out the same timeouts again before the run ends."""
     from arbor.liveness import DependencyStalled
     from arbor.llm.health import JudgeUnreachable
 
@@ -132,7 +132,7 @@ def _configured(t: Task[..., StageRef], stage: Stage, run: RunState, step: int) 
 def run_step(run: RunState, step: int) -> dict[str, Any]:
     """One RL step: the stages of the method's graph in order; returns the step's metrics row.
 
-    ``run.overlap=one-step`` (issue 19): step N+1's rollout is submitted to the task runner when step N's judging
+    ``run.overlap=one-step``: step N+1's rollout is submitted to the task runner when step N's judging
     is done and runs, with the engine's weights of step N-1, while step N trains; the weights are synced once both
     have finished. A resumed run replays the same schedule (``restore_policy``)."""
     run.stage_seconds.pop(step - 2, None)
@@ -163,7 +163,7 @@ def run_step(run: RunState, step: int) -> dict[str, Any]:
 
 
 def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
-    """Prefect artifacts per step: the rubric events and pool, and the step metrics (issue 7 item 1)."""
+    """Prefect artifacts per step: the rubric events and pool, and the step metrics."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     from arbor.tasks.step import read_stage_rows
@@ -186,7 +186,7 @@ def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
 
 def report_judge_health(state: RunState, step: int, metrics: dict[str, Any], logger: Any) -> None:
     """The step's judge-health lines under its summary whenever a judge call failed or was refused, and a WARNING
-    for each role whose answers were mostly refused (issue 62; ``tasks.reporting.judge_health``)."""
+    for each role whose answers were mostly refused (``tasks.reporting.judge_health``)."""
     from arbor.tasks.reporting.judge_health import health_lines, refusal_warnings
     from arbor.tasks.step import read_stage_rows
 
@@ -201,7 +201,7 @@ def report_judge_health(state: RunState, step: int, metrics: dict[str, Any], log
 def tag_flow_run(*new: str) -> None:
     """Tag the flow run (profile, method: filters in the Prefect UI). Not its task runs: Prefect acquires a
     concurrency slot for every tag of a task run, an API round trip that stalled the stage after each rollout by
-    ~2 s (bench/pipeline.py, issue 19)."""
+    ~2 s (bench/pipeline.py)."""
     from prefect import get_client
     from prefect.runtime import flow_run
 

@@ -1,4 +1,4 @@
-"""Schema-valid is not the same as an answer (issue 50 item 9).
+"""Schema-valid is not the same as an answer.
 
 A small judge under a grammar writes replies that validate against the role's schema and say nothing: the prompt's
 own placeholders (a rubric titled ``<short label>``), its instructions copied back, a loop of one phrase, an empty
@@ -6,7 +6,7 @@ field. Such a reply is an *invalid answer*: the OpenAI-compatible backend treats
 parse (retried with the reason, then the role's neutral fallback) and records it in the ledger as
 ``InvalidAnswer``. What counts as the template is read from the prompt file the call was rendered from
 (``tasks/methods/<m>/prompts/<version>.md``, ``llm.prompts.register_prompts``), never typed per role. A prompt holds
-three kinds of text (issue 56 item 4):
+three kinds of text:
 - its *placeholders*: the strings of its reply example written ``"<...>"`` or ``"..."`` (what a field stands for);
 - its *worked examples*: strings it quotes in its prose (``"distinguishes ... (e.g., variant forms)" is general``),
   model answers the prompt holds up, which a reply may reuse;
@@ -196,8 +196,7 @@ class Problem(NamedTuple):
 
 
 def find_problem(reply: Any, template: Template, schema: Mapping[str, Any] | None = None) -> Problem | None:
-    """Why a reply that validates against its role's schema is still not an answer, or None when it is one
-    (issue 50 item 9, issue 56 item 4). ``reply`` is the decoded JSON of the reply, ``template`` the prompt it
+    """Why a reply that validates against its role's schema is still not an answer, or None when it is one. ``reply`` is the decoded JSON of the reply, ``template`` the prompt it
     answers (``template_of``), ``schema`` the role's reply schema (which strings are read and which must hold text).
 
     A reply is not an answer when one of its text fields

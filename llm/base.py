@@ -75,7 +75,7 @@ def _never(_q: Any) -> Any:
 
 @dataclass(frozen=True)
 class Role(Generic[Q, T]):
-    """One judge role, declared once (issue 31 item 1): what it is asked, how the question is written, what a reply
+    """One judge role, declared once: what it is asked, how the question is written, what a reply
     must look like, and how the offline rules judge answers it. Backends are generic over roles: the
     OpenAI-compatible transport renders, sends (with ``schema`` as ``response_format``) and parses; the rules
     backend calls ``heuristic``. A method adds a role by declaring one and ``register``-ing it (``tasks/methods/<m>/roles.py``)."""
@@ -195,7 +195,7 @@ class Judge(ABC):
 
     def settle_payments(self, keys: Iterable[str]) -> None:  # noqa: B027 - optional hook
         """Calls of ``keys`` were paid for ahead and wasted, their cost committed in ``steps``: a backend whose
-        cache records payment (openai) stops a later hit from carrying it (issue 60 item 4)."""
+        cache records payment (openai) stops a later hit from carrying it."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release network clients (openai backend)."""

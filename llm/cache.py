@@ -7,7 +7,7 @@ without corrupting each other. Only validated responses are stored; failures are
 is a miss (the call is made again). Old workspaces (one JSON file per key under ``<k[:2]>/<k>.json``, the earlier
 layout) are read through and their entries copied into the store, so a resumed run never pays the judge twice.
 
-An entry also records who paid for it (issue 60 item 4): ``paid_by`` = {run_id, attempt} (``attempt``: the paying
+An entry also records who paid for it: ``paid_by`` = {run_id, attempt} (``attempt``: the paying
 process, ``process_attempt``) and ``cost_usd``, so that a run's spend survives a kill (``payment_carried``).
 
 The key holds the served model's identity (``served_identity``: what the endpoint's ``GET /models`` reports for it),
@@ -43,7 +43,7 @@ def process_attempt() -> str:
 
 def payment_carried(entry: Mapping[str, Any], run_id: str | None, attempt: str, ledger_has: bool,
                     carried: bool) -> float:
-    """What a cache hit of run ``run_id`` in process ``attempt`` costs the run (issue 60 item 4): the entry's
+    """What a cache hit of run ``run_id`` in process ``attempt`` costs the run: the entry's
     ``cost_usd`` when an earlier process of the same run paid for it (killed before its stage committed the paid
     call), the run's committed ledger does not hold that payment (``ledger_has``: a row of the key with a cost), no
     hit of this process carried it yet (``carried``), and it was not settled as a wasted prefetch (counted in

@@ -1,4 +1,4 @@
-"""Judge health from the call ledger (issue 62): what became of a step's judge calls, per role, and when a role's
+"""Judge health from the call ledger: what became of a step's judge calls, per role, and when a role's
 judge answered nothing at all.
 
 Every ``judge_calls`` row ends in one of five outcomes (``call_outcome``):

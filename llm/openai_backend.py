@@ -164,7 +164,7 @@ class OpenAIJudge(Judge):
              render: Callable[[int], tuple[str, list[dict[str, str]]]]) -> tuple[str, list[dict[str, str]]]:
         """A role's prompt with each of its ``texts`` compacted texts (trajectories, histories, candidates) at
         ``judge.max_judge_tokens`` (null: whole, App. E.1 / E.3). When ``judge.context_tokens`` is set and that
-        prompt and the reply would not fit, at the largest budget under which they do (issues 31 item 3, 50 item
+        prompt and the reply would not fit, at the largest budget under which they do (50 item
         3): from each text's equal share of the window (``text.shared_budget``; the prompt's own words measured
         with every text at ``prompts.MIN_TEXT_TOKENS``) up, by bisection, so a short text stays whole and
         leaves its room to the long ones, and nothing is cut that fits."""
@@ -351,7 +351,7 @@ class OpenAIJudge(Judge):
         refusal: str | None = None  # the last attempt's refusal reason (a reply that was no answer)
         attempts = 0
         errors: list[str | None] = []  # the ledger's attempt_errors
-        replies: list[str | None] = []  # the ledger's attempt_replies: the start of each refused reply (issue 60)
+        replies: list[str | None] = []  # the ledger's attempt_replies: the start of each refused reply
         sent = messages  # after an unusable reply: the reply and what was wrong with it (prompts.retry_messages)
         for attempt in range(self.cfg.max_retries + 1):
             attempts += 1
@@ -367,10 +367,10 @@ class OpenAIJudge(Judge):
                 content = (resp.choices[0].message.content or "") if resp.choices else ""
                 truncated = bool(resp.choices) and resp.choices[0].finish_reason == "length"
                 value = parse(content)
-            except InvalidAnswer as e:  # parsed, but no answer (issue 50 item 9): retried with the reason
+            except InvalidAnswer as e:  # parsed, but no answer: retried with the reason
                 error = "InvalidAnswer"
-                refusal = getattr(e, "reason", None) or short_reason(str(e))  # issue 62: kept in the ledger
-                kind, excerpt = f"{error}:{refusal}", content[:REPLY_EXCERPT_CHARS]  # issue 60: each attempt's why
+                refusal = getattr(e, "reason", None) or short_reason(str(e))  # kept in the ledger
+                kind, excerpt = f"{error}:{refusal}", content[:REPLY_EXCERPT_CHARS]  # each attempt's why
                 sent = prompts.retry_messages(messages, content, str(e), False)
             except InvalidOutput as e:  # a cut-off reply that still parses is used; one that does not is "Truncated"
                 error = "Truncated" if truncated else "InvalidOutput"
@@ -378,7 +378,7 @@ class OpenAIJudge(Judge):
                 excerpt = content[:REPLY_EXCERPT_CHARS]
                 sent = prompts.retry_messages(messages, content, str(e), truncated)
             except openai.APITimeoutError as e:
-                if is_stall(e):  # accepted, then silent: not retried, the run ends naming the server (issue 60)
+                if is_stall(e):  # accepted, then silent: not retried, the run ends naming the server
                     raise DependencyStalled(f"the judge of role {role!r}", public_url(rc["base_url"]),  # type: ignore[arg-type]
                                             self._stall_s(rc, sent)) from e
                 error, refusal = type(e).__name__, None
@@ -456,7 +456,7 @@ class OpenAIJudge(Judge):
     # ---- every role ------------------------------------------------------------------------------------------
     async def _answer(self, role: Role[Q, T], request: Q, ctx: CallContext | None) -> JudgeOutcome[T]:
         """The role's prompt (fitted to ``judge.context_tokens``), sent with its schema, its reply parsed and then
-        checked to be an answer, not the prompt's template echoed or a loop (``llm.answers``, issue 50 item 9)."""
+        checked to be an answer, not the prompt's template echoed or a loop (``llm.answers``)."""
         items = role.items(request)
         version, messages = self._fit(role, role.texts(request), items, lambda b: role.render(request, b))
 

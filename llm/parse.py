@@ -19,9 +19,9 @@ class InvalidOutput(ValueError):
 
 class InvalidAnswer(InvalidOutput):
     """The reply validates but is no answer: the prompt's placeholders or instructions echoed, a loop, an empty
-    field (``llm.answers.answer_problem``; issue 50 item 9). Retried with the reason like any invalid output, and
+    field (``llm.answers.answer_problem``). Retried with the reason like any invalid output, and
     recorded in the ledger as ``InvalidAnswer``. ``reason`` is the short cause (``llm.answers.Reason``: a
-    placeholder, an instruction copied, a loop, ...; issue 56 item 4), the message what the judge is told."""
+    placeholder, an instruction copied, a loop, ...), the message what the judge is told."""
 
     def __init__(self, message: str, reason: str = "") -> None:
         super().__init__(message)
@@ -35,7 +35,7 @@ class Strict(BaseModel):
 
 
 def sent_cap(chars: int) -> Any:
-    """A ``maxLength`` for the schema sent as ``response_format`` only (issue 31): a server that constrains decoding
+    """A ``maxLength`` for the schema sent as ``response_format`` only: a server that constrains decoding
     then ends a free-text field instead of letting a weak judge write one string until ``max_tokens`` (a 135M
     model did, and every such reply was cut off). The parser does not enforce it: a longer field from a server
     that ignores the schema is still read."""
@@ -49,7 +49,7 @@ PROSE, SENTENCE, LABEL = 400, 240, 16
 def sent_choices(values: Sequence[float]) -> dict[str, Any]:
     """A bounded number as the ``enum`` of the values a constraining server may write (sent only, like
     ``sent_cap``): llama.cpp's schema grammar ignores ``minimum``/``maximum``, and a 135M judge wrote a grade of 3
-    on the 0-2 scale and 3.5 on a [0, 1] one (issue 31, measured). The parser keeps the range check."""
+    on the 0-2 scale and 3.5 on a [0, 1] one (measured). The parser keeps the range check."""
     return {"enum": list(values)}
 
 
@@ -111,7 +111,7 @@ def parse_json(text: str, schema: type[BaseModel]) -> BaseModel:
         raise InvalidOutput(f"{schema.__name__}: {e.error_count()} validation errors ({where})") from None
 
 
-# ---- a reply's schema narrowed to one request (issue 31: structured outputs that carry the counts) ---------------
+# ---- a reply's schema narrowed to one request (structured outputs that carry the counts) ---------------
 # The parsers above check counts, indices and permutations that a role's fixed schema cannot say. A request knows
 # them (n rubrics, k criteria, the shown labels), so the schema sent as response_format says them too: a server
 # that constrains decoding (llama.cpp, vLLM) then cannot write three grades for four rubrics. The parsers still
@@ -142,7 +142,7 @@ def numbered(schema: JsonSchema, prop: str, n: int) -> JsonSchema:
     """A copy of ``schema`` whose array property ``prop`` holds exactly ``n`` items numbered 1..n in order: one
     ``prefixItems`` entry per position with ``index`` fixed to it (``const``), no others (``items: false``). The
     parser's rule (each index 1..n exactly once) is then what a constraining server can write, where an enum of
-    indices let a 135M judge grade rubric 2 twice and rubric 3 never (issue 31, measured)."""
+    indices let a 135M judge grade rubric 2 twice and rubric 3 never (measured)."""
     out = copy.deepcopy(schema)
     arr = out["properties"][prop]
     one = _inline(out, arr["items"])

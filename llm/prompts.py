@@ -84,7 +84,7 @@ RETRY_REPLY_CHARS = 1500  # how much of an unusable reply a retry shows back to 
 
 
 def retry_messages(messages: Messages, reply: str, problem: str, truncated: bool) -> Messages:
-    """A retry that is not a copy of the failed call (issue 31 item 2): the original conversation, the judge's
+    """A retry that is not a copy of the failed call: the original conversation, the judge's
     unusable reply (cut to ``RETRY_REPLY_CHARS``) and what was wrong with it. Always built from the original
     messages, so a third attempt shows the second reply only. The cache key stays the original call's."""
     shown = reply if len(reply) <= RETRY_REPLY_CHARS else reply[:RETRY_REPLY_CHARS] + " [...]"

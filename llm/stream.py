@@ -1,4 +1,4 @@
-"""Streamed judging (issue 19): a judge whose calls can be made *ahead* of the stage that needs them.
+"""Streamed judging: a judge whose calls can be made *ahead* of the stage that needs them.
 
 ``StreamedJudge`` wraps a backend and runs every one of its calls on one background event loop (its own thread), so
 the backend's clients and semaphore live on a single loop whatever thread or ``asyncio.run`` a stage uses.
@@ -166,7 +166,7 @@ class StreamedJudge:
 
     def settle_wasted(self, stats: StreamStats) -> None:
         """Once the step's ``steps`` row (with ``prefetch_wasted_cost_usd``) is committed: the wasted calls' payments
-        are accounted, and a hit on them after a resume carries nothing (``Judge.settle_payments``; issue 60 item 4)."""
+        are accounted, and a hit on them after a resume carries nothing (``Judge.settle_payments``)."""
         self.inner.settle_payments(stats.wasted_keys)
 
     async def aclose(self) -> None:

@@ -99,7 +99,7 @@ def structure_valid(text: str) -> bool:
     return any(check_format(text, protocol=p).valid for p in PROTOCOLS.values())
 
 
-# ---- compaction (issue 11) -------------------------------------------------------------------------------------
+# ---- compaction -------------------------------------------------------------------------------------
 
 # the checker's tag pattern (arbor.format), with RubricEM's stage tags: the judge must see where each stage lies
 _PROTOCOL_TAG = re.compile(r"<(/?)(think|search|result|answer|tool_output|structured_plan|state_evaluation|review)>")
@@ -121,7 +121,7 @@ def elision_marker(n_chars: int) -> str:
 def min_judge_budget(max_response_tokens: int, max_result_blocks: int) -> int:
     """The smallest ``judge.max_judge_tokens`` under which compaction keeps every non-result character of a
     response whose non-result text is ``max_response_tokens`` estimated tokens: that text plus one worst-case
-    (5-digit) elision marker per result block (docs/decisions.md, issue 11)."""
+    (5-digit) elision marker per result block (docs/decisions.md)."""
     marker = len(elision_marker(4 * 99_999))
     return max_response_tokens + math.ceil(max_result_blocks * marker / 4)
 
@@ -131,7 +131,7 @@ WHOLE = 1 << 40
 
 
 def shared_budget(window: int, reply: int, own: int, texts: int) -> int:
-    """Each compacted text's equal share of a judge's window (issue 31 item 3, issue 50 item 3): the window less
+    """Each compacted text's equal share of a judge's window: the window less
     the reply budget and the prompt's own words, split over the ``texts`` trajectories it shows (E.1: two contrast
     pairs, four slots; E.3: two responses). Every text compacted to it, the prompt fits."""
     return (window - reply - max(own, 0)) // max(1, texts)
@@ -210,7 +210,7 @@ def _fill(lengths: list[int], room: int) -> int:
 
 
 def compact_trajectory(text: str, max_tokens: int) -> str:
-    """Fit a trajectory into ``max_tokens`` (``estimate_tokens``, chars / 4) before judging (App. E; issue 11).
+    """Fit a trajectory into ``max_tokens`` (``estimate_tokens``, chars / 4) before judging (App. E).
 
     1. Under budget: unchanged.
     2. The *skeleton* is never touched: every protocol tag, paired or not, in order (so an unclosed, stray,

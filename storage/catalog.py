@@ -9,7 +9,7 @@ DDL lives in ``sql/``: ``migrations/NNN_*.sql`` (forward-only, applied once each
 ``tables/*.sql`` (one view per pipeline table) and ``views/*.sql`` (one view per audit question). ``{{data}}`` in
 them is replaced by the workspace's data folder.
 
-A method's own tables and views (its ``TableSet``, issue 32) are declared in its package. A run declares them in
+A method's own tables and views (its ``TableSet``) are declared in its package. A run declares them in
 its workspace (``declare_tables``: each table's zero-row ``_schema.parquet``, each view's DDL under
 ``{data}/_views/``), so the catalog of any process, one that never imported the method included, has a view per
 table found in the data folder and the views the workspace's methods declared.
@@ -190,7 +190,7 @@ def _rewrite_schema_files(home: Path) -> None:
 
 
 def unreadable_view(table: str, home: Path, error: str) -> str:
-    """The DDL of a stored table's view when a file under it cannot be read (issue 35 item 2: after a workspace
+    """The DDL of a stored table's view when a file under it cannot be read (after a workspace
     moved, one truncated file failed the catalog's rebuild and so every query, ``select 1`` included). The view
     keeps the table's columns (its ``_schema.parquet``), so views over it and queries naming its columns still
     bind; reading it raises DuckDB's own error, which names the file."""

@@ -1,5 +1,5 @@
 """A persistent key -> JSON value store in one SQLite file, shared by the search result cache
-(``tasks.env.search.CachedSearch``) and the judge reply cache (``llm.cache.ResponseCache``), issue 34 item 6.
+(``tasks.env.search.CachedSearch``) and the judge reply cache (``llm.cache.ResponseCache``).
 
 Why one SQLite file in WAL mode, and not one JSON file per entry or DuckDB:
 

@@ -1,4 +1,4 @@
-"""One writer per run (issue 35 item 3): an OS lock on ``{home}/locks/<run_id>.lock`` held while a process writes a
+"""One writer per run: an OS lock on ``{home}/locks/<run_id>.lock`` held while a process writes a
 run. ``flock`` locks belong to the open file, so the kernel releases them when the holder dies, even by SIGKILL: a
 lock is never stale. Re-entrant within a process (the CLI takes it before its checks, the flow again around the run).
 The last hold removes the file (and the folders its first hold made, when empty): a refused command leaves nothing

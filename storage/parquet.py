@@ -270,7 +270,7 @@ def stored_stages(run_id: str, home: str | os.PathLike[str] | None = None) -> li
 
 def discard_from(run_id: str, step: int, stage: str, order: tuple[str, ...],
                  home: str | os.PathLike[str] | None = None) -> list[tuple[int, str]]:
-    """Forget ``stage`` of ``step`` and everything computed after it (issue 35 item 2, ``--redo``): the stages of
+    """Forget ``stage`` of ``step`` and everything computed after it (``--redo``): the stages of
     that step not listed before ``stage`` in ``order`` (the step's stage order; a stage outside it is dropped too)
     and every stage of every later step, markers first, then each of their files in every table. Returns the
     discarded (step, stage) pairs. Checkpoints are the trainer's to drop (``tasks.training.checkpoint``)."""

@@ -5,7 +5,7 @@ stay stable. Non-nullable fields are the keys a row cannot be stored without.
 
 This module declares the pipeline's tables (runs, steps, stages, rollouts and trajectories, judge calls, eval
 results, and ARBOR's rubric lifecycle, which the report and ``sql/`` read). A method declares its own tables,
-``steps`` columns and views in its package as a ``TableSet`` (issue 32 item 1: ``tasks/methods/arco/tables.py``),
+``steps`` columns and views in its package as a ``TableSet`` (``tasks/methods/arco/tables.py``),
 registered here when its class is defined; the store then conforms and the catalog views them like the
 pipeline's.
 """
@@ -56,17 +56,17 @@ SCHEMAS: dict[str, pa.Schema] = {
         # the process that owns the run (its latest attempt; storage/liveness.py): host, pid and the pid's start
         # time (against pid reuse), a heartbeat rewritten while the flow runs, and when the flow ended
         _f("host", STR), _f("pid", I64), _f("pid_start", STR), _f("heartbeat_at", TS), _f("flow_ended_at", TS),
-        # the question sets it trains and evaluates on (data.train, data.eval as a list; issue 56)
+        # the question sets it trains and evaluates on (data.train, data.eval as a list)
         _f("train_set", STR), _f("eval_sets", pa.list_(STR)),
     ]),
     "steps": pa.schema(
         [_key("run_id"), _key("step", I64), _f("completed_at", TS), _f("wall_seconds", F64)]
         + [_f(m, F64) for m in STEP_METRICS]
         + [_f("n_groups", I64), _f("judge_calls", I64), _f("policy_version", I64), _f("dropped_groups", I64),
-           # streamed judging (issue 19): judge calls made ahead of their stage, those never claimed (a wrong
+           # streamed judging: judge calls made ahead of their stage, those never claimed (a wrong
            # guess: not in judge_calls) and what they cost; null when the step's judging was not streamed
            _f("prefetched_calls", I64), _f("prefetch_wasted_calls", I64), _f("prefetch_wasted_cost_usd", F64),
-           # judge health (issue 62, llm/health.py): the step's calls that failed in transport and that were
+           # judge health (llm/health.py): the step's calls that failed in transport and that were
            # refused (no answer in the reply), the rollout groups the judge answered about, and the roles whose
            # refused share passed judge.warn_refused_share (comma-separated; null: the step is not degraded)
            _f("judge_calls_failed", I64), _f("judge_calls_refused", I64), _f("judged_groups", I64),
@@ -112,15 +112,15 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("prompt_tokens", I64), _f("completion_tokens", I64), _f("cost_usd", F64), _f("cache_hit", BOOL),
         _f("attempts", I64), _f("error", STR),
         # what each attempt ended in, in order: null for the one that answered, else its error class
-        # (InvalidOutput, InvalidAnswer, Truncated, RateLimitError, ...); [] for a cache hit (issue 31 item 2);
-        # InvalidAnswer: a reply that validated but echoed the prompt's template or looped (issue 50 item 9),
-        # written InvalidAnswer:<reason> with the filter's short reason (placeholder, echo, loop, ...; issue 60)
+        # (InvalidOutput, InvalidAnswer, Truncated, RateLimitError, ...); [] for a cache hit;
+        # InvalidAnswer: a reply that validated but echoed the prompt's template or looped,
+        # written InvalidAnswer:<reason> with the filter's short reason (placeholder, echo, loop, ...)
         _f("attempt_errors", pa.list_(STR)),
-        # why a call that ended refused was refused (issue 62): the answer filter's short reason (hollow,
+        # why a call that ended refused was refused: the answer filter's short reason (hollow,
         # placeholder, echo, loop, ...), unparseable, truncated, or the rules heuristic's Refusal; else null
         _f("refusal", STR),
         # beside attempt_errors, the first 200 characters of each attempt's reply when it was refused (the model's
-        # words, never a credential), else null: a weak judge told from a filter too strict (issue 60)
+        # words, never a credential), else null: a weak judge told from a filter too strict
         _f("attempt_replies", pa.list_(STR)),
     ]),
     "eval_results": pa.schema([
@@ -150,7 +150,7 @@ class SchemaError(ValueError):
 
 @dataclass(frozen=True)
 class TableSet:
-    """What a method stores beyond the pipeline's tables (issue 32 item 1): its tables and their schemas, the
+    """What a method stores beyond the pipeline's tables: its tables and their schemas, the
     columns it adds to the ``steps`` row, and its SQL views (files ``<name>.sql``, each creating the view
     ``<name>``). Declared once, in the method's package (``Method.tables``), and registered when the method's
     class is defined (``register_tables``)."""

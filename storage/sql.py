@@ -43,7 +43,7 @@ class SqlError(RuntimeError):
     """A query could not be run (bad SQL, a write statement on the read-only catalog, bad format/output)."""
 
 
-# What arbor sql runs (issue 35 item 1): statements that only read. COPY ... TO, EXPORT, ATTACH, SET, INSTALL,
+# What arbor sql runs: statements that only read. COPY ... TO, EXPORT, ATTACH, SET, INSTALL,
 # LOAD, CALL and PRAGMA are refused before anything runs, and the connection itself reads files only under the
 # workspace's data folder, a setting locked for the connection's life (read_csv('/etc/...') fails, too).
 READ_STATEMENTS = frozenset({duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN})

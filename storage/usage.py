@@ -1,4 +1,4 @@
-"""Disk usage per run (issue 7 item 8): Parquet per table, checkpoints, TensorBoard events, reports."""
+"""Disk usage per run: Parquet per table, checkpoints, TensorBoard events, reports."""
 
 from __future__ import annotations
 

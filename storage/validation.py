@@ -1,4 +1,4 @@
-"""great-expectations suite for trajectory batches (DESIGN §1 "validate"; issue 2).
+"""great-expectations suite for trajectory batches (DESIGN §1 "validate").
 
 A batch is refused before anything is written when any expectation fails; the error names each failing
 expectation and the offending rows by ``traj_id``. great-expectations is imported lazily (it takes ~2-3 s) and runs

@@ -1,4 +1,4 @@
-"""arbor's tasks, by concern (issue 32 item 4): the folder tree says where a thing lives.
+"""arbor's tasks, by concern: the folder tree says where a thing lives.
 
     env/         the environment: agent loop, datasets and their source plug-ins, search, rollout engines,
                  policy loading, SFT data

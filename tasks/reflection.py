@@ -180,7 +180,7 @@ _QUESTION_WORDS = {"Who", "What", "Which", "When", "Where", "Why", "How", "In", 
 
 
 def gold_reflection(question: str, response: str, rng: random.Random, protocol: str = "arbor") -> str:
-    """A reflection on a gold trajectory in D.6.1's two blocks, for SFT rows that teach the format (issue 15):
+    """A reflection on a gold trajectory in D.6.1's two blocks, for SFT rows that teach the format:
     grounded in the question's capitalised names, the searches made and the answer given. Parts are left out at
     random, so that sampled reflections differ in how much they say and the judge's scores vary."""
     tags = get_protocol(protocol)
@@ -212,7 +212,7 @@ def gold_reflection(question: str, response: str, rng: random.Random, protocol: 
 
 def reflection_sft_rows(rows: Sequence[dict[str, Any]], share: float, seed: int,
                         protocol: str = "arbor") -> list[dict[str, Any]]:
-    """RubricEM's SFT additions for a seeded ``share`` of the gold rows (issue 15): a reflection row (the reflection
+    """RubricEM's SFT additions for a seeded ``share`` of the gold rows: a reflection row (the reflection
     request under ``REFLECTION_SYSTEM_PROMPT``, its gold reflection as the response), and a copy of the gold row
     whose question comes after a ``<reference_examples>`` block (D.6.3): its own gold reflection (within-episode)
     or two other questions' (cross-episode), alternately. A policy that never saw such a block in SFT writes

@@ -1,6 +1,6 @@
 """One RL step of ``arbor-train``, stage by stage (DESIGN §1; paper §3, App. B.2).
 
-The run's method declares the step's stage graph (``Method.stages``, issue 32): the pipeline's ``rollout``,
+The run's method declares the step's stage graph (``Method.stages``): the pipeline's ``rollout``,
 ``shape`` and ``train`` and the stages it adds between them. ARBOR's:
 
     rollout ─► score ─► retire ─► induce ─► shape ─► consolidate ─► train
@@ -123,7 +123,7 @@ class RunState:
         return judge_cost(t.select(["cost_usd"]).to_pylist()) if t.num_rows else 0.0
 
     def judge_url(self, role: str) -> str:
-        """Where role ``role``'s judge is, as it may be shown (no credentials; issue 62)."""
+        """Where role ``role``'s judge is, as it may be shown (no credentials)."""
         jc = self.cfg.judge
         if jc.backend != "openai":
             return f"judge.backend={jc.backend}"
@@ -133,7 +133,7 @@ class RunState:
         """``out`` (a stage's rows, before they commit) unless a judge role answered nothing: when a role's calls
         of the step so far (the stages committed before this one and this stage's) failed in transport at
         ``judge.max_failed_share`` or more, ``llm.health.JudgeUnreachable`` names the role, its URL and the last
-        error, and the stage, hence the step, is not committed (issue 62). Every method's roles, one rule."""
+        error, and the stage, hence the step, is not committed. Every method's roles, one rule."""
         rows = out.get("judge_calls") or []
         if rows:
             earlier = [r for s in self.stage_names() if s != stage and self.store.done(step, s)
@@ -209,7 +209,7 @@ class RunState:
         return report
 
     def _streamer(self, step: int, streamed: set[int]) -> Callable[[list[Trajectory]], None] | None:
-        """Streamed judging (issue 19): each finished group goes to the method's ``prefetch`` on the judge's loop."""
+        """Streamed judging: each finished group goes to the method's ``prefetch`` on the judge's loop."""
         judge = self.judge
         if not isinstance(judge, StreamedJudge):
             return None
@@ -276,13 +276,13 @@ class RunState:
         """Once the train stage is committed: checkpoint (every N steps) and weight sync. A crash between the
         commit and the checkpoint is repaired on resume by replaying the stored batch (``restore_policy``). Under
         ``checkpoint.async_save`` the save returns once the state is copied and is written while the next step
-        runs (issue 48 item 5); ``close`` waits for it at the run's end and abandons it under a stop."""
+        runs; ``close`` waits for it at the run's end and abandons it under a stop."""
         from arbor.tasks.training.checkpoint import checkpoint_due
 
         if self.stream_stats is not None and isinstance(self.judge, StreamedJudge):
-            self.judge.settle_wasted(self.stream_stats)  # their cost is in the committed steps row (issue 60)
+            self.judge.settle_wasted(self.stream_stats)  # their cost is in the committed steps row
         if self.progress is not None and checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
-            self.progress.stage_started(step, "checkpoint")  # the progress line names the phase (issue 49)
+            self.progress.stage_started(step, "checkpoint")  # the progress line names the phase
         seconds = self.stage_seconds.setdefault(step, {})
         t0 = time.perf_counter()
         self.trainer.maybe_save(step, self.last_train_metrics)  # the step's share of the save (timing_s/checkpoint)
@@ -294,7 +294,7 @@ class RunState:
 
     def evaluate(self, step: int) -> dict[str, Rows]:
         """Held-out evaluation every ``run.eval_every`` steps on the first ``run.eval_size`` questions of each set
-        of ``data.eval`` (issue 8 item 2), each set's rows under its own split name (ARBOR B.1's per-benchmark table)."""
+        of ``data.eval``, each set's rows under its own split name (ARBOR B.1's per-benchmark table)."""
         from arbor.tasks.env.datasets import fields_of, load_questions
         from arbor.tasks.reporting.evaluate import evaluate_questions
 
@@ -369,7 +369,7 @@ def judge_cost(calls: Sequence[dict[str, Any]]) -> float:
 
 
 def judge_health_columns(calls: Rows, groups: Sequence[int], warn_refused_share: float) -> dict[str, Any]:
-    """The ``steps`` columns of judge health (issue 62; ``llm.health``): calls that failed in transport, calls
+    """The ``steps`` columns of judge health (``llm.health``): calls that failed in transport, calls
     refused, the rollout groups the judge answered about, and the roles whose refused share passed
     ``judge.warn_refused_share`` (null: none, the step is not degraded)."""
     health = role_health(calls)
@@ -397,7 +397,7 @@ def read_stage_rows(state: RunState, step: int, table: str) -> Rows:
 
 
 def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
-    """What the loggers show beside the ``steps`` row (issue 14 item 4): the step's rubric lifecycle counts and
+    """What the loggers show beside the ``steps`` row: the step's rubric lifecycle counts and
     pool size (``rubric/``), each stage's seconds (``timing_s/``) and, when the step evaluated, held-out scores
     per split (``eval/``; split names reduced to MLflow's metric-name characters)."""
     import re
@@ -431,7 +431,7 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
 
 
 def judge_signal_metrics(verdicts: Rows, trajectories: Rows) -> dict[str, float | None]:
-    """Is the judge helping (issue 63 item 4; ``judge_signal_quality`` in SQL): the step's pairwise verdicts against
+    """Is the judge helping (``judge_signal_quality`` in SQL): the step's pairwise verdicts against
     the outcome order (``signal/``: agreement over decisive edges, ties) when a method stored ``rubric_verdicts``,
     and in zero-variance groups the share shaping gave a signal and the mean |A_total - A_base|."""
     from arbor.group_stats import verdict_agreement, zero_var_shaping

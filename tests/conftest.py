@@ -20,7 +20,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_UI_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist (issue 46)
+if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"arbor-tests-prefect-{_worker}-")  # each worker's own
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
     # The cores shared out between the workers, inherited by every process a test starts. Left at torch's default
@@ -31,7 +31,7 @@ if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist (issue 46)
     os.environ.setdefault("MKL_NUM_THREADS", _threads)
 
 
-# The suite's peak under pytest's base temporary folder, measured session 31 with pyproject's retention settings:
+# The suite's peak under pytest's base temporary folder, measured with pyproject's retention settings:
 # 7.6 GiB (the module- and session-scoped workspaces of the training tests; stop 65's CI ran out of disk with none).
 DISK_NEEDED_GIB = 8.0
 
@@ -133,7 +133,7 @@ def deterministic():
     torch.utils.deterministic.fill_uninitialized_memory = prev_fill
 
 
-# ------------------------------------------------------------------------------------------- two workers (issue 46)
+# ------------------------------------------------------------------------------------------- two workers
 # `make test` runs the suite on two pytest-xdist workers. A test file is one unit of work (its module fixtures are
 # built once), and files that share a session fixture too costly to build twice form one unit (ONE_UNIT). Units are
 # handed out in COSTLIEST_FIRST order (measured with --durations on two cores), so that the last unit to finish is a

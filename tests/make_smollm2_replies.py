@@ -1,5 +1,5 @@
-"""Record the replies of the real SmolLM2-135M judge that the scripted judge's ``echo`` fault plays back (issue 60
-item 6; the measurement of issue 50 item 9, whose recordings were never committed).
+"""Record the replies of the real SmolLM2-135M judge that the scripted judge's ``echo`` fault plays back (the
+measurement of the judge's echoed prompts, whose recordings were never committed before).
 
     python tests/make_smollm2_replies.py --judge-python .venv-judge/bin/python
 

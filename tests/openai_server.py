@@ -18,7 +18,7 @@ client's timeout), ``malformed`` (not JSON), ``fenced`` (valid JSON inside a ```
 ``invalid`` (JSON of the wrong shape), ``echo`` (what the real SmolLM2-135M judge under llama.cpp's grammar
 answered: its recorded temperature-0 reply for the role, ``tests/data/smollm2_replies.json`` with its provenance,
 written by ``tests/make_smollm2_replies.py``; for a role with no recording, the reply example of the role's own
-prompt, placeholders and all: issue 50 item 9, issue 60 item 6), ``length`` (the first half of the answer, ``finish_reason: "length"``,
+prompt, placeholders and all), ``length`` (the first half of the answer, ``finish_reason: "length"``,
 as when ``max_tokens`` runs out), ``ok``. ``always="A"`` makes every pairwise answer ``{"winner": "A"}``.
 ``accuracy_by_model={"judge-b": "inverse"}`` scripts the accuracy verdict by the requested model (a second judge).
 ``scripted={"You count": '{"count": 2}'}`` answers a role the server does not know (one a test registers).
@@ -226,7 +226,7 @@ def echo_reply(role: str, system: str) -> str:
 
 def echo_of(system: str) -> str:
     """The reply example of a system prompt: its first JSON object holding a ``"<...>"`` placeholder, else its first
-    JSON object (what a small judge under a grammar writes back; issue 50 item 9)."""
+    JSON object (what a small judge under a grammar writes back)."""
     decoder = json.JSONDecoder()
     found = []
     for start in (i for i, ch in enumerate(system) if ch == "{"):

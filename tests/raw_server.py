@@ -1,6 +1,6 @@
 """A judge endpoint that never helps, as a real TCP server on loopback (plain sockets, no HTTP library between the
 test and the bytes): ``silent`` reads every request and never answers (a wedged judge); ``500`` answers every
-request with an HTTP 500. Used by the judge-health tests and the stop drill (issue 62)."""
+request with an HTTP 500. Used by the judge-health tests and the stop drill."""
 
 from __future__ import annotations
 

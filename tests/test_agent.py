@@ -200,7 +200,7 @@ def test_prompt_uses_chat_template(tok):
                                                                       "<|im_start|>assistant\n")
 
 
-# ---- issue 56 item 2: what the response budget bounds (App. B.2 as slime reads it) ------------------------------
+# ---- what the response budget bounds (App. B.2 as slime reads it) ------------------------------
 
 SEARCH_THEN_ANSWER = ["<think>Find it.</think>\n<search>Doctor Strange film</search>",
                       "<search>Scott Derrickson</search>",

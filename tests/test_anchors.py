@@ -70,9 +70,9 @@ def test_valid_share_intermediate_unlabeled_members_are_the_valid_ones():
     assert unlabeled_members([T, F, T]) == [0, 2]
 
 
-# ------------------------------------------------------------------ issue 11: format-invalid negatives (E.1, A.1)
+# ------------------------------------------------------------------ format-invalid negatives (E.1, A.1)
 # Positives come from format-valid trajectories only; tau-_worst and tau-_hard from ALL trajectories, a
-# format-invalid one's F1 gated to 0; ties: shortest response, then lowest index (docs/decisions.md, issue 11).
+# format-invalid one's F1 gated to 0; ties: shortest response, then lowest index (docs/decisions.md).
 LEN8 = [40, 30, 50, 20, 35, 10, 60, 25]
 VALID2 = [T, T, F, F, F, F, F, F]
 

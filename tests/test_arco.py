@@ -1,4 +1,4 @@
-"""ARCO (issue 16): its equations against hand-computed values, the teacher role (rules and OpenAI-compatible), the
+"""ARCO: its equations against hand-computed values, the teacher role (rules and OpenAI-compatible), the
 method's per-turn credit, and a learning check: a tiny rubric model trained with the decomposition loss on two-step
 trajectories, where only the second step decides the outcome, learns to credit that step."""
 
@@ -225,7 +225,7 @@ def test_a_tiny_rubric_model_learns_which_step_decides_the_outcome(tmp_path: Pat
 
 
 def test_mu_prompt_keeps_the_question_and_both_ends_of_the_step(tmp_path: Path) -> None:
-    """Issue 33 item 5: the window is the model's context less the criteria budget; when a step prompt must be cut,
+    """The window is the model's context less the criteria budget; when a step prompt must be cut,
     the oldest history goes first, then the middle of the step, never the question (the old cut kept the last
     max_tokens ids, dropping the instructions and the question)."""
     from arbor.tasks.env.policy import TINY_SHAPES, build_tiny_policy, load_tokenizer
@@ -295,7 +295,7 @@ def test_preflight_refuses_a_plugin_judge_without_the_teacher_role() -> None:
     assert not any("step_labels" in p for p in rules)
 
 
-# ---- issue 31 item 4: a failed teacher call --------------------------------------------------------------------
+# ---- a failed teacher call --------------------------------------------------------------------
 class TeacherFailsForSample1(RulesJudge):
     """The rules teacher, except that its call for sample 1 fails for good (what the client returns after its
     retries)."""
@@ -343,7 +343,7 @@ def _arco_step(home: Path, tiny: Path, judge_cls: type) -> tuple[dict, dict, dic
 
 
 def test_a_failed_teacher_call_changes_no_advantage_of_the_step(tmp_path: Path) -> None:
-    """Issue 31 item 4: ARCO's advantages come from mu's own step scores; the teacher's labels only train mu. A
+    """ARCO's advantages come from mu's own step scores; the teacher's labels only train mu. A
     teacher call that fails for good (sample 1) leaves every advantage of the group exactly as when it answered,
     is recorded as the trajectory's judge_error and gives mu's warm-up no row for that trajectory."""
     from arbor.tasks.env.policy import build_tiny_policy

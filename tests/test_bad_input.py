@@ -1,4 +1,4 @@
-"""Issue 11: bad input is refused before anything starts, resumes change only what is safe, and `arbor runs` tells a
+"""Bad input is refused before anything starts, resumes change only what is safe, and `arbor runs` tells a
 live run from one whose process was killed.
 
 The acceptance commands run as a new user would: `.venv/bin/arbor` subprocesses in a fresh workspace and working
@@ -50,8 +50,8 @@ BAD = [  # (arguments, what the one line must name)
     (["train", "--resume", "r1", "--set", "rollout.k=4"], ["rollout.k", "'r1'"]),
     (["compare", "--methods", "grpo,dapo", "--set", "memory.lamda=1"], ["memory.lamda"]),
     (["demo", "--set", "memory.init_from=pool.json"], ["memory.init_from", "{cwd}/pool.json"]),
-    (["disk", "../.."], ["'../..'"]),  # issue 35 item 6: walked outside ARBOR_HOME
-    (["eval", "--limit", "-1"], ["--limit -1", "at least 1"]),  # issue 35 item 4: was every question but the last
+    (["disk", "../.."], ["'../..'"]),  # walked outside ARBOR_HOME
+    (["eval", "--limit", "-1"], ["--limit -1", "at least 1"]),  # was every question but the last
     (["eval", "--runs", "0"], ["--runs 0", "at least 1"]),  # was silently 5
     (["train", "--set", "run.steps=100000000000000000000000"], ["run.steps", "10000000"]),
     # a credential in an endpoint URL would be stored with the run (config, Parquet, logs): refused, never echoed
@@ -101,7 +101,7 @@ FILES = {  # what the cases below write into the working directory
     "corpus.jsonl": b"\n \n", "badplug.py": b"raise RuntimeError('boom at import')\n",
     "sleepplug.py": b"import time\ntime.sleep(600)\n",
 }
-BAD_FILES = [  # issue 35 items 5 and 8: each once a traceback, most of them after the flow had started
+BAD_FILES = [  # each once a traceback, most of them after the flow had started
     (["train", "--set", "data.train=empty.jsonl"], ["data.train", "empty.jsonl: holds no questions"]),
     (["train", "--set", "data.train=blank.jsonl"], ["data.train", "blank.jsonl: holds no questions"]),
     (["train", "--set", "data.train=binary.jsonl"], ["data.train", "binary.jsonl:1: not UTF-8"]),
@@ -136,7 +136,7 @@ def test_bad_files_and_plugins_exit_2_at_once_with_one_line(user, args: list[str
 
 
 def test_a_question_too_long_for_the_context_is_refused_naming_it(user) -> None:
-    """Issue 35 item 8: a 1.1 MB question was accepted and the train stage ran for minutes on its 250k-token
+    """A 1.1 MB question was accepted and the train stage ran for minutes on its 250k-token
     prompt. Only long questions are tokenised, with the policy's tokenizer (the tiny one is built first, so this
     case is not held to the 3 s of the others)."""
     cwd, env = user
@@ -264,7 +264,7 @@ def _processes_with(home: Path) -> set[int]:
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="the watchdog reads /proc (Linux)")
 def test_a_sigkilled_train_leaves_no_temporary_prefect_server_behind(tmp_path: Path) -> None:
-    """Issue 35 item 5: SIGKILLed, `arbor train` used to leave Prefect's temporary server running under PID 1 for
+    """SIGKILLed, `arbor train` used to leave Prefect's temporary server running under PID 1 for
     minutes. The watchdog it starts stops every process the run had started, within seconds."""
     from arbor.storage.liveness import read_owner
 
@@ -294,7 +294,7 @@ def test_a_sigkilled_train_leaves_no_temporary_prefect_server_behind(tmp_path: P
 
 
 def test_a_full_disk_mid_run_ends_in_one_line_and_the_run_resumes(prefect_harness, tmp_path: Path) -> None:
-    """Issue 35 item 4: a disk that fills during a run ended in a traceback. The OS error a full disk gives a
+    """A disk that fills during a run ended in a traceback. The OS error a full disk gives a
     writer (injected where step 1's training commits) now ends the run with one last line naming the cause and
     the resume command; the run is marked failed, and the resume finishes it."""
     from prefect.settings import PREFECT_API_URL

@@ -1,4 +1,4 @@
-"""Checkpoint directory protocol: atomic commit, crash leftovers ignored, retention (issue 6 §3)."""
+"""Checkpoint directory protocol: atomic commit, crash leftovers ignored, retention."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_the_last_step_is_always_checkpointed() -> None:
 
 
 def test_redo_discards_the_checkpoints_from_its_step_on(tmp_path: Path) -> None:
-    """``--redo S:X`` (issue 35 item 2): checkpoints of step S and later go, complete or a crashed save's leftover;
+    """``--redo S:X``: checkpoints of step S and later go, complete or a crashed save's leftover;
     earlier ones and unrelated files stay."""
     from arbor.tasks.training.checkpoint import discard_from
 
@@ -83,7 +83,7 @@ def test_redo_discards_the_checkpoints_from_its_step_on(tmp_path: Path) -> None:
 
 
 def test_export_copies_the_latest_complete_policy_atomically(tmp_path: Path) -> None:
-    """``export_policy`` (issue 34 item 2): the latest *complete* checkpoint's hf/ (a crashed save's .tmp and a step
+    """``export_policy``: the latest *complete* checkpoint's hf/ (a crashed save's .tmp and a step
     without its marker are skipped), a chosen step, provenance beside the weights, and no overwrite."""
     import json
 

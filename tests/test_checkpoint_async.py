@@ -1,4 +1,4 @@
-"""Checkpoints off the step's critical path (issue 48 item 5): the step's save copies the state to host memory and a
+"""Checkpoints off the step's critical path: the step's save copies the state to host memory and a
 background writer writes and commits it while the next step runs. Writes are held back (``checkpoint_async.hold_writes``) so a
 save is observably in flight: the save returned, the next step ran, nothing is committed yet."""
 

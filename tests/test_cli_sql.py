@@ -60,7 +60,7 @@ def test_formats(home, tmp_path):
 
 
 def test_sql_is_read_only_in_fact(home, tmp_path):
-    """Issue 35 item 1: no statement that writes, attaches or configures runs, and no file outside the workspace's
+    """No statement that writes, attaches or configures runs, and no file outside the workspace's
     data folder can be read, whatever the statement (the setting is locked for the connection)."""
     write_stage("steps", [{"loss": 0.5, "n_groups": 4}], run_id="r1", step=1, stage="train", home=home)
     record = next((home / "data" / "steps").rglob("run_id=r1/**/*.parquet"))

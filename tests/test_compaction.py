@@ -1,6 +1,6 @@
 """Judge-side compaction (``llm.text.compact_trajectory``): the tag skeleton survives, only bodies are elided.
 
-The judge must see the same format defects the strict checker sees (App. C.1, E.3; issue 11), so compaction may
+The judge must see the same format defects the strict checker sees (App. C.1, E.3), so compaction may
 shorten block bodies but never drop, add or reorder a protocol tag, a ``\\boxed{...}`` or a brace of an answer.
 """
 
@@ -214,7 +214,7 @@ def test_qwen3_budget_keeps_every_reasoning_and_query_character() -> None:
 
 
 def test_qwen3_profiles_show_whole_trajectories_within_the_judges_window() -> None:
-    """Issue 50 item 3 (App. E.1 / E.3): no per-trajectory cap; qwen-plus's 129,024 input tokens are the budget.
+    """App. E.1 / E.3: no per-trajectory cap; qwen-plus's 129,024 input tokens are the budget.
     Two trajectories as long as the rollout allows fit E.3's prompt whole (never compacted); E.1's four slots and
     A.1's K trajectories, all at their longest, still keep every reasoning, query and answer character (results
     elided only then): each share >= a whole response's non-result text plus its markers."""

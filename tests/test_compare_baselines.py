@@ -1,4 +1,4 @@
-"""ARBOR's baselines as its paper ran them (issue 56 item 5): DAPO dropping outcome-homogeneous groups without
+"""ARBOR's baselines as its paper ran them: DAPO dropping outcome-homogeneous groups without
 refill or clip-higher (§4.1, B.2), RaR-style shaped with lambda alone (App. C.3), and ``arbor compare``'s rollouts
 per step beside each method, from stored rows written by hand."""
 

@@ -62,7 +62,7 @@ def test_seeds_stable_and_distinct() -> None:
     assert 0.35 < sum(flips) / len(flips) < 0.65  # a fair coin over 220 draws
 
 
-# ---- issue 11: ranges, cross-key checks, resume rules, file paths, dead keys ---------------------------------
+# ---- ranges, cross-key checks, resume rules, file paths, dead keys ---------------------------------
 
 @pytest.mark.parametrize(
     "override",
@@ -180,7 +180,7 @@ def test_no_dead_config_keys() -> None:
     """Every config field is read somewhere in the code: as an attribute (``.dapo_oversample``) or by name from
     ``JudgeConfig.for_role`` (``rc["max_tokens"]``); judge roles are selected by their name (``"pairwise"``).
     The definitions and validators in arbor/config do not count. A name shared by two sections (``train.lr`` /
-    ``sft.lr``) passes when either is read: those were reviewed by hand (issue 11)."""
+    ``sft.lr``) passes when either is read: those were reviewed by hand."""
     root = Path(__file__).resolve().parent.parent
     src = "\n".join(p.read_text() for d in SOURCE_DIRS for p in (root / d).rglob("*.py")
                     if (root / "arbor" / "config") not in p.parents)

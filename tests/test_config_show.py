@@ -1,4 +1,4 @@
-"""The resolved config with each value's source (issue 14 item 5): `arbor config show`, `key=value` arguments, and
+"""The resolved config with each value's source: `arbor config show`, `key=value` arguments, and
 the file every run writes beside its artifacts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Functions take what they use (issue 51 item 4): a function that reads one or two config sections takes those
+"""Functions take what they use: a function that reads one or two config sections takes those
 sections (``RolloutConfig``, ``JudgeConfig``, ...) or their values, not the whole ``ArborConfig``. The whole config
 is taken only where a function reads many sections or hands the config on whole; each such place is listed here with
 its reason, so a new one is a decision made in review rather than a habit."""

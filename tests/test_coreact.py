@@ -1,4 +1,4 @@
-"""Co-ReAct's equations (tasks/methods/coreact/equations.py; issue 17) against values computed by hand, and the guided agent loop."""
+"""Co-ReAct's equations (tasks/methods/coreact/equations.py) against values computed by hand, and the guided agent loop."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_select_diverse_drops_duplicates_and_spreads() -> None:
     assert select_diverse(actions[:2], k=4) == [0]
 
 
-# ---- issue 31 item 4: the generator's judges failing for good ------------------------------------------------------
+# ---- the generator's judges failing for good ------------------------------------------------------
 Q = "Where was the director of the film Film X born?"
 H1 = ("<think>find the film first</think>\n<search>Film X director</search>\n"
       "<result>Film X was directed by Ann Lee in 1990.</result>")
@@ -164,7 +164,7 @@ class _Sampler:
 
 
 def test_failed_rankings_and_verifications_leave_the_generators_credit_neutral(tmp_path: Path) -> None:
-    """Issue 31 item 4: a ranking call that fails for good is left out of the Borda consensus (not a last place
+    """A ranking call that fails for good is left out of the Borda consensus (not a last place
     for anyone), and a point short of valid rankings is not kept; a rubric whose slate could not be verified takes
     its group's mean r_rank (the verified rubrics'), where chance (0.5) read as a worse ranking than its group's."""
     from arbor.config.judge import JudgeConfig
@@ -221,7 +221,7 @@ class _Replies:
 
 
 def test_a_judge_without_a_final_ranking_is_left_out_and_two_valid_rankings_keep_the_point(tmp_path: Path) -> None:
-    """Issue 33 item 4 (§3.1, App. A): each judge reasons and ends with a final answer; the ranking is read from it.
+    """§3.1, App. A: each judge reasons and ends with a final answer; the ranking is read from it.
     A judge whose reply holds no parseable final ranking (a bare JSON reply, a final answer that is no permutation)
     has an invalid ranking, stored as null; the point is kept with at least min_rankings (2) valid ones."""
     from arbor.tasks.methods.coreact.generator import rank_points, shuffled_order
@@ -251,8 +251,8 @@ def test_a_judge_without_a_final_ranking_is_left_out_and_two_valid_rankings_keep
 
 
 def test_the_ranking_council_sees_no_gold_answer_by_default(tmp_path: Path) -> None:
-    """Issue 50 item 5 (§3.1, App. A: the judges rank a slate from the query, the prefix h_t and the candidates;
-    DR Tulu's research queries have no answer key, and the agent never has one): the council's requests carry no
+    """§3.1, App. A: the judges rank a slate from the query, the prefix h_t and the candidates;
+    DR Tulu's research queries have no answer key, and the agent never has one: the council's requests carry no
     golds and the prompt says none was provided; ``guidance.rank_golds=true`` (arbor's earlier) shows them."""
     from arbor.config.guidance import GuidanceConfig
     from arbor.tasks.methods.coreact.generator import rank_points

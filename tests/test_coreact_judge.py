@@ -120,7 +120,7 @@ def test_parse_ranking_needs_a_permutation_of_the_shown_labels() -> None:
 
 
 def test_the_ranking_is_read_from_the_final_answer_after_the_rationale() -> None:
-    """Issue 33 item 4 (App. A): a judge reasons first; its ranking is the last JSON list (or labels written in
+    """App. A: a judge reasons first; its ranking is the last JSON list (or labels written in
     order) after its LAST "Final answer:" heading. Lists in the rationale do not count; a reply without a final
     answer, or with one that is no permutation of the shown labels, is that judge's invalid ranking."""
     labels = RANK_LABELS[:4]
@@ -204,7 +204,7 @@ def test_rules_rank_actions_prefers_a_right_answer_and_ignores_the_shown_order(t
 
 
 def test_rules_rank_actions_without_golds_prefers_the_answer_the_evidence_holds(tmp_path: Path) -> None:
-    """Issue 50 item 5: without an answer key (Co-ReAct §3.1's judges see none) the rules ranking judges an answer
+    """Without an answer key (Co-ReAct §3.1's judges see none) the rules ranking judges an answer
     by the evidence so far: the one a result of the history holds (Rema) beats one no result holds (Bob Ray),
     whatever the shown order; given golds (guidance.rank_golds) it follows them instead."""
     judge = make_judge(JudgeConfig(backend="rules"), home=tmp_path)
@@ -231,7 +231,7 @@ def test_prompts_state_the_phase_and_escape_the_history() -> None:
     version, msgs = coreact_roles.rank_actions_messages(Q, ["Rema"], H2, [WRONG, RIGHT], 3000)
     assert version == "rank_actions.v2" and "(X, Y)" in msgs[0]["content"]
     assert f'<candidate label="X">\n{WRONG}\n</candidate>\n<candidate label="Y">\n{RIGHT}' in msgs[1]["content"]
-    # issue 33 item 4 (App. A): a rationale first, the ranking as the final answer, no bare JSON
+    # App. A: a rationale first, the ranking as the final answer, no bare JSON
     system = msgs[0]["content"]
     assert system.index('"Rationale:"') < system.index('"Final answer:"') and "Reply with JSON only" not in system
     version, msgs = coreact_roles.rank_actions_messages(Q, ["Rema"], H2, [WRONG, RIGHT], 3000, rationale=False)

@@ -1,4 +1,4 @@
-"""Data in the formats people have (issue 14 item 2): field mapping with dotted paths, Search-R1 / FlashRAG rows,
+"""Data in the formats people have: field mapping with dotted paths, Search-R1 / FlashRAG rows,
 verl's nested parquet, Hugging Face `save_to_disk` folders; a malformed row is named (file, line or row, field)
 before anything starts. A flow step runs on JSONL, on verl rows in a save_to_disk folder and on FlashRAG JSONL in tests/test_flow_train.py."""
 

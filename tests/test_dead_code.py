@@ -1,6 +1,6 @@
-"""No dead code in arbor's packages (issue 13 item 5): vulture finds nothing that tests, benchmarks, examples or
+"""No dead code in arbor's packages: vulture finds nothing that tests, benchmarks, examples or
 the short allowlist (tests/data/dead_code_allowlist.py: framework hooks it cannot see) do not use. A method's
-stage hook is called by its declared name (``Stage("score", ...)``, issue 32), which vulture cannot see either:
+stage hook is called by its declared name (``Stage("score", ...)``), which vulture cannot see either:
 a method named by a ``Stage`` declaration counts as used."""
 
 from __future__ import annotations

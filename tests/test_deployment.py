@@ -1,12 +1,12 @@
-"""The deployment path a user follows (issues 7, 34): a Prefect server on loopback, the work pools `arbor` (CPU) and
+"""The deployment path a user follows: a Prefect server on loopback, the work pools `arbor` (CPU) and
 `arbor-gpu` (the GPU node), `prefect deploy --all` from a directory that holds nothing but prefect.yaml (module-path
 entrypoints: what a pip install deploys), a worker in another directory, an SFT start from the workspace's own data,
-and an RL run from it that is also Retry as the Prefect UI does it (issue 13): the deployment run, without
+and an RL run from it that is also Retry as the Prefect UI does it: the deployment run, without
 `run_id`, fails at step 2 (`ARBOR_FAULT`), is set back to AwaitingRetry through the API, and resumes the same
 arbor run, its finished stages Cached. Then the GPU pool's limit, exactly as prefect.yaml sets it: two runs of test-only deployments on the GPU
 pool run one after the other (the second Scheduled, then Late, while the first runs) where two on the CPU pool run
 at once, and a key kept in a Secret block reaches GPU runs through the pool's env, in no deployment. The fast tests
-read prefect.yaml: each paper's profile is deployed (issue 33); tests/test_prefect_yaml.py checks the rest."""
+read prefect.yaml: each paper's profile is deployed; tests/test_prefect_yaml.py checks the rest."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def _deployments() -> dict[tuple[str, str], dict]:
     ("arbor-guidance-train", "qwen3-8b-coreact"), ("arbor-eval", "qwen3-8b-coreact"),
 ])
 def test_paper_profiles_are_deployed(flow: str, profile: str) -> None:
-    """Issue 33: each paper's profile is deployed (RubricEM and ARCO: their SFT start, then RL; Co-ReAct, which
+    """Each paper's profile is deployed (RubricEM and ARCO: their SFT start, then RL; Co-ReAct, which
     trains no policy: its generator, then guided evaluation), on the GPU pool (one run at a time), and its parameters
     load."""
     from arbor.config import load_config

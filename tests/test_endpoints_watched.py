@@ -1,4 +1,4 @@
-"""Issue 60 item 2: every endpoint a run depends on is watched — the judge's, each role's own, Co-ReAct's ranking
+"""Every endpoint a run depends on is watched — the judge's, each role's own, Co-ReAct's ranking
 council, the search service, the rollout server — and a dead one is named without its credentials."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_every_endpoint_is_listed_once() -> None:
 
 
 def test_a_dead_role_endpoint_is_named() -> None:
-    """Before issue 60 only judge.base_url (and only on this machine) was watched: a role's own endpoint never."""
+    """Earlier only judge.base_url (and only on this machine) was watched: a role's own endpoint never."""
     live = socket.create_server(("127.0.0.1", 0))  # the judge-wide endpoint answers
     dead = _closed_port()
     cfg = load_config("tiny-cpu", {

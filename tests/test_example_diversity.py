@@ -1,4 +1,4 @@
-"""The seam (issue 32 item 6): ``examples/diversity.py`` adds one stage and one table without touching arbor. Its
+"""The seam: ``examples/diversity.py`` adds one stage and one table without touching arbor. Its
 scores by hand; two steps of it shape rewards with them; a SIGKILL halfway through step 2's diversity stage resumes
 to exactly the uninterrupted run's rows; another process's catalog views its table and view."""
 

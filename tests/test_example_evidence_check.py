@@ -1,4 +1,4 @@
-"""The seam, measured again (issue 51 item 6): ``examples/evidence_check`` adds a judge role (prompt, schema,
+"""The seam, measured again: ``examples/evidence_check`` adds a judge role (prompt, schema,
 parser, heuristic) and a stage that asks it without touching arbor. Its heuristic, parser and bonus by hand; two
 steps with the rules judge and with the OpenAI-compatible server (which knows the role only as a scripted reply);
 a SIGKILL halfway through step 2's evidence stage resumes to exactly the uninterrupted run's rows, and the judge
@@ -223,7 +223,7 @@ def test_sigkill_mid_stage_resumes_exactly(
 ) -> None:
     """The drill on the OpenAI-compatible backend, where a repeated call would show: with the server's counts, and
     with the response cache the killed process filled (the rules judge has neither; it ran the same drill in
-    111 s, see the note of issue 51 item 6, and is left out to keep CI short)."""
+    111 s, and is left out to keep CI short)."""
     ref_home, ref_asked = scripted_run
     home, o = tmp_path / "home", _overrides(sft_policy, openai_judge(scripted_server.base_url))
     before = Counter(scripted_server.counts)

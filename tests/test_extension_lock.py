@@ -1,6 +1,6 @@
 """DeepSpeed's shm op is loaded under an OS lock of arbor's torch extension cache (tasks.training.engine
 extension_lock): torch's own marker file, left behind by a process killed while it loaded the op, made every
-later run wait forever in ``deepspeed.initialize`` (session 30)."""
+later run wait forever in ``deepspeed.initialize``."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_the_packages_ninja_comes_first_on_the_path() -> None:
 def test_the_packages_ninja_is_found_from_an_environment_that_borrows_it(tmp_path: Path) -> None:
     """A venv reaching this one's packages through a ``.pth`` line (tests/test_install.py's layout): the ninja
     package's ``BIN_DIR`` is "" there (it looks in the running interpreter's scripts folder), ``ninja_bin_dir`` still
-    names this environment's binary, so a run there builds with the same ninja (session 31: it used the system's and
+    names this environment's binary, so a run there builds with the same ninja (it used the system's and
     rebuilt the op twice)."""
     import inspect
     import sysconfig

@@ -1,4 +1,4 @@
-"""ARCO through the real flow (issue 16), offline: the rules teacher labels the warm-up step, the rubric model mu
+"""ARCO through the real flow, offline: the rules teacher labels the warm-up step, the rubric model mu
 writes criteria and scores every turn, its update runs on DeepSpeed beside the policy's and is checkpointed with
 it; the dense phase trains the policy on per-turn advantages. A SIGKILL in the middle of step 3's scoring, with no
 checkpoint yet, resumes to exactly the reference run's numbers (mu rebuilt by replaying its stored updates)."""

@@ -1,4 +1,4 @@
-"""Co-ReAct end to end (issue 17), offline and through the local OpenAI-compatible server.
+"""Co-ReAct end to end, offline and through the local OpenAI-compatible server.
 
 ``arbor-guidance-train`` with the rules judges: branching points with slates, list-wise ranks and their Borda
 consensus, the warm start, GRPO updates whose rewards are eq. 1-3 of the stored scores; a SIGKILL in the middle
@@ -62,7 +62,7 @@ def test_generator_training_stores_points_consensus_and_rewards(reference: tuple
     for p in points:
         assert len(p["candidates"]) == 3 and len(set(p["candidates"])) == 3  # slate_k distinct actions
         by_judge = json.loads(p["judge_ranks"])
-        assert sorted(by_judge) == ["rules-1", "rules-2", "rules-3"]  # the paper's J = 3, offline (issue 33 item 4)
+        assert sorted(by_judge) == ["rules-1", "rules-2", "rules-3"]  # the paper's J = 3, offline
         ranks = [v for v in by_judge.values() if v is not None]
         assert p["n_rankings"] == len(ranks) == 3 and p["kept"]  # at least min_rankings = 2 valid
         assert p["consensus"] == consensus_ranks(ranks)
@@ -127,7 +127,7 @@ def test_guided_eval_with_the_generator_through_a_faulty_judge(reference: tuple[
     # One fault and no retry (judge.max_retries 0): whichever verification arrives first fails for good and every
     # later one scores, so both outcomes are stored whatever the order of concurrent calls and however many there
     # are (at least two). A fixed fault count with retries held only for exactly three first-turn verifications,
-    # which depends on the rubrics the generator writes (issue 50 item 5 changed its training points)
+    # which depends on the rubrics the generator writes (the changed its training points)
     faults = FaultPlan(by_role={"step_verify": ["invalid"]})
     with OpenAIServer(faults, api_key=JUDGE_KEY) as srv:
         o = {**openai_judge(srv.base_url), "judge.max_retries": 0, "guidance.mode": "co-react",
@@ -160,7 +160,7 @@ def test_guided_eval_with_the_generator_through_a_faulty_judge(reference: tuple[
 
 def test_generator_training_through_a_faulty_openai_judge(sft_policy: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every role through HTTP with one fault each (retried); a council of three rank judges (issue 33 item 4),
+    """Every role through HTTP with one fault each (retried); a council of three rank judges,
     each answering with a rationale and then its final answer; the server ranks the shown slate in reverse, so
     each judge's stored ranks must undo its own seeded label shuffle exactly."""
     from arbor.tasks.methods.coreact.generator import shuffled_order

@@ -1,4 +1,4 @@
-"""LoRA on the policy through the real flow (issue 30 item 3): a SIGKILL while step 2's training stage commits,
+"""LoRA on the policy through the real flow: a SIGKILL while step 2's training stage commits,
 then a resume from step 1's checkpoint (DeepSpeed state of the adapters and their Adam moments), gives exactly the
 uninterrupted run: the same stored rollouts of step 3 (sampled from the merged weights the trainer synced), the same
 step metrics and bitwise the same adapters and merged export in the last checkpoint.

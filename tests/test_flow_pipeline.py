@@ -1,4 +1,4 @@
-"""The step's schedule (issue 19): streamed judging stores exactly the serial order's rows, and starts judging
+"""The step's schedule: streamed judging stores exactly the serial order's rows, and starts judging
 groups while others still roll out; the one-step overlap trains step N while step N+1 rolls out, and a run killed
 in the middle of an overlapped step resumes to the uninterrupted overlapped run's results.
 
@@ -167,7 +167,7 @@ def test_sigkill_mid_overlapped_step_resumes_exactly(overlapped: Path, sft_polic
         assert len(again) <= int(o.get("judge.concurrency", 32))
     # a call the killed attempt paid for is answered from the judge cache on resume, and its ledger row says so
     # (no attempts, so no attempt_errors or attempt_replies either); it carries the killed attempt's payment
-    # (issue 60 item 4), so cost_usd and judge_cost_usd equal the uninterrupted run's
+    #, so cost_usd and judge_cost_usd equal the uninterrupted run's
     ledger = frozenset({"cache_hit", "attempts", "attempt_errors", "attempt_replies"})
     a, b = stored(RUN, overlapped, ledger), stored(RUN, home, ledger)
     for name in TABLES:

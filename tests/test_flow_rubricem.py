@@ -1,4 +1,4 @@
-"""SS-GRPO and RubricEM through the real flow (issue 15): the staged protocol from SFT to the trainer, the stagewise
+"""SS-GRPO and RubricEM through the real flow: the staged protocol from SFT to the trainer, the stagewise
 rules judge, the stored stage rubrics and scores; the reflection meta-policy, its bank, retrievals and the lagged
 reflection groups in the train batch; a SIGKILL in the middle of a step's stage judging (ss-grpo) and in the middle
 of its reflection judging (rubricem) resumed to the same results as an uninterrupted run (the stage buffer and the

@@ -1,4 +1,4 @@
-"""arbor-train end to end (issue 7): real Prefect, real DuckDB / Parquet, DeepSpeed on CPU, the tiny policy, the
+"""arbor-train end to end: real Prefect, real DuckDB / Parquet, DeepSpeed on CPU, the tiny policy, the
 openai judge over real HTTP against the local OpenAI-compatible test server.
 
 One session-scoped reference run; every resume test re-runs the same configuration in a fresh workspace with a
@@ -143,7 +143,7 @@ def test_resume_after_sigkill_mid_stage(reference, sft_policy: Path, tmp_path: P
 def test_a_damaged_stage_stops_the_resume_and_redo_recomputes_it(reference, sft_policy: Path, tmp_path: Path,
                                                                   prefect_harness,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 35 item 2: step 2 fails before shaping; one flipped byte in step 2's stored score file then stops the
+    """Step 2 fails before shaping; one flipped byte in step 2's stored score file then stops the
     resume naming the file and the remedy, and ``--resume R --redo 2:score`` discards score and what followed it,
     recomputes them (the judge's cache answers: no prompt reaches the server twice) and ends as the reference."""
     from arbor.storage.parquet import StageCorrupt, stage_path
@@ -211,7 +211,7 @@ def test_export_and_warm_start_rubric_pool(reference, sft_policy: Path, tmp_path
 
 def test_the_final_policy_is_listed_and_exports_as_a_plain_hf_folder(reference, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 34 item 2: `arbor runs` names the finished run's policy (the last step's checkpoint), and `arbor export`
+    """`arbor runs` names the finished run's policy (the last step's checkpoint), and `arbor export`
     copies it to a new folder that transformers loads with the checkpoint's exact weights."""
     import json
 
@@ -263,7 +263,7 @@ def book_corpus(tmp_path: Path) -> Path:
 
 
 def _question_rows(fmt: str, tmp_path: Path) -> tuple[str, dict[str, str]]:
-    """Four questions in one of the formats users have (issue 14 item 2); (data path, field overrides).
+    """Four questions in one of the formats users have; (data path, field overrides).
     Parquet and the remaining combinations are read in tests/test_data_formats.py."""
     import json
 
@@ -355,7 +355,7 @@ def test_eval_final_evaluates_the_final_policy_and_reports_table1(tmp_path: Path
 
 
 def test_plugins_run_one_step(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:
-    """reward.fn, search.backend and judge.backend by import path (issue 14 item 1): one step through the flow. The
+    """reward.fn, search.backend and judge.backend by import path: one step through the flow. The
     SFT-started policy searches (a randomly initialised one never writes a search call, so the plug-in search
     backend would go unused)."""
     import json
@@ -371,7 +371,7 @@ def test_plugins_run_one_step(sft_policy: Path, tmp_path: Path, prefect_harness)
          "search.backend": "examples.keyword_search:KeywordSearch",
          "judge.backend": "examples.lenient_judge:LenientJudge",
          "run.method": "rar",  # RaR asks the judge about every group, whatever the tiny policy wrote
-         # issue 14 item 4: every logger, offline (W&B) and local (MLflow's SQLite store)
+         # every logger, offline (W&B) and local (MLflow's SQLite store)
          "tracking.loggers": ["console", "tensorboard", "wandb", "mlflow"], "tracking.wandb_mode": "offline",
          "tracking.project": "arbor-flow-test", "tracking.samples_per_step": 2}
     _train(home, "plugins", o)
@@ -427,7 +427,7 @@ def _assert_tracked(home: Path, run_id: str) -> None:
 
 
 def test_search_r1_protocol_one_step(tmp_path: Path, prefect_harness, sft_starts) -> None:
-    """A Search-R1 user's setup (issue 14 item 3): FlashRAG-format questions, a Search-R1 retriever over HTTP and
+    """A Search-R1 user's setup: FlashRAG-format questions, a Search-R1 retriever over HTTP and
     ``rollout.protocol=search-r1``. The policy is SFT'd briefly on world trajectories written in Search-R1's tags
     (75 updates: it searches, rarely answers well), then one ARBOR step with the rules judge runs through the flow."""
     import json

@@ -1,4 +1,4 @@
-"""``make gpu-check`` (issue 48 item 7): the packer's plan and manifest (no network) and the GPU check's CPU dry run."""
+"""``make gpu-check``: the packer's plan and manifest (no network) and the GPU check's CPU dry run."""
 
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def test_dry_run_runs_every_code_path_and_reports_a_timed_out_part(tmp_path: Pat
     assert {n: r["status"] for n, r in rows.items() if r["status"] != "ok"} == {"matmul peak": rows["matmul peak"]["status"]}
     train = rows["train 1.7b zero2"]
     assert train["tokens_s"] > 0 and train["step_s"] > 0
-    # one mini-batch (updates_per_batch 1): pi_old from the forward, no pi_old pass ran: 6N per token (issue 48 item 2)
+    # one mini-batch (updates_per_batch 1): pi_old from the forward, no pi_old pass ran: 6N per token
     assert train["params"] == check.count_params(check.DRY_SHAPE) and train["old_pass"] is False
     wl = check.DRY_WORKLOAD
     assert train["model_flops"] == 6 * train["params"] * wl.seqs * (wl.prompt + wl.response)

@@ -1,4 +1,4 @@
-"""Co-ReAct guided inference (tasks/methods/coreact/guidance.py, AgentLoop.place_guidance; issue 17).
+"""Co-ReAct guided inference (tasks/methods/coreact/guidance.py, AgentLoop.place_guidance).
 
 The agent loop is driven by a scripted engine (the model's place: generations chosen from what the context shows),
 with a real tokenizer, a real BM25 index and the real rules judge writing and verifying the step rubrics.
@@ -150,7 +150,7 @@ def test_coreact_verifies_retries_and_records_every_guided_step(tok: Any, search
     assert s.search_queries == ["Tobara", "Kerar Silix"]  # the failed action never ran
     assert "weather" not in s.text and check_format(s.text, s.truncated).valid
     assert engine.calls == 4  # three turns and one retry
-    # issue 33 item 4 (§3.3): only tool calls are verified; the proposed answer (turn 2) is the answer step
+    # §3.3: only tool calls are verified; the proposed answer (turn 2) is the answer step
     assert rows[2]["rubric"] and rows[2]["action"].startswith("<answer>")
     assert rows[2]["verify_score"] is None and rows[2]["passed"] is None and not rows[2]["retried"]
     roles = [c["role"] for c in judge.drain_calls()]
@@ -183,7 +183,7 @@ class FeedbackJudge(RulesJudge):
 @pytest.mark.parametrize("mode", ["verifier", "items"])
 def test_the_verifiers_written_feedback_reaches_the_retry(tok: Any, search: BM25Search, tmp_path: Path,
                                                           mode: str) -> None:
-    """Issue 33 item 4 (§3.3: the retry re-plans with the verifier's per-criterion feedback pinned in context): the
+    """§3.3: the retry re-plans with the verifier's per-criterion feedback pinned in context: the
     retry reads the unmet items and the verifier's own sentence; retry_feedback=items keeps the names only."""
     cfg = load_config("tiny-cpu", {"guidance.mode": "co-react", "guidance.retry_feedback": mode})
     judge = FeedbackJudge(cfg.judge, home=tmp_path)
@@ -205,7 +205,7 @@ def test_guidance_text_carries_the_verifier_sentence() -> None:
 
 
 def test_the_answer_step_gets_no_rubric(tok: Any, search: BM25Search, tmp_path: Path) -> None:
-    """Issue 33 item 4 (§3.3: inject and verify at each tool-calling step): once no search can run (the search
+    """§3.3: inject and verify at each tool-calling step: once no search can run (the search
     budget is spent) the remaining turns are the answer step: no rubric is written or placed there."""
     cfg = load_config("tiny-cpu", {"guidance.mode": "co-react"})
     judge = RulesJudge(cfg.judge, home=tmp_path)
@@ -223,7 +223,7 @@ def test_the_answer_step_gets_no_rubric(tok: Any, search: BM25Search, tmp_path: 
 
 
 def test_rubric_tokens_do_not_count_against_the_response_budget(tok: Any, search: BM25Search) -> None:
-    """Issue 33 item 4: guidance placed in an observation takes context, not the agent's response budget (a long
+    """Guidance placed in an observation takes context, not the agent's response budget (a long
     rubric used to end the trajectory as a truncation); a retry's guidance replaces the first, not adds to it."""
     budgets = Budgets(max_turns=5, max_searches=3, max_response_tokens=120, max_context_tokens=8000,
                       max_new_tokens_per_turn=200, top_k=1)
@@ -281,7 +281,7 @@ def test_memory_rubrics_weight_by_rho_and_retrieve_by_words() -> None:
 
 def test_the_trajectory_budget_hands_the_agent_over_to_the_answer_step(tok: Any, search: BM25Search,
                                                                         tmp_path: Path) -> None:
-    """Issue 33 item 4 (App. A: each search trajectory is cut at 6,000 tokens before the answer): inside guided
+    """App. A: each search trajectory is cut at 6,000 tokens before the answer: inside guided
     inference, once the trajectory (rubrics not counted) reaches guidance.trajectory_tokens, the results that reach
     it carry the order to answer, no further rubric is written and the next step answers; the loop's own budgets
     come back after the block."""
@@ -342,7 +342,7 @@ class RecordingEngine:
 ])
 def test_guided_evaluation_runs_the_papers_inference_protocol(tok: Any, search: BM25Search, tmp_path: Path,
                                                               overrides: dict, expected: tuple) -> None:
-    """Issue 33 item 4 (§4.1, App. A: the search agent decodes greedily; trajectories are cut at 6,000 tokens):
+    """§4.1, App. A (the search agent decodes greedily; trajectories are cut at 6,000 tokens):
     ``arbor eval`` with guidance answers both passes greedily under the trajectory budget by default; an unguided
     evaluation and the engine afterwards keep their own settings."""
     from arbor.tasks.reporting.evaluate import evaluate_questions
@@ -362,7 +362,7 @@ def test_guided_evaluation_runs_the_papers_inference_protocol(tok: Any, search: 
 
 
 def test_guidance_defaults_are_the_papers_and_bad_settings_name_their_key() -> None:
-    """Issue 33 item 4: J = 3 rank judges of three vendors, each with its own endpoint and key variable, a point
+    """J = 3 rank judges of three vendors, each with its own endpoint and key variable, a point
     kept with 2 valid rankings; tool-step guidance, the verifier's feedback, a 6,000-token trajectory budget and a
     greedy agent by default. A setting that cannot work names its key (and never echoes a key)."""
     from arbor.config import ConfigError
@@ -392,7 +392,7 @@ def test_guidance_defaults_are_the_papers_and_bad_settings_name_their_key() -> N
 
 def test_rank_council_gives_each_judge_its_own_endpoint_and_key(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 33 item 4: each council member is its own judge: the rank_actions role with the entry's model,
+    """Each council member is its own judge: the rank_actions role with the entry's model,
     base_url and key variable (the other roles untouched); offline three rules judges; a missing key variable
     stops the run naming the entry's key; the key itself never enters the config or the judge's ledger."""
     from arbor.flows.guidance import rank_council
@@ -498,7 +498,7 @@ class NoStepJudge(RulesJudge):
     answers = frozenset({"induction", "consolidation", "pairwise", "accuracy"})
 
 
-# ---- issue 31 item 4: a rubric or verification call that fails for good ------------------------------------------
+# ---- a rubric or verification call that fails for good ------------------------------------------
 class VerifierDown(RulesJudge):
     """The rules rubric writer; every verification fails past the client's retries."""
 
@@ -534,7 +534,7 @@ def _guided(tok: Any, search: BM25Search, tmp_path: Path, judge_cls: type, **ove
 
 def test_a_failed_verification_or_rubric_leaves_the_step_as_unverified_or_unguided(
         tok: Any, search: BM25Search, tmp_path: Path) -> None:
-    """Issue 31 item 4: a verification that fails for good is no rejection: the proposed action stands, with no
+    """A verification that fails for good is no rejection: the proposed action stands, with no
     retry, exactly as under inject-only guidance, and the step is recorded as unverified (passed None, the error).
     A rubric call that fails for good leaves the step unguided: nothing is placed or verified, and the answer is
     the unguided policy's, token for token."""
@@ -547,7 +547,7 @@ def test_a_failed_verification_or_rubric_leaves_the_step_as_unverified_or_unguid
     assert down.search_queries[0] == "weather today" and calls == inject_calls == len(rows)  # no retry turn
     assert all(r["passed"] is None and r["verify_score"] is None and not r["retried"] for r in rows)
     # every search proposed while searches remained met the failing verifier; once the three searches are spent
-    # the turns are the answer step: no rubric, nothing verified (issue 33 item 4)
+    # the turns are the answer step: no rubric, nothing verified
     assert [(bool(r["rubric"]), r["verify_error"]) for r in rows] == [(True, "RateLimitError")] * 3 + [
         (False, None)] * 2
     assert rows[-1]["action"].startswith("<answer>")
@@ -570,7 +570,7 @@ def test_a_failed_verification_or_rubric_leaves_the_step_as_unverified_or_unguid
     assert "step_verify" not in roles and calls == engine.calls == len(rows)
 
 
-# ---- issue 50 items 4 and 5: the prefix h_t, and where the generator's branching points lie -------------------------
+# ---- the prefix h_t, and where the generator's branching points lie -------------------------
 def _long_state(tok: Any, search: BM25Search) -> tuple[AgentLoop, Any]:
     """A trajectory whose first query lies more than 4,000 characters before its end (a long reasoning turn)."""
     loop = AgentLoop(tok, search, Budgets(max_turns=5, max_searches=3, max_response_tokens=20000,
@@ -583,8 +583,8 @@ def _long_state(tok: Any, search: BM25Search) -> tuple[AgentLoop, Any]:
 
 
 def test_the_writer_and_verifier_read_the_whole_prefix(tok: Any, search: BM25Search, tmp_path: Path) -> None:
-    """Issue 50 item 4 (Co-ReAct §3.1-3.3: the rubric, the verifier and the ranking condition on the whole prefix
-    h_t): by default (the paper's) a branching point carries all of the history, so a query made long ago is still
+    """Co-ReAct §3.1-3.3: the rubric, the verifier and the ranking condition on the whole prefix
+    h_t: by default (the paper's) a branching point carries all of the history, so a query made long ago is still
     judgeable as a repeat; arbor's bound (a number) compacts the prefix and keeps every query, where the old
     4,000-character tail cut dropped the first one."""
     import asyncio
@@ -633,8 +633,8 @@ class _BranchEngine:
 
 
 def test_branching_points_are_the_tool_calling_steps_with_the_whole_prefix(tok: Any, search: BM25Search) -> None:
-    """Issue 50 item 5 (§3.1: "at every tool-calling step t"; App. A discards points that already emitted the
-    answer): the policy's trajectory searches twice and answers; its two search turns are branching points and its
+    """§3.1: "at every tool-calling step t"; App. A discards points that already emitted the
+    answer: the policy's trajectory searches twice and answers; its two search turns are branching points and its
     answering turn is not (``guidance.branch_steps=every``, arbor's earlier, keeps all three). Each point stores the
     whole prefix h_t (item 4)."""
     from types import SimpleNamespace
@@ -662,7 +662,7 @@ def test_branching_points_are_the_tool_calling_steps_with_the_whole_prefix(tok: 
     assert not tool_calling_step(loop, "<answer>\\boxed{x}</answer>", 0) and not tool_calling_step(loop, "no tag", 0)
 
 
-# ---- issue 63 item 5: an SFT start that has read guidance ------------------------------------------------------------
+# ---- an SFT start that has read guidance ------------------------------------------------------------
 GOLD = ["<think>film first</think><search>Tobara</search>",
         "<think>now the director</think><search>Kerar Silix</search>",
         "<think>found it</think><answer>\\boxed{Delina}</answer>"]

@@ -1,4 +1,4 @@
-"""The chunked policy head (issue 48 item 1): values and gradients equal full logits' to 1e-6 in float32, and no
+"""The chunked policy head: values and gradients equal full logits' to 1e-6 in float32, and no
 [positions x vocabulary] tensor is ever allocated."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hub access for users (issue 34 item 4): arbor never forces the Hub offline; preflight refuses an uncached Hub id
+"""Hub access for users: arbor never forces the Hub offline; preflight refuses an uncached Hub id
 only when the environment keeps the Hub offline (saying how to fix it); question sets ``hf:<owner>/<name>/<file>``
 and ``hf:<owner>/<name>[/<folder>]:<split>`` are read from a Hugging Face cache built here, or downloaded through
 huggingface_hub when online (faked: no network in tests)."""

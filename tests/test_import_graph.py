@@ -1,4 +1,4 @@
-"""No import circle among arbor's modules (issue 32 item 3): every import statement is an edge, a function-level
+"""No import circle among arbor's modules: every import statement is an edge, a function-level
 one included, so a late import does not hide a circle; tests/test_layers.py checks the layering, this the cycles."""
 
 from __future__ import annotations

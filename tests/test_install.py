@@ -1,4 +1,4 @@
-"""One installable namespace (issue 13 item 7): ``pip install .`` (a wheel, not editable) into a fresh virtual
+"""One installable namespace: ``pip install .`` (a wheel, not editable) into a fresh virtual
 environment, then ``arbor demo`` from another directory. Configs, world data, SQL and prompts must all come from
 the installed package, and every module must import as ``arbor.*``.
 
@@ -92,9 +92,9 @@ def test_installed_wheel_runs_the_demo_from_another_directory(wheel: Path, tmp_p
     assert list((elsewhere / ".arbor").glob("catalog.duckdb")), "the demo's workspace is under the new directory"
     assert "policy: " in proc.stdout and "/checkpoints/" in proc.stdout  # where the trained model is
     # the op built at set-up is reused: the environment borrows this one's ninja too (a system ninja rebuilt it, and
-    # the next run here rebuilt it back: 60-90 s each, session 31)
+    # the next run here rebuilt it back: 60-90 s each)
     assert built is None or op.stat().st_mtime_ns == built
-    out = proc.stdout + proc.stderr  # the quiet default: none of the libraries' own chatter (issue 34 item 7)
+    out = proc.stdout + proc.stderr  # the quiet default: none of the libraries' own chatter
     for noise in ("Loading weights", "Setting accelerator to CPU", "built successfully", "temporary server",
                   "FutureWarning", "| DEBUG", "Finished in state Completed()"):
         assert noise not in out, (noise, out[-3000:])

@@ -1,4 +1,4 @@
-"""Schema-valid is not the same as an answer (issue 50 item 9): a reply that echoes its prompt's placeholders or
+"""Schema-valid is not the same as an answer: a reply that echoes its prompt's placeholders or
 instructions, loops or leaves a field empty is an invalid answer; the OpenAI-compatible backend retries it with
 the reason, records it as ``InvalidAnswer`` and falls back neutrally when no attempt answers."""
 
@@ -74,7 +74,7 @@ def test_the_prompts_own_example_is_never_an_answer() -> None:
 
 
 @pytest.mark.parametrize(("reply", "why"), [
-    # the 135M judge's induction answers (issue 50 item 9), and the same placeholder in another field
+    # the 135M judge's induction answers, and the same placeholder in another field
     (rubric("<short label>", "<what a high-scoring trajectory does>", "The agent the agent."), "placeholder"),
     (rubric("Entity queries", "<what a low-scoring trajectory does>", "Vague queries."), "placeholder"),
     (rubric("short label", "Names the tower's country before the capital.", "Vague queries."), "words of a placeholder"),
@@ -157,17 +157,17 @@ def test_a_placeholder_answer_is_retried_with_the_reason(server: OpenAIServer, t
     out = asyncio.run(ask())
     assert out.ok and out.attempts == 2 and [d.title for d in out.value] == ["Targeted entity queries"]
     [row] = judge.drain_calls()
-    # issue 60: the refused attempt keeps the filter's reason and the start of the reply that was refused
+    # the refused attempt keeps the filter's reason and the start of the reply that was refused
     assert row["error"] is None and row["attempt_errors"] == ["InvalidAnswer:placeholder", None]
     retry = server.bodies[1]["messages"]
-    recorded = openai_server.recorded_echoes()["induction"]  # the real SmolLM2 judge's reply (issue 60 item 6)
+    recorded = openai_server.recorded_echoes()["induction"]  # the real SmolLM2 judge's reply
     assert row["attempt_replies"] == [recorded, None]  # the whole reply: 161 characters
     assert retry[2]["content"] == recorded  # the reply shown back ...
     assert "rubrics[0].title is the prompt's placeholder '<short label>'" in retry[3]["content"]  # ... and why
 
 
 def test_a_refused_reply_is_kept_to_its_first_200_characters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 60 item 5: a long reply that is no verdict, refused at every attempt: each attempt's entry names the
+    """A long reply that is no verdict, refused at every attempt: each attempt's entry names the
     refusal and keeps the reply's first 200 characters, so a weak judge can be told from a strict filter."""
     from test_resume_spend import FixedJudge
 
@@ -215,7 +215,7 @@ def test_when_every_attempt_is_a_placeholder_nothing_is_admitted(server: OpenAIS
         assert call["error"] is None and "induced" in events and len(rows["draft_scores"]) == 1
 
 
-# ---- issue 56 item 4: near-placeholders and near-copies rejected, the prompt's worked examples accepted ----------
+# ---- near-placeholders and near-copies rejected, the prompt's worked examples accepted ----------
 CONSOLIDATION = template_of("consolidation.v1")
 EDITED = ("Writes focused queries naming the specific entities and relations it needs, so the right page comes back "
           "quickly.")  # the induction prompt's "Searches with precision" sentence, three words edited
@@ -227,7 +227,7 @@ EDITED = ("Writes focused queries naming the specific entities and relations it 
     (rubric("Precision", EDITED, "Vague queries."), "instruction_near_copy"),
 ])
 def test_a_reworded_placeholder_or_an_edited_instruction_is_rejected(reply: dict[str, Any], reason: str) -> None:
-    """Each passed today's filter (issue 56 item 4); the reason travels on the exception the backend counts."""
+    """Each passed today's filter; the reason travels on the exception the backend counts."""
     problem = find_problem(reply, INDUCTION, SCHEMA)
     assert problem is not None and problem.reason == reason
     with pytest.raises(InvalidAnswer) as e:

@@ -1,4 +1,4 @@
-"""Issue 62: a judge that stops helping is seen at once.
+"""A judge that stops helping is seen at once.
 
 The ledger's figures (``llm/health.py`` and the ``judge_health`` view) on hand-built ``judge_calls`` rows counted by
 hand; the ``degraded`` mark of ``arbor runs`` / ``arbor compare``; and real ``arbor train`` runs against real HTTP

@@ -73,7 +73,7 @@ async def _with(judge: OpenAIJudge, coro):  # noqa: ANN001, ANN201
 
 
 def test_a_retry_tells_the_judge_what_was_wrong(server: OpenAIServer, tmp_path: Path) -> None:
-    """Issue 31 item 2: the second attempt is not a copy of the first; it shows the unusable reply and the
+    """The second attempt is not a copy of the first; it shows the unusable reply and the
     validation problem, under the same cache key (so the good answer is found again on a resume)."""
     server.plan = FaultPlan(queue=["invalid"])
     judge = make_judge(config(server), home=tmp_path)
@@ -117,7 +117,7 @@ def test_structured_outputs_send_each_roles_schema(server: OpenAIServer, tmp_pat
     fmt = server.bodies[0]["response_format"]
     assert fmt["type"] == "json_schema" and fmt["json_schema"]["name"] == "pairwise"
     assert fmt["json_schema"]["schema"]["properties"]["winner"]["enum"] == ["A", "B", "TIE"]
-    # accuracy: E.4's verdict word as a constrained enum (a 135M judge parrots the prompt without it, issue 31)
+    # accuracy: E.4's verdict word as a constrained enum (a 135M judge parrots the prompt without it)
     assert server.bodies[1]["response_format"]["json_schema"]["schema"]["properties"]["verdict"]["enum"] == [
         "Correct", "Incorrect"]
 
@@ -206,7 +206,7 @@ def test_reply_budget_and_request_timeout_by_hand() -> None:
 
 
 def test_a_replys_budget_follows_the_number_of_items(server: OpenAIServer, tmp_path: Path) -> None:
-    """Issue 31 item 3: 27 stage rubrics to grade need more than judge.max_tokens (1,024); 3 do not; a per-role
+    """27 stage rubrics to grade need more than judge.max_tokens (1,024); 3 do not; a per-role
     setting wins."""
     from arbor.types import StageRubric
 
@@ -227,7 +227,7 @@ def test_a_replys_budget_follows_the_number_of_items(server: OpenAIServer, tmp_p
 
 
 def test_a_prompt_is_compacted_to_fit_the_judges_context(server: OpenAIServer, tmp_path: Path) -> None:
-    """Issue 31 item 3: eight long trajectories for stage_rubrics (2,048 reply tokens) to a judge of 8,192 tokens:
+    """Eight long trajectories for stage_rubrics (2,048 reply tokens) to a judge of 8,192 tokens:
     each is cut to (8,192 - 2,048 - 1,024) / 8 = 640 tokens, so the request fits; unset, they go whole."""
     from arbor.llm.text import estimate_tokens
 
@@ -270,7 +270,7 @@ def test_each_fault_is_retried_and_ends_in_success(server: OpenAIServer, tmp_pat
 
 
 def test_a_hang_past_the_stall_deadline_is_not_retried(server: OpenAIServer, tmp_path: Path) -> None:
-    """Issue 60: a reply that does not start within the deadline (here the derived one, judge.timeout_s=0.5 for a
+    """A reply that does not start within the deadline (here the derived one, judge.timeout_s=0.5 for a
     short request) is a stall: one request, then ``DependencyStalled`` naming the role (it used to be retried)."""
     from arbor.liveness import DependencyStalled
 
@@ -636,7 +636,7 @@ def _user(server: OpenAIServer) -> str:
 
 def test_the_paper_profiles_show_the_pairwise_judge_both_whole_trajectories(server: OpenAIServer,
                                                                             tmp_path: Path) -> None:
-    """Issue 50 item 3 (App. E.3): qwen3-8b's judge settings send two ~30k-token trajectories (10 searches, long
+    """App. E.3: qwen3-8b's judge settings send two ~30k-token trajectories (10 searches, long
     results) whole, every result body included, since they fit qwen-plus's 129,024-token input; before, each
     was compacted to 8,448 tokens and the judge never saw the evidence."""
     from arbor.config import load_config

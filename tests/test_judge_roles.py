@@ -1,4 +1,4 @@
-"""Issue 31 item 1: a judge role is declared once and both backends answer it without knowing it.
+"""A judge role is declared once and both backends answer it without knowing it.
 
 A test registers a role of its own (count the searches of a trajectory): the rules backend answers with the
 role's heuristic, the OpenAI-compatible transport sends the role's prompt with its schema as ``response_format``
@@ -88,7 +88,7 @@ def test_every_builtin_role_is_declared_once_with_its_reply_schema() -> None:
         role_of("nope")
 
 
-# which package declares which roles (issue 51 item 1), in import order: what each one adds to the registry
+# which package declares which roles, in import order: what each one adds to the registry
 OWNERS = {"arbor.tasks.methods.arbor": ["consolidation", "induction", "pairwise"],
           "arbor.tasks.methods.rar": ["rar_rate", "rar_rubrics"],
           "arbor.tasks.methods.ss_grpo": ["stage_grades", "stage_rubrics"],

@@ -1,4 +1,4 @@
-"""`arbor judge serve` (issue 31 item 5): llama.cpp's server on the shipped SmolLM2, refused clearly without it."""
+"""`arbor judge serve`: llama.cpp's server on the shipped SmolLM2, refused clearly without it."""
 
 from __future__ import annotations
 

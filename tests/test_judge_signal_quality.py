@@ -1,4 +1,4 @@
-"""Issue 63 item 4: is my judge helping? ARBOR's ``judge_signal_quality`` view over Parquet written by the storage
+"""Is my judge helping? ARBOR's ``judge_signal_quality`` view over Parquet written by the storage
 layer, its step-summary line and its report panel, on hand-built groups whose figures are computed by hand."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The single-file cache store (storage/kvstore.py, issue 34 item 6): round trips, several writing processes, kill -9
+"""The single-file cache store (storage/kvstore.py): round trips, several writing processes, kill -9
 mid-write, the read-through of the old one-file-per-entry layout, and the judge cache on top of it (a run resumed
 over an old workspace does not pay the judge twice)."""
 

@@ -1,4 +1,4 @@
-"""Layered imports (issue 13 item 4): every import in arbor's packages points to its own layer or one below.
+"""Layered imports: every import in arbor's packages points to its own layer or one below.
 
     base         arbor/: config, paths, seeds, record types (arbor.types), and the pure protocol every layer
                  reads: the tag format (arbor.format), the base reward (arbor.reward), group statistics
@@ -8,7 +8,7 @@
     environment  tasks/env/: search, datasets and sources, agent loop, rollout engines, policy loading; and the
                  shared pieces left in tasks/: the stage store (stages.py), shaping, reflection
     training     tasks/training/: the update a controller decides, losses, the trainers (RL, SFT) and the
-                 trainer service, checkpoints, weight sync: pure update workers that know no method (issue 32)
+                 trainer service, checkpoints, weight sync: pure update workers that know no method
     reporting    tasks/reporting/: evaluation, the run report, learning curves, trackers
     methods      tasks/methods/ (each method's package: ARBOR's memory and judging, ARCO's rubric model, ..., and
                  the judge roles it asks: prompts, schemas, parsers, offline heuristics),
@@ -103,7 +103,7 @@ def test_imports_point_downward_only() -> None:
 
 
 def test_the_judge_machinery_imports_no_task() -> None:
-    """Issue 51 item 2: no module under llm/ imports arbor.tasks, a function-level import included (the roles it
+    """No module under llm/ imports arbor.tasks, a function-level import included (the roles it
     answers are declared by the methods, which import llm/, never the other way)."""
     bad = [f"{module_name(path)} imports {target}" for path in sorted((PROJECT_ROOT / "llm").rglob("*.py"))
            for target in imports(path) if target == "arbor.tasks" or target.startswith("arbor.tasks.")]

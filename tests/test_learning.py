@@ -1,9 +1,9 @@
-"""The learning test (issue 12 item 4): GRPO on the synthetic world must raise the policy's reward by a margin that a
+"""The learning test: GRPO on the synthetic world must raise the policy's reward by a margin that a
 broken loss cannot reach.
 
 A short run of the real flow (Prefect, DeepSpeed ZeRO-2, BM25 over the world corpus) from the ``tiny-world`` SFT
 start, on a fixed set of 16 world questions asked every step (RL's "overfit one batch" check: the reward of the same
-prompts must climb). Proven able to fail by mutation (docs/decisions.md, "Issue 12"): with the advantage's sign
+prompts must climb). Proven able to fail by mutation (docs/decisions.md, the learning test): with the advantage's sign
 flipped, with the loss mask ignoring the response, and with the TIS weights fixed to zero, it fails.
 """
 
@@ -23,7 +23,7 @@ STEPS = 8
 LEARN = {"run.steps": STEPS, "run.eval_every": None, "checkpoint.every": STEPS, "data.train_size": 16,
          "rollout.batch_size": 16, "train.lr": 1.0e-3}
 # The least-squares rise of the mean base reward over the run (slope x (STEPS - 1)), measured 2026-11-25 from the
-# shipped SFT start (decisions.md, "Issue 12" and "the CI learning test, recalibrated"): GRPO +0.18; the same run at
+# shipped SFT start (docs/decisions.md, "the CI learning test, recalibrated"): GRPO +0.18; the same run at
 # lr 1e-9 (no learning, the noise of sampling) -0.04; the advantage's sign flipped -0.87.
 MARGIN = 0.10
 
@@ -68,7 +68,7 @@ def test_grpo_raises_the_training_reward_on_the_world(world_sft: Path, tmp_path:
 
 
 def test_the_world_judge_answers_arbor_in_a_real_run(world_sft: Path, tmp_path: Path, prefect_harness) -> None:
-    """Issue 63 item 2: four tiny-world ARBOR steps with ``judge.backend=world`` from the shared SFT start. The judge
+    """Four tiny-world ARBOR steps with ``judge.backend=world`` from the shared SFT start. The judge
     is really asked: it induces drafts about the world's process features and judges pairs, admitted drafts become
     common rubrics, and every scored group's 11 pairwise verdicts (K = 8) are stored beside both trajectories' base
     rewards (``rubric_verdicts``), which is what ``judge_signal_quality`` reads. (When the first rubric activates

@@ -1,4 +1,4 @@
-"""LoRA for the policy (issue 30 item 3; Hu et al. 2021): the merge formula by hand, an adapted model that starts as
+"""LoRA for the policy (Hu et al. 2021): the merge formula by hand, an adapted model that starts as
 its base model, a DeepSpeed step that moves only the adapters, checkpoints that transformers and PEFT load, SFT's
 merged output, and a resume that is bitwise equal."""
 

@@ -1,5 +1,5 @@
 """GRPO / TIS losses and DAPO's equations (``tasks/methods/dapo/equations.py``) against values computed by hand
-(paper App. B.2; issue 6 §1)."""
+(paper App. B.2)."""
 
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ def test_overlong_penalty_by_hand() -> None:
     assert [overlong_penalty(n, 100, 20) for n in (50, 80, 90, 100, 130)] == [0.0, 0.0, -0.5, -1.0, -1.0]
 
 
-# ---------------------------------------------------------------------------------------------- aggregation (issue 50)
+# ---------------------------------------------------------------------------------------------- aggregation
 def test_token_mean_and_seq_mean_token_mean_by_hand() -> None:
     # sample A: 1 loss token, l = 4; sample B: 3 loss tokens, l = 1, 2, 3 (and a masked position, l = 100)
     #   token-mean          = (4 + 1 + 2 + 3) / 4 = 2.5

@@ -228,7 +228,7 @@ def test_retirement_after_kappa_plus_one_low_variance_activations():
     assert list(mem.P) == ["c0.1"]
 
 
-# Issue 11: n_r > kappa at ANY activation of the step (group order) retires at the step's ``retire`` call, even when
+# n_r > kappa at ANY activation of the step (group order) retires at the step's ``retire`` call, even when
 # a later group of the same step resets n_r; the event names the group of that activation.
 MID_GROUPS = [3, 5, 8, 9, 12, 14, 15, 20]  # n_r after each: 1 2 3 4 5 6 7 0 -> crosses kappa = 5 at group 14
 FLAT, SHARP, F1_2 = [0.5, 0.5], [1.0, 0.0], [1.0, 0.0]
@@ -296,7 +296,7 @@ def test_mid_step_retirement_is_reached_again_after_a_rebuild(partial_phase):
 
 
 def test_counting_activations_per_step():
-    """memory.count_activations=step (issue 33 item 7): the step that retires per group (n_r 6 at group 14) counts
+    """memory.count_activations=step: the step that retires per group (n_r 6 at group 14) counts
     as one activation with variance mean(7 x 0, 1 x 0.25) = 0.03125 <= delta_v, so n_r = 1; the rubric retires
     only after kappa + 1 = 6 such steps, the event naming no group; a rebuild replays the same state."""
     cfg = MemoryConfig(k_consol=1, n_active=2, kappa=5, count_activations="step")
@@ -456,7 +456,7 @@ def drive(mem, step, log, groups, retire_last=False, phases=("score", "retire", 
 
 @pytest.mark.parametrize(("retire_last", "batch"), [(False, "k_consol"), (True, "all")])
 def test_rebuild_from_events_is_identical_and_continues_identically(retire_last, batch):
-    # both consolidation batches (issue 50 item 2); either pairing meets every kind of event below
+    # both consolidation batches; either pairing meets every kind of event below
     cfg = MemoryConfig(k_consol=2, pool_max=2, maturity=1, kappa=1, consolidation_batch=batch)
     live, log, groups = RubricMemory(cfg), Records(), {}
     for step in range(12):
@@ -548,7 +548,7 @@ def test_rows_fit_storage_schemas_and_replay_after_a_parquet_round_trip(tmp_path
     assert RubricMemory.from_events(cfg, back.events, back.activations, back.sources, groups).state() == mem.state()
 
 
-# ------------------------------------------------------------------------------------------------ issue 50 item 2
+# ---------------------------------------------------------------------------- consolidation batches (K_consol)
 class StageRun:
     """What ARBOR's consolidate stage reads of a run (``tasks.methods.base.StepResources``): the rules judge."""
 

@@ -1,4 +1,4 @@
-"""200-step lifecycle simulation of RubricMemory (issue 3 acceptance; paper §3.3-3.4).
+"""200-step lifecycle simulation of RubricMemory (the acceptance; paper §3.3-3.4).
 
 A synthetic world: each trajectory has an F1 and a hidden process quality q = F1 + noise. A synthetic pairwise
 judge answers per edge from the rubric's hidden type (encoded in its title):
@@ -7,7 +7,7 @@ judge answers per edge from the rubric's hidden type (encoded in its title):
   fading  like good until step ``@N`` in its title, then always TIE (stops discriminating: must retire once
           n_r exceeds kappa).
   flicker like good until step ``@N``, then TIE on every group but the step's last one (only in the
-          ``flicker`` runs, issue 11): n_r passes kappa in the middle of a step and the last group resets it;
+          ``flicker`` runs): n_r passes kappa in the middle of a step and the last group resets it;
           the rubric must still retire at the end of that step.
 The real pieces run in the flow's order: sparse_edges, presentation coin, verdict mapping, score_group,
 select_anchors, shaping, and every RubricMemory call. Steps 100-101 are a judge outage (every call fails).
@@ -278,7 +278,7 @@ def test_rebuild_from_events_is_identical(runs):
 
 
 def test_n_r_over_kappa_mid_step_retires_even_when_a_later_group_resets_it(runs):
-    """Issue 11: retirement is decided on the activation sequence in group order, not on the step's final n_r."""
+    """Retirement is decided on the activation sequence in group order, not on the step's final n_r."""
     _, log, _ = runs["flicker"]
     retired = {e["rubric_id"]: e for e in log.events if e["event"] == "retired"}
     flick = [e["rubric_id"] for e in log.events if e["event"] == "consolidated" and e["kind"] == "common"

@@ -1,4 +1,4 @@
-"""Issue 51 item 3: DAPO's dynamic sampling and overlong punishment are DAPO's (``tasks/methods/dapo/``), the update
+"""DAPO's dynamic sampling and overlong punishment are DAPO's (``tasks/methods/dapo/``), the update
 and the step name no method, and the step gets Co-ReAct's guide as a typed field rather than from the engine."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Methods as plug-ins (issue 13 items 1-2): the registry, import paths, per-token advantages in the trainer."""
+"""Methods as plug-ins: the registry, import paths, per-token advantages in the trainer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The paper's comparisons as one config switch (issue 8): every method runs tiny steps (ARBOR and DAPO two, the
+"""The paper's comparisons as one config switch: every method runs tiny steps (ARBOR and DAPO two, the
 others one) on the same prompts and seeds; DAPO drops exactly the zero-variance groups; RaR rubrics never leave their group; no-memory keeps P empty."""
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def test_a_method_by_import_path_trains_with_its_own_advantages(runs: Path) -> N
 
 def test_trainer_as_supervised_process_group(runs: Path, sft_policy: Path, tmp_path: Path) -> None:
     """The GPU code path on CPU: the trainer runs as its own process (DeepSpeed launcher layout), driven through the
-    control channel; weights reach the rollout engine through an HF export. The trainer knows no method (issue 32
-    item 2): DAPO's group choice and clip-higher reach it as the controller's update and loss settings, so the run
+    control channel; weights reach the rollout engine through an HF export. The trainer knows no
+    method: DAPO's group choice and clip-higher reach it as the controller's update and loss settings, so the run
     stores exactly what the in-process trainer's DAPO run above stored (same overrides and run id, another
     workspace)."""
     from arbor.flows.train import arbor_train

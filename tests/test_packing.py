@@ -1,4 +1,4 @@
-"""Micro-batches with little padding (issue 48 item 3): the packers by hand, packed rows scored like sequences
+"""Micro-batches with little padding: the packers by hand, packed rows scored like sequences
 alone, and the micro-batch loss and gradients of packed rows equal to padded ones."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def sequences(lengths: list[tuple[int, int]], seed: int = 1) -> tuple[list[list[
 
 
 def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """The plain greedy padded packer (SFT's until issue 60), kept as the reference ``pack_by_lengths`` is held to:
+    """The plain greedy padded packer (SFT's before the length packer), kept as the reference ``pack_by_lengths`` is held to:
     longest first, a new micro-batch when count x longest would pass ``max_tokens``."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []

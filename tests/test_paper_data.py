@@ -1,4 +1,4 @@
-"""Each paper profile trains and evaluates on its paper's question sets (issue 56 item 1), never silently on the 129
+"""Each paper profile trains and evaluates on its paper's question sets, never silently on the 129
 shipped ``offline:*`` questions; a set that cannot be loaded here is refused by preflight in one line, naming the
 set and how to give it, with nothing written under ARBOR_HOME."""
 
@@ -178,7 +178,7 @@ def test_single_eval_set_keeps_its_form() -> None:
 def test_the_cpu_profiles_keep_their_sft_keys() -> None:
     """An SFT start's key hashes ``data``; the field added for DR Tulu's rows must not re-key every start (the
     records' and the benches' starts stay found), while turning it off re-keys. Keys move only on purpose: SFT on
-    the RL trainer's packer (issue 60, session 33) re-keyed every start once (tiny-world's was 9878cb976951)."""
+    the RL trainer's packer re-keyed every start once (tiny-world's was 9878cb976951)."""
     from arbor.flows.sft import sft_key
 
     cfg = load_config("tiny-world")

@@ -1,4 +1,4 @@
-"""pi_old from the first mini-batch's own forward (issue 48 item 2), by hand: which trajectories the no-grad pass
+"""pi_old from the first mini-batch's own forward, by hand: which trajectories the no-grad pass
 scores, and which log-probs a micro-batch's loss takes as pi_old. The trainer-level check (the update bit for bit the
 separate pass's) is tests/test_train.py::test_pi_old_from_the_forward_is_bitwise_the_separate_pass."""
 

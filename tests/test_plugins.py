@@ -1,4 +1,4 @@
-"""Plug-ins by import path (issue 14 item 1): reward.fn, search.backend, judge.backend. Each worked example under
+"""Plug-ins by import path: reward.fn, search.backend, judge.backend. Each worked example under
 examples/ is checked by hand here and runs one RL step in tests/test_flow_train.py; a wrong plug-in is refused
 before anything starts, naming the key."""
 

@@ -1,4 +1,4 @@
-"""prefect.yaml read as data (issue 34 item 3): GPU deployments share one work pool whose concurrency limit the file
+"""prefect.yaml read as data: GPU deployments share one work pool whose concurrency limit the file
 sets, entrypoints are module paths that a pip install can deploy, every profile exists, and every qwen3 train
 profile has its SFT deployment. tests/test_deployment.py deploys the file through a real server and worker."""
 

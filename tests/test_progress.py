@@ -1,4 +1,4 @@
-"""Progress a person can follow (issue 34 item 7): the off-terminal line, its cadence, and log lines routed through
+"""Progress a person can follow: the off-terminal line, its cadence, and log lines routed through
 the live display on a terminal."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Search-R1 tag protocol beside arbor's (issue 14 item 3): checker, extraction, tool-output wrapping, the agent
+"""The Search-R1 tag protocol beside arbor's: checker, extraction, tool-output wrapping, the agent
 loop, SFT tokenisation and the rules judge's reading, each against hand-written Search-R1 text."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The quiet default (issue 34 item 7): library noise is dropped at its source, arbor's own lines are kept, and
+"""The quiet default: library noise is dropped at its source, arbor's own lines are kept, and
 ``--verbose`` (ARBOR_VERBOSE=1) brings everything back, in this process and the ones it starts."""
 
 from __future__ import annotations

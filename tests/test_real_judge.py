@@ -1,4 +1,4 @@
-"""A real judge (issue 31): llama.cpp's OpenAI-compatible server on the shipped SmolLM2-135M-Instruct, started by
+"""A real judge: llama.cpp's OpenAI-compatible server on the shipped SmolLM2-135M-Instruct, started by
 the test from ``.venv-judge`` (``make test`` builds it first: ``make judge-env``, ~5 min on two cores), answers one
 RL step of every method that asks a judge. A 135M judge answers badly often: each step must end, every call must
 be in the ledger with its attempts, and whatever failed must have fallen back (the run never dies of a judge)."""
@@ -88,17 +88,17 @@ def test_one_step_of_each_method_with_the_real_judge(name: str, llama_judge: str
     assert sent, f"{name}: the judge was never asked"
     assert {(c["backend"], c["model"]) for c in calls} == {("openai", "smollm2")}
     for c in sent:  # every attempt in the ledger; the last one decides the call
-        last = c["attempt_errors"][-1]  # InvalidAnswer attempts carry the filter's reason (issue 60)
+        last = c["attempt_errors"][-1]  # InvalidAnswer attempts carry the filter's reason
         assert len(c["attempt_errors"]) == c["attempts"] and len(c["attempt_replies"]) == c["attempts"]
         assert last == c["error"] or (c["error"] == "InvalidAnswer" and last == f"InvalidAnswer:{c['refusal']}")
     valid = sum(c["error"] is None for c in sent)
-    if name == "arbor":  # issue 50 item 9: no draft or common rubric in the memory is the induction prompt's template
+    if name == "arbor":  # no draft or common rubric in the memory is the induction prompt's template
         kept = [e for e in table("rubric_events", name, tmp_path) if e["event"] in ("induced", "consolidated")]
         for e in kept:
             reply = {"rubrics": [{k: e[k] for k in ("title", "description", "counter_description")}]}
             assert answer_problem(reply, template_of("induction.v1"), _role_schema("induction")) is None, e
     # the share of each role's signal that came from the judge (a valid answer) and from a fallback (a failed
-    # call, filled neutrally by the method): issue 31 item 6's per-method report, printed with `pytest -s`
+    # call, filled neutrally by the method): the per-method report, printed with `pytest -s`
     per_role = {r: (sum(c["error"] is None for c in sent if c["role"] == r), sum(c["role"] == r for c in sent))
                 for r in sorted({c["role"] for c in sent})}
     print(f"\n{name}: {len(sent)} judge calls, {valid} valid ({valid / len(sent):.0%}), "

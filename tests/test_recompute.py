@@ -1,4 +1,4 @@
-"""Activation recompute chosen by a memory budget (issue 48 item 4): the estimate by hand, the choice, every other
+"""Activation recompute chosen by a memory budget: the estimate by hand, the choice, every other
 layer recomputing (observed in the backward), and the same loss and gradients in every mode."""
 
 from __future__ import annotations

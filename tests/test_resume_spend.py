@@ -1,4 +1,4 @@
-"""Issue 60 item 4: a judge call paid for by a process that was killed before its stage committed is counted once
+"""A judge call paid for by a process that was killed before its stage committed is counted once
 after the resume (it used to come back as a free cache hit, so ``judge_cost_usd`` and ``judge.cost_cap_usd``
 undercounted), and a prefetch wasted and accounted in ``steps.prefetch_wasted_cost_usd`` is not counted again.
 
@@ -128,7 +128,7 @@ def test_a_kill_and_resume_spends_what_an_uninterrupted_run_spends(server: Fixed
     assert killed["costs"] == [CALL_USD] * 3 and server.requests == 7
     resumed = _process(server, home, "r", asks, commit=True)
     # the three paid by the killed process come from the cache (no request) and carry their payment; the fourth
-    # is paid now. Before issue 60: [0, 0, 0, 0.001]
+    # is paid now. Earlier: [0, 0, 0, 0.001]
     assert resumed["hits"] == [True, True, True, False] and server.requests == 8
     assert resumed["costs"] == [CALL_USD] * 4
     assert sum(resumed["costs"]) == sum(whole["costs"])

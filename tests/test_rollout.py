@@ -258,7 +258,7 @@ def test_evaluation_temperature_is_scoped_to_its_block(env, questions):
 
 
 def test_both_engines_read_the_response_budget_per_call(env, questions):
-    """Issue 56 item 2: with ``rollout.response_budget=per_call`` (slime's --rollout-max-response-len) both engines
+    """With ``rollout.response_budget=per_call`` (slime's --rollout-max-response-len) both engines
     cap each call at max_response_tokens and leave search results outside it, so trajectories that "total" cuts
     at their first result block go on to answer; the openai engine sends exactly those caps as max_tokens."""
     model, tok, search = env

@@ -1,4 +1,4 @@
-"""RubricEM's reflection meta-policy and rubric bank (issue 15; §3.4, App. D): the curriculum, the utility, the
+"""RubricEM's reflection meta-policy and rubric bank (§3.4, App. D): the curriculum, the utility, the
 bank's writes, replay and retrieval ranking, the injection formats, the SFT reflection rows, the advantages of a
 mixed task + reflection batch (against values computed by hand) and the trainer's one-step-lag rule."""
 
@@ -61,7 +61,7 @@ def test_windowed_curriculum_replays_each_window_within_episode() -> None:
 
 # ---------------------------------------------------------------------------------------------- D.6.2 utility
 def test_reflection_only_in_the_new_query_phase_by_default() -> None:
-    """Issue 33 item 2 (D.4): with K = 3, steps 1-3 draw fresh batches and reflect, 4-6 replay them and do not;
+    """D.4: with K = 3, steps 1-3 draw fresh batches and reflect, 4-6 replay them and do not;
     every-step reflects always; with the curriculum off every batch is fresh."""
     from arbor.config.rubricem import RubricEMConfig
     from arbor.tasks.methods.rubricem.method import reflects_at
@@ -97,7 +97,7 @@ def test_within_cross_utility_averages_alg1s_two_usefulness_scores() -> None:
 
 
 def test_paper_profile_reflection_settings() -> None:
-    """Issue 50 items 6-7 in the paper profile: no format gate (F.1.2), D.6.2's weighted utility, and a reflection
+    """The paper profile: no format gate (F.1.2), D.6.2's weighted utility, and a reflection
     budget that holds a Qwen3 <think> block and D.6.1's two blocks; the tiny profiles keep the recorded 256."""
     from arbor.config import load_config
 
@@ -248,7 +248,7 @@ def test_trainer_takes_lagged_reflections_and_refuses_stale_rollouts(tiny_dir: P
                                                                  for i in range(3)]
     m = tr.train_step(ok, 2)
     assert m["n_trajectories"] == 7.0
-    # issue 33 items 1 and 8: Phase A (the reflections, scored at their sampling T) before Phase B (the task batch)
+    # Phase A (the reflections, scored at their sampling T) before Phase B (the task batch)
     assert m["phase0_loss_tokens"] == 3 * 5 and m["phase1_loss_tokens"] == 4 * 5
     from arbor.tasks.training.update import policy_update
 
@@ -263,7 +263,7 @@ def test_trainer_takes_lagged_reflections_and_refuses_stale_rollouts(tiny_dir: P
         tr.train_step([traj(3, 0, i, 2, float(i % 2)) for i in range(4)] + [traj(1, REFLECTION_GROUP, 0, 0, 0.5)], 3)
 
 
-# ---------------------------------------------------------------------------------------------- issue 31 item 4
+# ---------------------------------------------------------------------------------- a judge call failed for good
 REFLECTIONS = ["<reflection_rubrics>\nCritical requirement: the founder of Zorblat Mills.\n</reflection_rubrics>\n"
                "<reflection_takeaways>\n1. Search the mill's name first.\n</reflection_takeaways>",
                "<reflection_rubrics>\nPitfalls: stopping early.\n</reflection_rubrics>\n"
@@ -348,7 +348,7 @@ def _reflect_step(home: Path, tiny_dir: Path, fail: bool, sets: dict | None = No
 
 def test_a_failed_reflection_grading_gives_its_candidates_no_gradient_and_the_bank_nothing(
         tiny_dir: Path, tmp_path: Path) -> None:
-    """Issue 31 item 4: when the reflection-grade call fails for good every candidate's utility is 0, so the
+    """When the reflection-grade call fails for good every candidate's utility is 0, so the
     candidate group has zero variance (all advantages 0; the trainer drops it) and nothing enters the bank; the
     same candidates graded give u = 1, 0.5, 0 and advantages +1, 0, -1. The task group's stage credit comes from
     the score stage and is the same either way."""
@@ -383,7 +383,7 @@ def test_a_failed_reflection_grading_gives_its_candidates_no_gradient_and_the_ba
 
 def test_without_the_format_gate_a_blockless_candidate_keeps_its_judged_utility_but_not_the_bank(
         tiny_dir: Path, tmp_path: Path) -> None:
-    """F.1.2 / D.4 (issue 50 item 6): the reward of a reflection is the judge's score; the format only decides the
+    """F.1.2 / D.4: the reward of a reflection is the judge's score; the format only decides the
     bank. The judge grades the three candidates u = 1, 0.5, 1 (the third has no blocks). By hand: mean 5/6,
     sample std sqrt(1/12), so A = +0.577, -1.155, +0.577; candidate 0 (the best valid) enters the bank."""
     refl, bank, _, lagged, m = _reflect_step(tmp_path, tiny_dir, False)
@@ -430,7 +430,7 @@ def _score_group(home: Path, tiny_dir: Path, texts: list[str], sets: dict) -> di
 
 def test_without_the_format_gate_a_scaffold_breaking_trajectory_is_graded_like_any_other(
         tiny_dir: Path, tmp_path: Path) -> None:
-    """F.1.2 (issue 50 item 6): no format reward, so a trajectory that fails the strict scaffold check (here: text
+    """F.1.2: no format reward, so a trajectory that fails the strict scaffold check (here: text
     after its </answer>) is graded on its stages and its answer like the others: it scores what the same trajectory
     without the trailing text scores, the persistent Answer rubric included (F1 of its answer, 1 here, not the
     rollout's gated 0). Behind arbor's gate (``rubricem.format_gate=true``) it scores 0 in every stage."""

@@ -1,4 +1,4 @@
-"""One writer per run (issue 35 item 3): a second process is refused in one line naming the holder; a holder that
+"""One writer per run: a second process is refused in one line naming the holder; a holder that
 dies (even by SIGKILL) leaves no stale lock."""
 
 from __future__ import annotations

@@ -212,7 +212,7 @@ def test_cache_is_safe_across_processes(server: JsonServer, tmp_path: Path) -> N
 
 
 def _old_layout_write(root: Path, backend: str, query: str, k: int, hits: list[SearchHit]) -> Path:
-    """An entry as the one-JSON-file-per-entry cache wrote it (before issue 34 item 6)."""
+    """An entry as the one-JSON-file-per-entry cache wrote it (the old layout)."""
     key = hashlib.sha256(json.dumps([backend, query, k]).encode()).hexdigest()
     path = root / key[:2] / f"{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

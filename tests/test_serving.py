@@ -27,7 +27,7 @@ def test_vllm_serve_command_for_profile() -> None:
     assert a[a.index("--data-parallel-size") + 1] == "2" and a[a.index("--tensor-parallel-size") + 1] == "1"
     assert a[a.index("--max-model-len") + 1] == "36864"
     assert "--weight-transfer-config" in a
-    assert a[a.index("--served-model-name") + 1] == "Qwen/Qwen3-8B"  # the name rollouts request (issue 47)
+    assert a[a.index("--served-model-name") + 1] == "Qwen/Qwen3-8B"  # the name rollouts request
     assert spec.env == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_SERVER_DEV_MODE": "1"}
     assert spec.base_url.endswith(":8000/v1")
     own_env = load_config("qwen3-8b", {"cluster.vllm_executable": "/opt/vllm-env/bin/vllm"})
@@ -80,7 +80,7 @@ def _first(deaths: list[str], within_s: float) -> str | None:
 
 
 def test_a_watched_server_that_dies_is_named_and_a_planned_restart_is_not(tmp_path) -> None:
-    """Issue 49: ``Supervised.watch`` reports a server's exit (pid and status) once; ``restart_on`` and ``stop`` are
+    """``Supervised.watch`` reports a server's exit (pid and status) once; ``restart_on`` and ``stop`` are
     no death."""
     spec = _http_server(tmp_path)
     deaths: list[str] = []
@@ -100,7 +100,7 @@ def test_a_watched_server_that_dies_is_named_and_a_planned_restart_is_not(tmp_pa
 
 
 def test_a_server_someone_else_started_is_watched_through_its_port(tmp_path) -> None:
-    """Issue 49: ``arbor.liveness`` calls a server gone once it refused connections for ``dead_after_s``, naming
+    """``arbor.liveness`` calls a server gone once it refused connections for ``dead_after_s``, naming
     its URL without the credentials in it; a live one is left alone."""
     from arbor.liveness import shown, watch_endpoint
 

@@ -1,4 +1,4 @@
-"""SFT on tag-format JSONL with result blocks masked (issue 6 §5)."""
+"""SFT on tag-format JSONL with result blocks masked."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_sft_lowers_the_loss_and_saves_a_loadable_checkpoint(tiny_dir: Path, tmp
 
 
 def test_the_first_update_scores_packed_rows_as_each_sequence_alone(tiny_dir: Path, tmp_path: Path) -> None:
-    """SFT cuts its batches with the RL trainer's packer (issue 60): two short sequences share a row behind a long
+    """SFT cuts its batches with the RL trainer's packer: two short sequences share a row behind a long
     one's, and the first update's loss (every micro-batch scored before the step) equals the masked NLL of each
     sequence scored alone by the start model, over the batch's loss tokens. A row scored without its position ids
     (the short ones attending to each other) or a mask cut wrongly moves it."""
@@ -146,7 +146,7 @@ def test_bad_jsonl_names_file_and_line(tiny_dir: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sft_teaches_the_tiny_policy_to_search(sft_policy: Path, tmp_path: Path) -> None:
-    """Acceptance (issue 6 §5): the tiny-cpu SFT warm start (the session's ``sft_policy``: synthetic trajectories,
+    """Acceptance: the tiny-cpu SFT warm start (the session's ``sft_policy``: synthetic trajectories,
     ~2.5 minutes on two idle cores) raises the format-valid rate and the searches per trajectory on *held-out* questions by a
     clear margin, rollouts before and after with a fixed seed."""
     from arbor.tasks.env.datasets import load_questions
@@ -177,7 +177,7 @@ def test_sft_teaches_the_tiny_policy_to_search(sft_policy: Path, tmp_path: Path)
 
 
 def test_the_sft_process_group_is_launched_over_the_nodes_gpus() -> None:
-    """Issue 34 item 1: on the qwen3 layout the SFT runs under the deepspeed launcher on every GPU of the node (no
+    """On the qwen3 layout the SFT runs under the deepspeed launcher on every GPU of the node (no
     rollout runs beside it), like the RL trainer; on CPU N gloo ranks under torchrun; one CPU rank trains in-process."""
     from arbor.tasks.training.sft import launch_command, launches_process_group
 
@@ -198,7 +198,7 @@ def test_the_sft_process_group_is_launched_over_the_nodes_gpus() -> None:
 
 @pytest.mark.slow
 def test_two_rank_sft_resumes_bit_identically_after_a_kill(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue 34 item 1: a 2-rank DeepSpeed SFT on CPU (gloo, torchrun), killed after update 5 with its state kept at
+    """A 2-rank DeepSpeed SFT on CPU (gloo, torchrun), killed after update 5 with its state kept at
     update 4, resumes from update 4 when run again and ends with the uninterrupted run's exact weights."""
     from safetensors.torch import load_file
 

@@ -1,4 +1,4 @@
-"""The paper's SFT sources to arbor's rows (issue 34 item 1): Tool-Star's alpaca layout and conversation files,
+"""The paper's SFT sources to arbor's rows: Tool-Star's alpaca layout and conversation files,
 search-only, tags mapped per protocol, every kept row format-checked, every dropped row counted with its reason."""
 
 from __future__ import annotations

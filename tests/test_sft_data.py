@@ -1,5 +1,5 @@
-"""SFT data synthesised from the offline training questions with the real BM25 backend (issue 6 item 5); a user's
-flat JSONL staged for RubricEM's start, with reflection rows (issue 33 item 6)."""
+"""SFT data synthesised from the offline training questions with the real BM25 backend; a user's
+flat JSONL staged for RubricEM's start, with reflection rows."""
 
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ def test_a_fixed_sft_output_holding_a_flat_start_is_not_reused_for_rubricem(tmp_
 
 
 def test_sft_guided_adds_guided_copies_and_keeps_the_keys_of_unguided_starts(setup, tmp_path, capsys):
-    """``sft.guided`` (issue 63 item 5): the run's SFT file is the gold rows, then guided copies of a share of them
+    """``sft.guided``: the run's SFT file is the gold rows, then guided copies of a share of them
     (the rubric after the question and inside observations; the same gold responses otherwise); the key moves with
     the share and with the guidance settings the copies are written with, and stays where it was without them."""
     from arbor.flows.sft import sft_data_path, sft_key

@@ -48,7 +48,7 @@ def test_variance_threshold_is_inclusive_and_discarded_rubrics_count_as_dropped(
 
 
 def test_a_rubric_every_call_failed_for_is_dropped_even_at_delta_v_zero():
-    # RaR (delta_v 0) when a group's items could not be written: every rating None. Issue 31: this crashed the
+    # RaR (delta_v 0) when a group's items could not be written: every rating None. This once crashed the
     # shape stage ("mean of an empty sequence") and with it the run; it must cost the group its signal only.
     got = shape_group([0.2, 0.0, 1.0], [[None, None, None], [0.1, 0.1, 0.4]], [T, T, T], delta_v=0.0)
     assert got.kept == [False, True]

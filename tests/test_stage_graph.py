@@ -1,4 +1,4 @@
-"""Every method declares its stage graph once (issue 32 item 1): the pipeline's rollout, shape and train, and the
+"""Every method declares its stage graph once: the pipeline's rollout, shape and train, and the
 stages it adds between them, each with the tables it stores."""
 
 from __future__ import annotations

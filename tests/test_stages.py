@@ -53,7 +53,7 @@ def test_stage_missing_table_refused(arbor_home: Path) -> None:
 
 
 def test_every_single_bit_flip_of_a_stored_stage_is_caught(arbor_home: Path) -> None:
-    """Issue 35 item 2: 300 random single-bit flips in a committed stage file (a shaped-reward-like float column)
+    """300 random single-bit flips in a committed stage file (a shaped-reward-like float column)
     are each caught when the stage is loaded, naming the file and the stage; so are truncation and a lost file."""
     import random
 

@@ -1,4 +1,4 @@
-"""Flat trajectories to RubricEM's stage scaffold (issue 33 item 6): the pure conversion ``tasks.env.staging``."""
+"""Flat trajectories to RubricEM's stage scaffold: the pure conversion ``tasks.env.staging``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 60 item 1: a server that takes a request and never answers is named within its progress deadline
+"""A server that takes a request and never answers is named within its progress deadline
 (``*.stall_s``: no byte for N s), once, without its credentials, for each client a run talks through: the judge
 (the openai client), the search services (httpx) and the rollout server (httpx). Real TCP servers on loopback."""
 
@@ -42,7 +42,7 @@ async def _ask(judge):  # noqa: ANN001, ANN202
 
 def test_a_silent_judge_is_a_stall_named_once(tmp_path: Path) -> None:
     """judge.stall_s=1 against a server that reads the request and stays silent: one request (not the five that
-    judge.max_retries=4 allows), the error names the role and the URL, within the deadline. Before issue 60 the call was retried 5 times and came back as a failed call (APITimeoutError)."""
+    judge.max_retries=4 allows), the error names the role and the URL, within the deadline. Earlier the call was retried 5 times and came back as a failed call (APITimeoutError)."""
     server = RawServer("silent")
     try:
         url = f"http://127.0.0.1:{server.port}/v1"

@@ -1,4 +1,4 @@
-"""A stop whose raise was lost still ends the run (issue 49; seen in the stop drill under load).
+"""A stop whose raise was lost still ends the run (seen in the stop drill under load).
 
 The signal handler raises ``RunStopped`` wherever the main thread is. When that is a finalizer, Python prints
 "Exception ignored in ..." and goes on: the stop is lost and the run would train to its end. ``stop.raise_pending``

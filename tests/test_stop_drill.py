@@ -1,7 +1,7 @@
-"""Issue 49: the stop drill. `arbor train` is asked to stop as users and supervisors ask — SIGINT (a terminal's
+"""The stop drill. `arbor train` is asked to stop as users and supervisors ask — SIGINT (a terminal's
 Ctrl-C) and SIGTERM (`timeout`, SLURM's `scancel`), each sent to the process alone or to its whole process group,
 each phase it can reach on two CPU cores meeting both signals and both targets (SQUARE), and it loses what it depends on mid-run: Prefect's temporary API
-server, the judge server, an SFT rank, and (issue 62) a judge that reads every request and never answers. Every case must
+server, the judge server, an SFT rank, and a judge that reads every request and never answers. Every case must
 end within 15 s of the signal with one last line naming what stopped the run and how to go on, the run recorded
 as stopped (failed for the dead server), and no process of the run left behind; a stopped run resumes to exactly
 the result of a run that was never stopped.
@@ -269,7 +269,7 @@ def test_a_run_stopped_by_a_group_ctrl_c_in_training_resumes_exactly(drill) -> N
     assert same
 
 
-# ------------------------------------------------------------------------------------------- session 25
+# ------------------------------------------------------------------------------ a signal in each phase of a run
 def _stop_in(root: Path, env: dict[str, str], case: str, sets: tuple[str, ...], reached: str,
              sig: int = signal.SIGINT, command: str = "train", args: tuple[str, ...] = ()) -> tuple[Run, float, str]:
     """A run (``command``) with ``sets`` stopped by ``sig`` to its whole group once it printed ``reached``."""
@@ -364,7 +364,7 @@ def _known(home: Path) -> set[str]:
 
 @pytest.mark.parametrize("command", ["eval", "guidance-train"])
 def test_eval_and_guidance_train_record_stopped(drill, command: str) -> None:
-    """Issue 60 item 3: `arbor eval` and `arbor guidance-train`, stopped by a group SIGINT while they run, record
+    """`arbor eval` and `arbor guidance-train`, stopped by a group SIGINT while they run, record
     their run as ``stopped`` as `arbor train` does (they recorded no status: `arbor runs` said running, then
     crashed)."""
     root, env = drill
@@ -372,7 +372,7 @@ def test_eval_and_guidance_train_record_stopped(drill, command: str) -> None:
     known = _known(home)
     case = f"{command}-sigint-group"
     # guidance-train branches 16 questions, so the signal lands in its work: with 2 it once reached its end (no
-    # ranking to train on) before the signal did, under the suite's load (session 31)
+    # ranking to train on) before the signal did, under the suite's load
     args = (["--profile", "tiny-cpu", "--split", "bamboogle", "--limit", "4", "--runs", "2"] if command == "eval" else
             ["--profile", "tiny-cpu", "--run-id", case, "--set=run.sft_warm_start=false",
              "--set=guidance.branch_questions=16"])
@@ -460,7 +460,7 @@ def test_a_dead_gloo_rank_ends_the_sft_launch_naming_it(drill) -> None:
 
 
 def test_a_silent_judge_ends_the_run_naming_it_and_it_resumes(drill) -> None:
-    """Issue 62: a judge that reads every request and never answers (tests/raw_server.py, a real TCP server on
+    """A judge that reads every request and never answers (tests/raw_server.py, a real TCP server on
     loopback). Its first call stalls past judge.stall_s = 1 s: the run ends naming the role and the URL, marked
     failed, within the stall bound plus BOUND_S of the first request; resumed against a working
     judge, it completes from what it stored."""

@@ -171,7 +171,7 @@ def test_files_from_an_older_schema_read_new_columns_as_null(tmp_path):
 
 
 def test_a_moved_workspace_with_one_unreadable_file_keeps_every_other_table(tmp_path):
-    """Issue 35 item 2: after a move, one truncated Parquet file failed the catalog's rebuild, and with it every
+    """After a move, one truncated Parquet file failed the catalog's rebuild, and with it every
     query, `select 1` included. Now only the table holding it fails, naming the file; a repaired file is seen."""
     old = tmp_path / "old"
     write_stage("steps", [{"loss": 1.0}], run_id="r", step=1, stage="train", home=old)

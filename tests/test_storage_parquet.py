@@ -30,7 +30,7 @@ def _traj(step: int, group: int, sample: int, f1: float = 0.5) -> dict:
 
 
 def test_every_interface_table_has_a_schema():
-    """The pipeline declares its own tables; each built-in method's package declares the rest (issue 32)."""
+    """The pipeline declares its own tables; each built-in method's package declares the rest."""
     from arbor.storage.schemas import OWNER, PIPELINE_TABLES
     from arbor.tasks.methods import BUILTIN, resolve_method
 

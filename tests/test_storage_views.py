@@ -304,7 +304,7 @@ def test_zero_variance_sql_and_python_agree(tmp_path):
 
 
 def test_judge_attempts_by_role_counts_each_attempt(tmp_path):
-    """sql/queries/judge_attempts_by_role.sql on hand-written ledger rows (issue 31: the ledger shows attempts)."""
+    """sql/queries/judge_attempts_by_role.sql on hand-written ledger rows (the ledger shows attempts)."""
     from arbor.storage.sql import run_file
 
     rows = [  # pairwise: fixed at the 2nd attempt; cut off twice then fixed; cache hit (not sent); failed for good
@@ -314,8 +314,8 @@ def test_judge_attempts_by_role_counts_each_attempt(tmp_path):
         dict(role="pairwise", attempts=3, error="InvalidOutput",
              attempt_errors=["InvalidOutput", "RateLimitError", "InvalidOutput"]),
         dict(role="accuracy", attempts=1, error=None, attempt_errors=[None]),
-        dict(role="induction", attempts=2, error=None, attempt_errors=["InvalidAnswer", None]),  # issue 50 item 9
-        # issue 60: an attempt refused by the answer filter carries its reason
+        dict(role="induction", attempts=2, error=None, attempt_errors=["InvalidAnswer", None]),
+        # an attempt refused by the answer filter carries its reason
         dict(role="rar_rubrics", attempts=5, error="InvalidAnswer",
              attempt_errors=["InvalidAnswer:placeholder_words", "InvalidAnswer:echo", "InvalidOutput",
                              "InvalidAnswer:placeholder_words", "InvalidAnswer:echo"]),

@@ -1,4 +1,4 @@
-"""Chat templates, stop tokens and loss masks, token by token, for each template family arbor runs (issue 30).
+"""Chat templates, stop tokens and loss masks, token by token, for each template family arbor runs.
 
 Three families: the tiny policy's ChatML (``<think>`` a special token), SmolLM2-135M-Instruct's own tokenizer and
 template from the shipped GGUF (``<think>`` plain text, EOS = pad = ``<|im_end|>``), and a Qwen3-style template with

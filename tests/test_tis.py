@@ -1,4 +1,4 @@
-"""The trainer scores tokens under the distribution the rollout sampled from (issue 11 item 1).
+"""The trainer scores tokens under the distribution the rollout sampled from.
 
 The transformers engine samples from softmax(z / T) and records those log-probs; the trainer's pi_old and pi_theta
 must be the same distribution, or the TIS weight exp(logp_old - logp_rollout) is far from 1 with identical weights

@@ -160,7 +160,7 @@ def test_a_named_logger_that_is_not_installed_is_refused(tmp_path: Path, monkeyp
 
 
 def test_the_console_shows_a_short_summary_per_step() -> None:
-    """Issue 34 item 7: a few headline figures in rows (the steps table keeps every metric), held-out F1 per
+    """A few headline figures in rows (the steps table keeps every metric), held-out F1 per
     split when the step evaluated, and nothing for figures the step did not produce."""
     from arbor.tasks.reporting.tracking import step_summary
 

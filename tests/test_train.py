@@ -1,4 +1,4 @@
-"""The DeepSpeed trainer on CPU: real engine, tiny random Qwen3 (issue 6 acceptance)."""
+"""The DeepSpeed trainer on CPU: real engine, tiny random Qwen3 (the acceptance)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def make_batch(step: int, version: int, n_groups: int = 2, k: int = 4, seed: int
 
 
 class Driven:
-    """A ``Trainer`` driven as the pipeline drives it (issue 32 item 2): the run's method decides each update
+    """A ``Trainer`` driven as the pipeline drives it: the run's method decides each update
     (``tasks.training.update.policy_update``) and its loss settings; the trainer only applies them."""
 
     def __init__(self, cfg: ArborConfig, model_dir: Path, home: Path) -> None:
@@ -91,7 +91,7 @@ def test_one_step_moves_logprobs_along_the_advantage(model_dir: Path, tmp_path: 
     batch = make_batch(1, 0, n_groups=1, k=2)
     batch[0].shaped_reward, batch[1].shaped_reward = 1.0, 0.0
     before = tr.logprobs(batch)
-    # pi_old through the engine: packed rows (sdpa: the default here), one packed row, padded rows agree (issue 48)
+    # pi_old through the engine: packed rows (sdpa: the default here), one packed row, padded rows agree
     assert tr.packing == "packed"
     for packing in ("varlen", "padded"):
         tr.trainer.packing = packing
@@ -184,7 +184,7 @@ def test_checkpoint_resume_replay_is_bitwise_equal(model_dir: Path, tmp_path: Pa
     for s in range(1, 4):
         b.train_step(batches[s], s)
         b.maybe_save(s)
-    b.finish_save()  # step 2's save was written in the background while step 3 trained (issue 48 item 5)
+    b.finish_save()  # step 2's save was written in the background while step 3 trained
     assert ckpt.complete_steps(b.ckpt_root) == [2]
     (b.ckpt_root / "step_000003.tmp" / "hf").mkdir(parents=True)  # a half-written save
     del b
@@ -247,7 +247,7 @@ def two_phase_batches() -> tuple[list[Trajectory], list[Trajectory]]:
 
 
 def test_two_phases_are_two_updates_in_order(model_dir: Path, tmp_path: Path) -> None:
-    """Issue 33 item 1 (Alg. 1 lines 10 and 29): an update in two phases equals the phase-0 update followed by the
+    """Alg. 1 lines 10 and 29: an update in two phases equals the phase-0 update followed by the
     phase-1 update (pi_old re-read after phase 0, each phase its own token-mean), and differs from one joint update
     where phase 0's tokens would only count by their share."""
     from arbor.tasks.training.update import policy_update
@@ -276,7 +276,7 @@ def test_two_phases_are_two_updates_in_order(model_dir: Path, tmp_path: Path) ->
 
 
 def test_a_phase_scored_at_its_sampling_temperature_has_unit_tis_weights(model_dir: Path, tmp_path: Path) -> None:
-    """Issue 33 item 8: candidates sampled at T = 0.7 by the current weights, in a run whose rollouts use T = 1.0.
+    """Candidates sampled at T = 0.7 by the current weights, in a run whose rollouts use T = 1.0.
     Scored at their own temperature every TIS weight is 1; scored at the rollout temperature they are not."""
     from arbor.tasks.training.update import policy_update
 
@@ -317,7 +317,7 @@ def step_observed(tr: Any, batch: list[Trajectory]) -> tuple[dict[str, float], l
 
 @pytest.mark.parametrize("updates", [1, 2])
 def test_pi_old_from_the_forward_is_bitwise_the_separate_pass(model_dir: Path, tmp_path: Path, updates: int) -> None:
-    """Issue 48 item 2: the first mini-batch's pi_old taken from its own forward (detached) gives the loss, every
+    """The first mini-batch's pi_old taken from its own forward (detached) gives the loss, every
     gradient and the weights of a separate no-grad pi_old pass over every trajectory, bit for bit, when that pass
     scores the same micro-batches (one sequence each: ``micro_batch_tokens`` 1). With two mini-batches the second
     one's pi_old must still be the pre-update weights' (a pass before the first optimizer step): taken from its own
@@ -366,7 +366,7 @@ def summed_grads(tr: Any, batch: list[Trajectory]) -> tuple[dict[str, float], di
 
 
 def test_seq_mean_token_mean_is_the_same_update_in_one_or_many_micro_batches(model_dir: Path, tmp_path: Path) -> None:
-    """Issue 50 item 1: under seq-mean-token-mean (slime's default) each micro-batch adds sum_i mean_t(l_it) / N with
+    """Under seq-mean-token-mean (slime's default) each micro-batch adds sum_i mean_t(l_it) / N with
     N the mini-batch's samples, so one micro-batch or six give the same loss and summed gradients; the loss is not
     the token-mean's (the 8 samples have 4-7 loss tokens)."""
     batch = make_batch(1, 0)

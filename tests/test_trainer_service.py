@@ -1,4 +1,4 @@
-"""Launch command builder and the JSON control channel, with a real CPU trainer process (issue 6 §4)."""
+"""Launch command builder and the JSON control channel, with a real CPU trainer process."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_service_trains_saves_dies_and_resumes(tmp_path: Path) -> None:
         # a bad command answers ok=false and the service keeps serving
         bad = svc.call("train", step=2, update=str(b1))  # batch of version 0, trainer at version 1
         assert not bad["ok"] and "policy version 0" in bad["error"]
-        saved = svc.call("save", step=1, wait=False)  # written in the background (issue 48 item 5)
+        saved = svc.call("save", step=1, wait=False)  # written in the background
         assert saved["ok"] and saved["committed"] in (None, 1) and saved["path"].endswith("step_000001")
         r2 = svc.call("train", step=2, update=str(b2))
         assert r2["ok"]

@@ -1,4 +1,4 @@
-"""Issue 56 item 3: ``memory.variance`` (population 1/n or sample 1/(n-1)) used alike by eq. 2's admission, the
+"""``memory.variance`` (population 1/n or sample 1/(n-1)) used alike by eq. 2's admission, the
 shaping filter (§3.4) and n_r (§3.3), on a K = 8 score vector whose two variances straddle delta_v = 0.05."""
 
 from __future__ import annotations

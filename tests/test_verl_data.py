@@ -1,4 +1,4 @@
-"""verl's data as it is (issue 34 item 5): a parquet written the way verl's Search-R1 preprocessing writes it
+"""verl's data as it is: a parquet written the way verl's Search-R1 preprocessing writes it
 (``examples/data_preprocess/preprocess_search_r1_dataset.py``: ``prompt`` = system + user chat messages,
 ``reward_model = {"style": "rule", "ground_truth": {"target": [...]}}``, ``extra_info = {"index", "question",
 "split", "need_tools_kwargs", "tools_kwargs"}``) and the older Search-R1 layout (``prompt`` = one user message, no

@@ -1,4 +1,4 @@
-"""arbor against vLLM 0.33.0's real interface (issue 47), without a GPU and without vLLM installed.
+"""arbor against vLLM 0.33.0's real interface, without a GPU and without vLLM installed.
 
 Two layers: (1) the facts in ``tests/data/vllm_0_33_contract.json``, each citing the sdist file and lines it came
 from (re-read from the source when ``ARBOR_VLLM_SRC`` names an unpacked 0.33.0 sdist), checked against every request
@@ -38,7 +38,7 @@ from arbor.types import Trajectory
 from tests.vllm_server import CONTRACT, ScriptedVllm
 
 ROOT = Path(__file__).resolve().parents[1]
-# The names issue 47 added are imported where they are used, so that against the code before it each test fails
+# The names of the vLLM 0.33 contract are imported where they are used, so that against the code before it each test fails
 # at its own first assertion rather than all at collection.
 
 
@@ -117,7 +117,7 @@ def test_the_launch_serves_the_name_rollout_requests_name(tokenizer) -> None:
 def test_a_503_while_paused_is_retried_after_resume(tokenizer, caplog: pytest.LogCaptureFixture) -> None:
     """vLLM 0.33 answers a generation request sent during ``/pause`` (abort or wait mode) with 503 until
     ``/resume`` (0.32 queued it): the rollout client retries it, saying why, and gets the completion once resumed.
-    Before issue 59 the first 503 ended the rollout (RolloutError)."""
+    Earlier the first 503 ended the rollout (RolloutError)."""
     from arbor.tasks.training.vllm_sync import VllmControl
 
     cfg = qwen_cfg()
@@ -225,7 +225,7 @@ def test_sync_lands_bit_identical_weights_and_confirms_the_version(trainer: Trai
 
 def test_a_sync_after_a_failed_one_reinitialises_the_transfer_on_the_same_store() -> None:
     """The error of a refused update promises a re-init on the next sync: it happens, on the one TCPStore this
-    process holds on the transfer port. Before issue 59 the re-init opened a second store on the port while the
+    process holds on the transfer port. Earlier the re-init opened a second store on the port while the
     first was still held by the previous group: EADDRINUSE."""
     from arbor.tasks.training.vllm_sync import VllmSyncError
 
@@ -264,7 +264,7 @@ class StandInNccl:
 def test_a_second_nccl_rendezvous_in_the_same_process_reuses_its_store(monkeypatch: pytest.MonkeyPatch) -> None:
     """A real TCPStore on a free loopback port: a re-init (same communicator) and a second communicator of the same
     process rendezvous again on it, each reading its own group's unique id, never the previous one left in the
-    store. Before issue 59 the second rendezvous failed: the port was held by the first group's store."""
+    store. Earlier the second rendezvous failed: the port was held by the first group's store."""
     import torch.distributed as dist
 
     from arbor.tasks.training.vllm_sync import NcclCommunicator
@@ -318,7 +318,7 @@ def test_bad_update_info_is_refused_before_the_wire_and_explained_after_it() -> 
     assert info == {"names": ["w"], "dtype_names": ["bfloat16"], "shapes": [[2, 3]]}
     check_update_info(info)
     with pytest.raises(VllmSyncError, match="packing belongs in init_info"):
-        check_update_info({**info, "packed": True})  # what arbor sent before issue 47
+        check_update_info({**info, "packed": True})  # what arbor sent earlier
     with pytest.raises(VllmSyncError, match="differ in length"):
         check_update_info({**info, "shapes": []})
     with scripted(qwen_cfg(), weights={}) as server:

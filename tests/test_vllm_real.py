@@ -123,7 +123,7 @@ def test_the_launch_line_and_sampling_are_arbors_not_the_checkpoints(served) -> 
 def test_seeded_prompts_past_the_cpu_step_budget_leave_the_engine_alive(served) -> None:
     """16 seeded 301-token prompts at once pass the CPU's 2,048-token step budget: with chunked prefill (vLLM's
     default) the cut prefills' generators are rewound, which torch's CPU generator refuses, and every request
-    answered 500 with the engine dead (measured, session 33). arbor's CPU launch turns chunking off."""
+    answered 500 with the engine dead (measured). arbor's CPU launch turns chunking off."""
     from transformers import AutoTokenizer
 
     from arbor.tasks.env.agent import GenRequest

@@ -1,4 +1,4 @@
-"""The one watch loop (``arbor.liveness.Watch``, issue 60) on real processes: a death is reported once, with its pid
+"""The one watch loop (``arbor.liveness.Watch``) on real processes: a death is reported once, with its pid
 and status; a planned one (the owner's stop, a restart) and one after ``stop()`` are not."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""In-process weight sync trainer -> transformers rollout engine, with policy-version tagging (issue 6 §4)."""
+"""In-process weight sync trainer -> transformers rollout engine, with policy-version tagging."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def test_rubric_pool_and_hostfile_from_arbor_home(worker: tuple[Path, Path]) -> 
 
 
 def test_each_set_of_an_eval_list_is_read_from_arbor_home(worker: tuple[Path, Path]) -> None:
-    """data.eval may list several sets (issue 56): a relative file among them resolves as a single one would, the
+    """data.eval may list several sets: a relative file among them resolves as a single one would, the
     named sets beside it untouched."""
     tmp, home = worker
     (home / "dev.jsonl").write_text('{"question": "q?", "answer": "a"}\n')

@@ -1,4 +1,4 @@
-"""The synthetic multi-hop world (issue 12): determinism, entity split, grounded answers, BM25 recall, question mix,
+"""The synthetic multi-hop world: determinism, entity split, grounded answers, BM25 recall, question mix,
 comparison answers, SFT gold trajectories with process flaws, the public dataset / corpus / config hooks."""
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ def test_kind_splits_keep_one_kind_with_the_same_ids_and_order() -> None:
 
 
 def test_three_hop_questions_follow_two_bridges_and_leave_the_mix_alone() -> None:
-    """``world:<split>-three_hop`` (issue 63 item 3): "In which country is the birthplace of the director of the film
+    """``world:<split>-three_hop``: "In which country is the birthplace of the director of the film
     F?" -- the answer is the third fact down the chain, the gold path names all three entities, the split's entities
     only; the default mix (``world:train``) has no three-hop question, so its ids and text stay as they were."""
     from arbor.tasks.env.world.entities import fact

@@ -1,4 +1,4 @@
-"""Issue 63 item 2: the ``world`` judge (ARBOR's roles from the synthetic world's facts, never the gold answer) and
+"""The ``world`` judge (ARBOR's roles from the synthetic world's facts, never the gold answer) and
 the ``random`` judge (seeded coin flips, schema-valid), registered as ``judge.backend=world | random``."""
 
 from __future__ import annotations
@@ -218,7 +218,7 @@ def test_the_backends_are_known_by_name_and_refuse_a_run_without_the_world(tmp_p
 
 
 def test_the_world_judge_follows_a_three_hop_chain(tmp_path, world_cfg):
-    """Nested bridge phrases (issue 63 item 3): both bridge entities are found from the question; coverage counts
+    """Nested bridge phrases: both bridge entities are found from the question; coverage counts
     three entities; only the second bridge's passage supports an answer."""
     from arbor.tasks.env.world.entities import fact
     from arbor.tasks.methods.arbor.world_judge import answer_supported, bridge_retrieved, chain_coverage

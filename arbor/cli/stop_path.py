@@ -1,4 +1,4 @@
-"""The one stop path of the commands that run flows (issue 49): signals and dead dependencies end a run in
+"""The one stop path of the commands that run flows: signals and dead dependencies end a run in
 seconds with one line; Prefect's temporary API is started in a session of its own, an external one is watched."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ _T = TypeVar("_T")
 
 
 def _on_stop_path(line: Callable[[Any], str], home: Path, body: Callable[[], _T]) -> _T:
-    """Run ``body`` (a command's flows) on the one stop path (issue 49): SIGINT and SIGTERM, to the process or its
+    """Run ``body`` (a command's flows) on the one stop path: SIGINT and SIGTERM, to the process or its
     group, and a dependency found dead end it in seconds with the one line ``line`` renders (exit 130 / 143 / 1);
     Prefect's temporary API is started here in a session of its own, an external one is watched. Any other
     exception is the caller's to report."""
@@ -104,7 +104,7 @@ def _stop_line(s: Any, name: str | None, home: Path, resume: Callable[[str], str
 
 
 def _cause(e: BaseException) -> str:
-    """One line on why a run stopped: the environment's failures in words (issue 35 item 4), anything else as
+    """One line on why a run stopped: the environment's failures in words, anything else as
     its type and first line."""
     import errno
 

@@ -1,4 +1,4 @@
-"""ARCO hyperparameters (issue 16): the authors' defaults (their code's ``configs/hotpotqa``; docs/decisions.md)."""
+"""ARCO hyperparameters: the authors' defaults (their code's ``configs/hotpotqa``; docs/decisions.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Co-ReAct guidance (issue 17): rubric-guided, verified steps at inference, and the rubric generator's training.
+"""Co-ReAct guidance: rubric-guided, verified steps at inference, and the rubric generator's training.
 
 Defaults are the paper's (Kang et al., 2026, §3, App. A) unless the help text says otherwise.
 """
@@ -135,7 +135,7 @@ class GuidanceConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _rank_models(cls, data: Any) -> Any:
-        """``rank_models`` (a list of model names, before issue 33 item 4) reads as the council it meant: the judge's
+        """``rank_models`` (a list of model names, as older configs give it) reads as the council it meant: the judge's
         own rank_actions role, then one judge per name on the same endpoint."""
         if isinstance(data, dict) and "rank_models" in data:
             data = dict(data)

@@ -8,8 +8,8 @@ from pydantic import Field, field_validator, model_validator
 
 from arbor.config.base import EnvName, Section, Url, builtin_or_plugin
 
-# world / random: ARBOR's judge that reads the synthetic world's facts and its seeded-coin control (issue 63 item 2,
-# tasks/methods/arbor/world_judge.py), registered by their package (llm.register_backend)
+# world / random: ARBOR's judge that reads the synthetic world's facts and its seeded-coin control
+# (tasks/methods/arbor/world_judge.py), registered by their package (llm.register_backend)
 JUDGE_BACKENDS = ("rules", "openai", "world", "random")
 
 

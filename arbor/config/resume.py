@@ -19,14 +19,14 @@ _ROLE_ENDPOINT = tuple(f"judge.roles.{r}.{k}" for r in JudgeRoles.model_fields f
 
 SAFE_ON_RESUME: frozenset[str] = frozenset({
     "run.steps", "run.eval_every",                                        # run length, eval cadence
-    "run.stream_judging",                                                 # same rows either way (issue 19)
+    "run.stream_judging",                                                 # same rows either way
     "judge.base_url", "judge.api_key_env", *_ROLE_ENDPOINT,               # judge endpoint
     "judge.timeout_s", "judge.max_retries", "judge.backoff_base_s", "judge.backoff_max_s",
     "judge.concurrency", "rollout.concurrency",                           # concurrency
     "judge.cost_cap_usd",                                                 # cost cap
-    "judge.max_failed_share", "judge.warn_refused_share",                 # judge health thresholds (issue 62)
+    "judge.max_failed_share", "judge.warn_refused_share",                 # judge health thresholds
     "rollout.request_timeout_s", "cluster.startup_timeout_s",             # transport
-    "judge.stall_s", "search.stall_s", "rollout.stall_s",                 # progress deadlines (issue 60)
+    "judge.stall_s", "search.stall_s", "rollout.stall_s",                 # progress deadlines
     *(f"judge.roles.{r}.stall_s" for r in JudgeRoles.model_fields),
     "checkpoint.every", "checkpoint.keep_last",                           # bookkeeping (replay makes it exact)
     "checkpoint.async_save",                                              # when the same files are written

@@ -1,4 +1,4 @@
-"""The base reward (paper eq. 1 / 4): token F1 behind the format gate, or a user's function (issue 14 item 1)."""
+"""The base reward (paper eq. 1 / 4): token F1 behind the format gate, or a user's function."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ class RolloutConfig(Section):
         "per_call (slime's reading, the qwen3-* profiles): each turn generates at most min(max_new_tokens_per_turn, "
         "max_response_tokens, the context left), tool results do not count against it, and max_context_tokens "
         "binds on prompt + everything (an overflowing result block is trimmed and the trajectory ends 'length', as "
-        "slime's examples/retool/generate_with_retool.py does); total (arbor's reading before issue 56): the whole "
+        "slime's examples/retool/generate_with_retool.py does); total (arbor's earlier reading): the whole "
         "response, search results included and placed guidance not, holds at most max_response_tokens")
     max_new_tokens_per_turn: int = Field(8192, ge=1)
     concurrency: int = Field(64, ge=1)

@@ -1,4 +1,4 @@
-"""RubricEM hyperparameters (issue 15): the paper's defaults (its App. C.4, F.1.2, D.3-D.5)."""
+"""RubricEM hyperparameters: the paper's defaults (its App. C.4, F.1.2, D.3-D.5)."""
 
 from __future__ import annotations
 

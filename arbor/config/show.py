@@ -1,4 +1,4 @@
-"""The resolved config as YAML, each value marked with where it came from (issue 14 item 5).
+"""The resolved config as YAML, each value marked with where it came from.
 
 ``arbor config show --profile P key=value ...`` prints it; every run writes the same text to
 ``ARBOR_HOME/runs/<run_id>/config.yaml`` beside its artifacts. A value's source is ``override`` (``--set`` or a

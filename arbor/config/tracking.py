@@ -1,4 +1,4 @@
-"""Where a run's metrics go (issue 14 item 4): verl-style loggers, grouped metric names, a sample table per step."""
+"""Where a run's metrics go: verl-style loggers, grouped metric names, a sample table per step."""
 
 from __future__ import annotations
 

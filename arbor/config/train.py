@@ -12,7 +12,7 @@ Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 def _old_checkpointing_flag(value: Any) -> Any:
-    """Configs from before issue 48 item 4 say true / false: every layer / none."""
+    """Configs from earlier say true / false: every layer / none."""
     if isinstance(value, bool) or (isinstance(value, str) and value.lower() in ("true", "false")):
         return "all" if str(value).lower() == "true" else "none"
     return value
@@ -83,7 +83,7 @@ class CheckpointConfig(Section):
     best_metric: str = Field("mean_total_reward", description="metric (higher is better) that picks the best")
     dir: str | None = Field(None, description="checkpoint root (default: {ARBOR_HOME}/checkpoints/{run_id})")
     async_save: bool = Field(True, description="the step's checkpoint is copied to host memory and written and "
-                             "committed by a background thread while the next step runs (issue 48 item 5; the same "
+                             "committed by a background thread while the next step runs (the same "
                              "files); false: the step waits for the write")
 
 
@@ -98,7 +98,7 @@ class SFTConfig(Section):
     guided: float = Field(
         0.0, ge=0.0, le=1.0, description="share of the clean gold rows that also get a copy reading Co-ReAct's step "
         "rubrics where guided inference places them (the rules writer's, tasks/methods/coreact/sft.py): an SFT start "
-        "that has seen guided turns (issue 63 item 5); 0: none")
+        "that has seen guided turns; 0: none")
     questions: int | None = Field(None, ge=1, description="synth:train uses the first N of the run's questions")
     epochs: int = Field(3, ge=1)
     lr: float = Field(7e-6, gt=0)
@@ -120,7 +120,7 @@ class SFTConfig(Section):
         "on CPU one rank in the flow's process; N: the first N GPUs, or on CPU N gloo ranks under torchrun")
     dist_timeout_s: float | None = Field(
         None, gt=0, description="a launched group's collective timeout in seconds: how long a rank waits on a peer "
-        "that stopped answering before it fails (issue 49; a peer that exits is seen at once by the launcher). "
+        "that stopped answering before it fails (a peer that exits is seen at once by the launcher). "
         "None: 120 s for CPU ranks (gloo), DeepSpeed's default (10 min, DEEPSPEED_TIMEOUT) on GPUs")
     save_every: int = Field(
         0, ge=0, description="keep the resumable SFT state every N optimizer updates (0: every tenth of the run); "

@@ -1,4 +1,4 @@
-"""The synthetic multi-hop world (issue 12): a seeded generator of entities, passages and questions (tasks/env/world/).
+"""The synthetic multi-hop world: a seeded generator of entities, passages and questions (tasks/env/world/).
 
 Used by the named sets ``world:train`` / ``world:eval`` (``data.train``, ``data.eval``), the corpus
 ``search.corpus: world:corpus`` and the SFT source ``sft.data: world:train``.

@@ -47,7 +47,7 @@ class PreflightError(RuntimeError):
 
 
 def _plugin_problems(cfg: ArborConfig) -> list[str]:
-    """Import and shape-check every plug-in the config names (issue 14 item 1); nothing is imported otherwise."""
+    """Import and shape-check every plug-in the config names; nothing is imported otherwise."""
     from arbor.plugins import PluginError, is_import_path
 
     out: list[str] = []

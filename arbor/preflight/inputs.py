@@ -154,7 +154,7 @@ def _file_inputs(cfg: ArborConfig) -> list[str]:
 
 
 def _overlong_questions(rollout: RolloutConfig, policy: PolicyConfig, key: str, questions: list) -> list[str]:
-    """Questions whose prompt leaves no room for one turn in the context (issue 35 item 8: a 1.1 MB question was
+    """Questions whose prompt leaves no room for one turn in the context (a 1.1 MB question was
     accepted and the train stage then ran for minutes on a 250k-token prompt). A token is at least one byte, so a
     question short in bytes fits without tokenising; only the long ones are tokenised, with the policy's own
     tokenizer and chat template (for the tiny policy that builds it once, as the run would)."""

@@ -172,8 +172,8 @@ def judge_endpoint(base_url: str | None, env: dict[str, str]) -> str:
 
 def endpoint_problem(url: str, timeout_s: float = 5.0) -> str | None:
     """Why nothing can answer at ``url`` (no host and port, a name that does not resolve, a refused or timed-out
-    TCP connection), or None. Only the connection is tried: what the server says is the judge's business (issue 35
-    item 5: a dead judge endpoint ran the flow for 36 s and ended in a traceback)."""
+    TCP connection), or None. Only the connection is tried: what the server says is the judge's business (a dead judge
+    endpoint once ran the flow for 36 s and ended in a traceback)."""
     import socket
     from urllib.parse import urlsplit
 

@@ -1,4 +1,4 @@
-"""A user's judging method in one file (issue 51 item 6): a judge role of its own and a stage that asks it.
+"""A user's judging method in one file: a judge role of its own and a stage that asks it.
 
 GRPO plus an evidence check: an answer the agent's own retrieved results support is worth a little more than one
 they do not (a guess that happens to match the gold earns the same exact-match reward as a grounded answer).

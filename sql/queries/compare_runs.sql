@@ -1,7 +1,7 @@
 -- compare_runs: for each run in the list $run_ids, its method, the trajectories it rolled out per step (its stored
 -- trajectories of its completed steps over those steps: DAPO's refill samples more), mean training rewards,
 -- format-valid rate, zero-variance fractions, judge calls, whether it ran degraded (steps whose judge answers were
--- mostly refused, issue 62) and held-out EM / F1 / judge accuracy (arbor compare; paper Tables 1, 2, 7)?
+-- mostly refused) and held-out EM / F1 / judge accuracy (arbor compare; paper Tables 1, 2, 7)?
 select r.method,
        r.run_id,
        (select count(*) from trajectories t join steps d on d.run_id = t.run_id and d.step = t.step

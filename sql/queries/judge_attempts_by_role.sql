@@ -3,8 +3,8 @@
 -- kind of error (invalid output, a reply cut off at max_tokens, anything else), and the commonest reasons replies
 -- were refused? Cache hits are left out: nothing was sent.
 -- Invalid output counts both replies that did not validate (InvalidOutput) and replies that validated but were no
--- answer, the prompt's template echoed or a loop (InvalidAnswer, issue 50 item 9; written InvalidAnswer:<reason>
--- since issue 60). top_reasons: up to three refusal reasons of the role's attempts with their counts, commonest
+-- answer, the prompt's template echoed or a loop (InvalidAnswer; written InvalidAnswer:<reason>
+-- now). top_reasons: up to three refusal reasons of the role's attempts with their counts, commonest
 -- first ("placeholder_words 3, echo 1"): InvalidAnswer's reason, unparseable (InvalidOutput), truncated.
 with sent as (select * from judge_calls where run_id = $run_id and not coalesce(cache_hit, false) and attempts > 0),
 tries as (select role, unnest(attempt_errors) as e from sent),

@@ -1,5 +1,5 @@
 -- judge_health: per run, step and judge role (role 'all': every role of the step), what became of the judge's calls
--- (issue 62; llm/health.py classifies the same way): answered (a reply that parsed and passed the answer filter),
+-- (llm/health.py classifies the same way): answered (a reply that parsed and passed the answer filter),
 -- cache_hits (answered from the cache or by an identical call in flight), failed (no reply: a timeout, a stall, a
 -- refused connection, an error status after the retries), refused (a reply that was no answer: unparseable,
 -- truncated, hollow; the rules backend's Refusal), skipped (never sent: the cost cap). The shares divide by the calls

@@ -9,7 +9,7 @@
 -- none and shows 'running'. `arbor runs` refines this for runs owned by a process of this host: 'crashed' as soon
 -- as that pid is gone (or reused by another process), 'running' while it lives (storage/liveness.py).
 -- degraded: 'degraded N/M steps' when N of its M completed steps had a judge role whose answers were mostly refused
--- (steps.judge_degraded, judge.warn_refused_share; issue 62): the run ran partly without its judge. Null otherwise.
+-- (steps.judge_degraded, judge.warn_refused_share): the run ran partly without its judge. Null otherwise.
 create or replace view run_status as
 with last_step as (
     select run_id, max(step) as last_completed_step, max(completed_at) as last_step_at,

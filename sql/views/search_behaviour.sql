@@ -1,4 +1,4 @@
--- search_behaviour: how the policy searches, per run and step (issue 12, the process the rubrics are about).
+-- search_behaviour: how the policy searches, per run and step (the process the rubrics are about).
 -- Over all trajectories and over the trajectories of all-correct groups (F1 = 1 and format valid on every
 -- trajectory, as in zero_variance_groups): the outcome reward cannot tell these apart, a process rubric can.
 --   mean_searches:          search calls per trajectory;

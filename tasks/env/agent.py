@@ -75,7 +75,7 @@ def tokenize_trajectory(tokenizer: Any, question: str, response_text: str, syste
     """(prompt_ids, response_ids, loss_mask) of a finished response, tokenised the way the loop builds it.
 
     Policy segments and observation blocks (arbor's ``\\n<result>...</result>\\n``) are tokenised separately and
-    concatenated; observation tokens get loss mask 0. Used by SFT on tag-format trajectories (issue 6 item 5).
+    concatenated; observation tokens get loss mask 0. Used by SFT on tag-format trajectories.
     ``system_prompt`` None: the protocol's built-in prompt.
     """
     prompt_ids = build_prompt_ids(tokenizer, question, system_prompt or protocol.system_prompt)

@@ -1,4 +1,4 @@
-"""The transformers engine's decoding (paper App. B.2; issue 5 item 4): per-row seeded sampling under temperature
+"""The transformers engine's decoding (paper App. B.2): per-row seeded sampling under temperature
 and top-p with the sampling distribution's log-probs, one agent turn by batched KV-cache decoding
 (``generate_turns``), and whole agent loops as one continuous batch that keeps every row's cache across turns
 (``run_agent_batch``)."""

@@ -1,4 +1,4 @@
-"""The Hugging Face Hub as the user's environment allows it (issue 34 item 4).
+"""The Hugging Face Hub as the user's environment allows it.
 
 arbor never sets ``HF_HUB_OFFLINE`` itself. A Hub id (``policy.model``, ``memory.embedder``, a guidance generator,
 or a question set ``hf:...`` in ``data.train`` / ``data.eval``) is downloaded into the Hugging Face cache when the

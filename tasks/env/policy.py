@@ -1,4 +1,4 @@
-"""Policy loading: pretrained models, GGUF files, and the tiny CPU policy (issues 5 and 30).
+"""Policy loading: pretrained models, GGUF files, and the tiny CPU policy.
 
 One code path for every model: ``resolve_model`` turns ``policy.model`` into something ``from_pretrained`` reads,
 then ``load_policy`` loads it. ``"Qwen/Qwen3-8B"`` or ``"/path/to/checkpoint"`` are read as they are; a ``.gguf``
@@ -157,7 +157,7 @@ def _jinja_literal(value: Any) -> str:
 
 def configure_chat_template(tokenizer: Any, template: str | None = None,
                             template_kwargs: dict[str, Any] | None = None) -> Any:
-    """Fix the chat template every prompt is rendered with (issue 30 item 2): ``template`` (text or a ``.jinja``
+    """Fix the chat template every prompt is rendered with: ``template`` (text or a ``.jinja``
     path) replaces the tokenizer's own; each of ``template_kwargs`` is set at the template's top, so every render
     sees it (Qwen3's ``enable_thinking`` included) and no call site can forget it. Idempotent."""
     if template:

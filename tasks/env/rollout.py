@@ -1,4 +1,4 @@
-"""Rollout engines: a batch of questions x K samples -> scored trajectories (paper §3.1, App. B.2; issue 5 item 4).
+"""Rollout engines: a batch of questions x K samples -> scored trajectories (paper §3.1, App. B.2).
 
 One interface, ``engine.generate_groups(questions, k, seed, step, run_id=..., first_group=0) -> list[Trajectory]``
 (group-major: trajectory ``g * k + i`` is sample ``i`` of question ``g``, numbered from ``first_group``), every trajectory carrying prompt/response token ids, the
@@ -48,7 +48,7 @@ class RolloutError(RuntimeError):
 
 class RolloutServerPaused(DependencyStalled):
     """The completions server answered 503 to every try of one request, and the next try would come after
-    ``rollout.stall_s`` from the first (issue 59): vLLM 0.33 answers so to every generation request while paused in
+    ``rollout.stall_s`` from the first: vLLM 0.33 answers so to every generation request while paused in
     abort or wait mode, until ``/resume``. A stall like a silent server's: stage retries are not spent on it, the run
     ends resumable."""
 
@@ -125,7 +125,7 @@ class TransformersEngine(EngineBase):
         return out
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """In-process weight sync after a training step (issue 6 item 4); tags later rollouts with ``version``."""
+        """In-process weight sync after a training step; tags later rollouts with ``version``."""
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         missing = [m for m in missing if not (m == "lm_head.weight" and self.model.config.tie_word_embeddings)]
         if missing or unexpected:
@@ -158,7 +158,7 @@ class OpenAIEngine(EngineBase):
     distribution (after temperature / top-p), like the transformers engine's (see docs/decisions.md).
     """
 
-    # a 503 (vLLM 0.33 while paused, issue 59) is retried after this wait, doubled each time up to the max (or the
+    # a 503 (vLLM 0.33 while paused) is retried after this wait, doubled each time up to the max (or the
     # server's Retry-After), for at most pause_max_tries tries and never past rollout.stall_s from the first
     pause_backoff_s = 0.5
     pause_backoff_max_s = 8.0
@@ -240,7 +240,7 @@ class OpenAIEngine(EngineBase):
             async with sem:
                 try:
                     resp = await client.post(self.url, json={**self.request_body(req), **body}, headers=self.headers)
-                except httpx.ReadTimeout as e:  # accepted, then silent (issue 60): the run ends naming the server
+                except httpx.ReadTimeout as e:  # accepted, then silent: the run ends naming the server
                     raise DependencyStalled("the rollout server", self.url, client.timeout.read) from e
             if resp.status_code != 503:
                 break

@@ -1,4 +1,4 @@
-"""What every rollout engine shares (issue 5 item 4; streamed groups: issue 19): the agent states of K samples per
+"""What every rollout engine shares (streamed groups): the agent states of K samples per
 question and their seeds, scoring a finished state into a ``Trajectory``, reporting each group as its last row
 ends, and the guide a rollout can run under (Co-ReAct's guided turns)."""
 
@@ -36,7 +36,7 @@ def to_trajectory(s: AgentState, *, run_id: str, step: int, group: int, sample: 
 
 
 class GroupWatch:
-    """Calls ``on_group`` with a group's K trajectories as soon as its last row ends (streamed judging, issue 19);
+    """Calls ``on_group`` with a group's K trajectories as soon as its last row ends (streamed judging);
     ``flush`` reports the groups not reported yet (rows that never ran, a path without per-row reports)."""
 
     def __init__(self, engine: EngineBase, states: Sequence[AgentState], k: int, step: int, run_id: str,

@@ -96,7 +96,7 @@ def vllm_serve_spec(cfg: ArborConfig, model_path: str) -> LaunchSpec:
 def llama_judge_spec(python: str, gguf: Path, *, port: int, alias: str, n_ctx: int = 8192,
                      threads: int = 1) -> LaunchSpec:
     """llama.cpp's OpenAI-compatible server (llama-cpp-python, in an environment of its own: ``make judge-env``)
-    on a GGUF file, for a local, offline, real judge (issue 31 item 5); ready when ``/v1/models`` answers."""
+    on a GGUF file, for a local, offline, real judge; ready when ``/v1/models`` answers."""
     argv = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "--n_ctx", str(n_ctx), "--model_alias", alias, "--n_threads", str(threads)]
     base = f"http://127.0.0.1:{port}/v1"
@@ -158,7 +158,7 @@ class Supervised:
         self._watches: list[Watch] = []
 
     def watch(self, name: str, on_death: Callable[[str], None], every_s: float = 0.25) -> None:
-        """Call ``on_death(phrase)`` once, from a daemon thread, if the server exits without ``stop()`` (issue 49: a
+        """Call ``on_death(phrase)`` once, from a daemon thread, if the server exits without ``stop()`` (a
         dead server ends the run naming it, ``arbor.stop.request``); a planned restart (``restart_on``) is no
         death. Replaces restarting (``ensure``) for a run that must not wait on a server that is gone."""
         self._watches.append(watch_process(name, lambda: self.proc, on_death,

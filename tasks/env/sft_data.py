@@ -1,4 +1,4 @@
-"""SFT data for the tiny CPU policy, synthesised from the offline training questions (issue 6 item 5).
+"""SFT data for the tiny CPU policy, synthesised from the offline training questions.
 
 The paper warm-starts RL with SFT on the search-only subsets of Tool-Star and STILL (App. B.2). Offline, we write
 trajectories in the same tag format from the offline *training* questions' gold supporting paragraphs::

@@ -1,4 +1,4 @@
-"""Named data sources as plug-ins (issue 32 item 3): a spec ``<prefix>:<name>`` in ``data.train`` / ``data.eval``,
+"""Named data sources as plug-ins: a spec ``<prefix>:<name>`` in ``data.train`` / ``data.eval``,
 ``search.corpus`` or ``sft.data`` reaches the source registered under ``<prefix>``.
 
 A source is a ``Source``: up to four functions, each optional, that get the spec's name part and the run's config.

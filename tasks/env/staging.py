@@ -1,4 +1,4 @@
-"""Flat trajectories to RubricEM's stage scaffold (issue 33 item 6): the pure conversion behind ``arbor-sft``.
+"""Flat trajectories to RubricEM's stage scaffold: the pure conversion behind ``arbor-sft``.
 
 A flat row (arbor's tags, docs/sft.md: ``<think>``, ``<search>``, ``<result>``, ``<answer>``) becomes a staged row
 (``arbor.format.RUBRICEM``) by renaming, never by writing new text. The response falls into gaps at its searches::

@@ -1,15 +1,15 @@
-"""Training methods, one module or package each, found by name (``run.method``) or by import path (issue 13).
+"""Training methods, one module or package each, found by name (``run.method``) or by import path.
 
     arbor      tasks/methods/arbor/        the paper: rubric memory, sparse pairwise judging, eq. 1-4
     grpo       tasks/methods/grpo.py       outcome reward only (the Method defaults)
     dapo       tasks/methods/dapo/         clip-higher, dynamic sampling, overlong punishment
     rar        tasks/methods/rar/          query-specific RaR items, holistic rating (App. C.3)
     no-memory  tasks/methods/no_memory.py  ARBOR's drafts, used once and discarded (App. C.3)
-    ss-grpo    tasks/methods/ss_grpo/      RubricEM's stage-structured GRPO, a stagewise rubric judge (issue 15)
-    rubricem   tasks/methods/rubricem/     ss-grpo plus the reflection meta-policy and the rubric bank (issue 15)
+    ss-grpo    tasks/methods/ss_grpo/      RubricEM's stage-structured GRPO, a stagewise rubric judge
+    rubricem   tasks/methods/rubricem/     ss-grpo plus the reflection meta-policy and the rubric bank
     arco       tasks/methods/arco/         a co-evolving rubric model turns the outcome into per-turn rewards
 
-A method with mathematics, state or tables of its own is a package (issue 32): ``method.py`` (the class), its
+A method with mathematics, state or tables of its own is a package: ``method.py`` (the class), its
 mathematics as pure functions, ``tables.py`` (its ``TableSet``) and ``sql/`` (its views). ``coreact/`` is Co-ReAct,
 which is no training method but guided inference and a generator-training flow, packaged the same way.
 
@@ -45,7 +45,7 @@ BUILTIN: dict[str, str] = {
 # config imports no method; a test keeps the two equal).
 BUILTIN_REQUIRES: dict[str, dict[str, object]] = {"ss-grpo": {"rollout.protocol": "rubricem"},
                                                   "rubricem": {"rollout.protocol": "rubricem"}}
-# Config switches that only one built-in method's hooks read (issue 51 item 3: the update names no method), so that
+# Config switches that only one built-in method's hooks read (the update names no method), so that
 # turning one on under another method is refused rather than silently doing nothing; a subclass of the owner counts.
 METHOD_SWITCHES: dict[str, str] = {"train.overlong_penalty": "dapo"}
 # The modules that declare the built-in judge roles; each registers its roles with the judge (``arbor.llm.REGISTRY``)
@@ -55,7 +55,7 @@ ROLE_MODULES = ("arbor.tasks.methods.arbor.roles", "arbor.tasks.methods.rar.role
                 "arbor.tasks.methods.rubricem.roles", "arbor.tasks.methods.arco.roles",
                 "arbor.tasks.methods.coreact.roles", "arbor.tasks.reporting.accuracy")
 # The modules that register judge backends by name (``arbor.llm.register_backend``): ARBOR's ``world`` and ``random``
-# judges (issue 63 item 2). A flow that builds a judge calls ``load_judges`` first, so ``judge.backend=world`` resolves
+# judges. A flow that builds a judge calls ``load_judges`` first, so ``judge.backend=world`` resolves
 # whatever the method.
 JUDGE_MODULES = ("arbor.tasks.methods.arbor.world_judge",)
 REGISTRY: dict[str, type[Method]] = {}  # short names registered by plug-in packages (``register``)
@@ -129,7 +129,7 @@ def resolve_method(spec: str) -> type[Method]:
     from arbor.plugins import import_bounded
 
     module, _, attr = target.partition(":")
-    try:  # a built-in is ours; a user's module may fail at import in any way, or hang (issue 35 items 5 and 8)
+    try:  # a built-in is ours; a user's module may fail at import in any way, or hang
         obj = getattr(importlib.import_module(module) if spec in BUILTIN else import_bounded(module), attr)
     except KeyboardInterrupt:
         raise

@@ -1,4 +1,4 @@
-"""The method interface: the stages a training method runs in an RL step and its decisions (issues 13, 32; DESIGN §1).
+"""The method interface: the stages a training method runs in an RL step and its decisions (DESIGN §1).
 
 A method declares its stage graph once (``Method.stages``): the pipeline's own stages (``rollout``, ``shape``,
 ``train``) and, between them, the stages it adds, each with the tables it stores. Plain GRPO runs
@@ -172,7 +172,7 @@ class Method(GRPORule):
         return []
 
     async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
-        """Streamed judging (issue 19): make, ahead of the stages, the judge calls they will make for this group of
+        """Streamed judging: make, ahead of the stages, the judge calls they will make for this group of
         K finished trajectories (same arguments, same ``CallContext``); each stage then claims their answers in its
         own order. Runs while other groups still roll out, so it must not change any state (the memory is read
         only). Default: nothing ahead; every call is made by its stage."""

@@ -16,7 +16,7 @@ class NoMemory(Method):
     stages = (ROLLOUT, Stage("induce", ("judge_calls", "draft_scores")), SHAPE, TRAIN)
 
     async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
-        """The group's induction and its drafts' scoring, ahead of ``induce`` (issue 19; the pool stays empty)."""
+        """The group's induction and its drafts' scoring, ahead of ``induce`` (the pool stays empty)."""
         if not (self.cfg.memory.frozen or run.judge_capped()):
             await induce_group(run, step, group, [])
 

@@ -1,4 +1,4 @@
-"""Learning curves across seeds (issue 12 item 3): mean and standard error per method and step, pure functions.
+"""Learning curves across seeds: mean and standard error per method and step, pure functions.
 
 Rows are a polars frame (``collect_curve_rows``) from the SQL views (``eval_summary``, ``steps``, ``zero_variance_groups``, ``search_behaviour``) joined per
 (run, step); a run is one (method, seed). The standard error is over seeds, SE = s / sqrt(n) with the sample
@@ -104,7 +104,7 @@ def start_final_delta(rows: Rows, metric: str) -> dict[str, tuple[MeanSE, MeanSE
 
 
 def rises_by(delta: MeanSE, n_se: float = 3.0) -> bool:
-    """The acceptance figure of issue 12: the mean change exceeds ``n_se`` standard errors (and is positive).
+    """The learning test's acceptance figure: the mean change exceeds ``n_se`` standard errors (and is positive).
     One seed has no standard error, so it never passes."""
     return delta.n > 1 and delta.mean > 0 and delta.mean >= n_se * delta.se
 

@@ -1,4 +1,4 @@
-"""Judge health in a step's console summary (issue 62): one line per judge role whenever a call of the step failed
+"""Judge health in a step's console summary: one line per judge role whenever a call of the step failed
 or was refused, the groups the judge answered about, and a WARNING for a role whose answers were mostly refused.
 The figures are ``llm.health``'s, from the step's ``judge_calls`` rows; the ``steps`` row and the ``judge_health``
 view hold the same."""

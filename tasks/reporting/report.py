@@ -16,7 +16,7 @@ Written under ``{home}/reports/{run_id}/`` (``report.md`` and one PNG per figure
 - Consolidation lineage (App. D): each common rubric's drafts and the questions they were induced from
   (view ``rubric_lineage``).
 - Judge calls, cache hits, errors, tokens and cost per role (view ``judge_cost_per_step``).
-- ARCO (issue 16), for a run of ``run.method=arco``: the rubric model's calibration per step (sum of step scores
+- ARCO, for a run of ``run.method=arco``: the rubric model's calibration per step (sum of step scores
   against the outcome, by outcome class; view ``mu_calibration``) and the distribution of the per-turn advantages
   by phase and position bucket (``turn_advantages``).
 - Figure 4 (§4.6): when runs of the same profile differ in lambda or K_consol, average official LLM-judge accuracy
@@ -348,7 +348,7 @@ def _num(v: Any, fmt: str = "{:.3f}") -> str:
 
 
 def judge_signal_panel(run_id: str, home: Any, queries: list[str]) -> list[str]:
-    """Is my judge helping? (issue 63 item 4): the ``judge_signal_quality`` view of an ARBOR run, one row per step
+    """Is my judge helping?: the ``judge_signal_quality`` view of an ARBOR run, one row per step
     and active rubric; nothing for a run (or workspace) without ARBOR's verdicts."""
     from arbor.storage.sql import has_relation
 
@@ -417,7 +417,7 @@ def lifecycle_panel(run_id: str, home: Any, queries: list[str]) -> list[str]:
 
 
 def judge_health_section(run_id: str, home: Any) -> tuple[list[str], str]:
-    """The report's judge-health panel (issue 62; view ``judge_health``): per step and role, the calls answered,
+    """The report's judge-health panel (view ``judge_health``): per step and role, the calls answered,
     cached, failed and refused, the commonest failure and refusal, and the groups the judge answered about. Empty
     when no judge call was recorded."""
     rows, sql = _query("judge_health_of_run", home, run_id=run_id)

@@ -1,4 +1,4 @@
-"""Step-metric tracking (issue 14 item 4): the loggers of ``tracking.loggers`` — console, TensorBoard event files
+"""Step-metric tracking: the loggers of ``tracking.loggers`` — console, TensorBoard event files
 under ``{home}/tb/{run_id}/``, W&B and MLflow — with verl's grouped metric names and a table of sample generations
 per step.
 
@@ -60,7 +60,7 @@ def grouped_metrics(row: Mapping[str, Any]) -> dict[str, Any]:
     for k, v in row.items():
         if k in STEP_KEYS or k == "step":
             continue
-        if k == "judge_degraded":  # the degraded roles' names (issue 62): a logger plots whether there were any
+        if k == "judge_degraded":  # the degraded roles' names: a logger plots whether there were any
             out["judge/degraded"] = float(v is not None)
             continue
         out[METRIC_NAMES.get(k, k if "/" in k else f"misc/{k}")] = v
@@ -83,7 +83,7 @@ SUMMARY_ROWS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 
 
 def signal_line(metrics: Mapping[str, float]) -> str | None:
-    """Is the judge helping (issue 63 item 4): the step's verdict agreement with the outcome order in mixed groups
+    """Is the judge helping: the step's verdict agreement with the outcome order in mixed groups
     and what shaping moved in zero-variance groups; None when the step judged no edge."""
     if "signal/agreement" not in metrics and "signal/agree_edges" not in metrics:
         return None

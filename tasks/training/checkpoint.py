@@ -1,4 +1,4 @@
-"""Checkpoints of the policy (issue 6 §3): HF weights, DeepSpeed state, RNG states, data position; atomic; retained.
+"""Checkpoints of the policy: HF weights, DeepSpeed state, RNG states, data position; atomic; retained.
 
 Layout of one checkpoint (``{root}/step_{step:06d}/``)::
 
@@ -14,7 +14,7 @@ Layout of one checkpoint (``{root}/step_{step:06d}/``)::
 A checkpoint is built in ``step_{step:06d}.tmp`` and ``os.rename``d into place after the marker is written, so a
 crash while saving leaves only a ``.tmp`` directory that :func:`complete_steps` ignores (and the next save removes).
 
-Under ``checkpoint.async_save`` (issue 48 item 5) the same files are written by a background thread from a copy in
+Under ``checkpoint.async_save`` the same files are written by a background thread from a copy in
 host memory: ``tasks.training.checkpoint_async``.
 """
 

@@ -1,4 +1,4 @@
-"""Asynchronous checkpoint saves (issue 48 item 5): the step waits only for a copy of the checkpoint's tensors in
+"""Asynchronous checkpoint saves: the step waits only for a copy of the checkpoint's tensors in
 host memory; a background writer writes the files and commits (marker + rename + retention) once every file is on disk.
 
 The copy goes through DeepSpeed's own ``save_checkpoint`` with :class:`SnapshotCheckpointEngine` in place of its
@@ -87,7 +87,7 @@ class HostPool:
 
 
 class HostSnapshot:
-    """A checkpoint's files as host-memory copies, taken at once and written later (issue 48 item 5).
+    """A checkpoint's files as host-memory copies, taken at once and written later.
 
     Every tensor reached from a saved object is copied (``copy_``) into host memory; containers are rebuilt, other
     leaves deep-copied, so nothing written later aliases state the next step changes. A view copied already (the
@@ -262,7 +262,7 @@ class Retention:
 
 @dataclass
 class PendingSave:
-    """One checkpoint being written by a background thread (issue 48 item 5).
+    """One checkpoint being written by a background thread.
 
     ``commit_state`` (rank 0 of a single-rank group): the writer commits and applies ``retention`` itself once its
     files are written. Several ranks: each writes its own files and the commit waits for

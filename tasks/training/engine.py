@@ -1,4 +1,4 @@
-"""The DeepSpeed side of the trainers (issue 6 §2, §5; paper App. B.2): the process group's rendezvous, the DeepSpeed
+"""The DeepSpeed side of the trainers (paper App. B.2): the process group's rendezvous, the DeepSpeed
 config, the LR schedule, the model load (LoRA, activation recompute) and the engine over the policy head.
 
 The RL trainer (``tasks.training.train``), the SFT warm start (``tasks.training.sft``) and ARCO's rubric model build
@@ -93,7 +93,7 @@ def prebuild_deepspeed_ops() -> list[str]:
 def ninja_first(path: str) -> str:
     """``PATH`` with the ninja of the ``ninja`` package DeepSpeed depends on first, so every process builds with the
     same ninja. torch runs whichever ``ninja`` PATH finds, and two versions invalidate each other's ``.ninja_log``
-    (a 1.11 from the system and the venv's 1.13 rebuilt the op in turn, 60-190 s each, session 30)."""
+    (a 1.11 from the system and the venv's 1.13 rebuilt the op in turn, 60-190 s each)."""
     first = ninja_bin_dir()
     if not first:
         return path
@@ -105,7 +105,7 @@ def ninja_bin_dir() -> str:
 
     ``ninja.BIN_DIR`` looks in the running interpreter's scripts folder, so an environment that reaches the package
     through a ``.pth`` line (a venv with the wheel installed beside this one's packages) gets "", and PATH then found
-    the system's 1.11 (session 31: the installed-wheel test rebuilt the op, and the next run rebuilt it back)."""
+    the system's 1.11 (the installed-wheel test rebuilt the op, and the next run rebuilt it back)."""
     from importlib import metadata
 
     try:
@@ -127,7 +127,7 @@ def extension_lock(root: str | None = None) -> Iterator[list[str]]:
     torch serialises extension builds with a marker file (``<op>/lock``, ``torch.utils.file_baton``) that each load
     creates, even of an op already built, and removes when done. A process killed meanwhile leaves it behind, and
     every later load then waits for it forever: a run killed during DeepSpeed's start-up made each later run hang
-    without a word (measured session 30). An ``flock`` is released by the kernel when its holder dies. Every arbor
+    without a word. An ``flock`` is released by the kernel when its holder dies. Every arbor
     process loads ops in arbor's own cache (``arbor-py3XY-*``) under this lock, so a marker found there while it is
     held is stale and is removed. A cache the user named (TORCH_EXTENSIONS_DIR set) may be shared with other
     programs: there nothing is removed."""
@@ -229,7 +229,7 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     structure.
 
     ``gradient_checkpointing``: a recompute mode (``tasks.training.recompute``: none, every_other, all; a bool is all
-    or none) or ``auto``, chosen by ``memory`` (issue 48 item 4) and logged once."""
+    or none) or ``auto``, chosen by ``memory`` and logged once."""
     import importlib.util
 
     from transformers import AutoModelForCausalLM

@@ -1,12 +1,11 @@
-"""The policy head: log-probs (and entropy) of the loss tokens only, without [positions x vocabulary] logits in memory
-(issue 48 item 1).
+"""The policy head: log-probs (and entropy) of the loss tokens only, without [positions x vocabulary] logits in memory.
 
 :class:`PolicyHead` is the policy as DeepSpeed sees it (the HF causal LM scored at the loss positions, at the
 temperature the rollout sampled with: :func:`scoring_temperature`); a plain linear LM head is scored chunk by chunk.
 
 The policy head scores N loss positions against a V-token vocabulary at the scoring temperature T: per position
 ``z = (h W^T + b) / T`` (float32), ``log pi(y) = z_y - logsumexp(z)``, ``H = logsumexp(z) - sum softmax(z) z``.
-Materialising z for N = 44.5k positions and V = 152k takes 13.5 GiB in bf16 and twice that in float32 (issue 48).
+Materialising z for N = 44.5k positions and V = 152k takes 13.5 GiB in bf16 and twice that in float32.
 :class:`ChunkedLogprobs` walks the positions in chunks (the fused-linear-cross-entropy pattern): the forward keeps
 only its inputs and the [N] outputs, the backward recomputes one chunk's logits at a time and turns them into the
 gradients of h, W and b:
@@ -143,7 +142,7 @@ class PolicyHead(torch.nn.Module):
     softmax(z / T) the rollout engine drew from (``scoring_temperature``). Search-result tokens, prompts and padding
     never reach the LM head (a large saving in memory and time with a 150k-token vocabulary). A plain linear head
     is scored chunk by chunk (``tasks.training.head``: no [loss positions x vocabulary] logits in memory, the
-    chunks' logits recomputed in the backward; issue 48 item 1); the same values and gradients as full logits."""
+    chunks' logits recomputed in the backward); the same values and gradients as full logits."""
 
     def __init__(self, lm: torch.nn.Module, temperature: float = 1.0) -> None:
         super().__init__()
@@ -153,14 +152,14 @@ class PolicyHead(torch.nn.Module):
         self.temperature = float(temperature)
 
     def chunked(self) -> bool:
-        """Whether the LM head is a plain linear layer, scored chunk by chunk (``tasks.training.head``; issue 48
+        """Whether the LM head is a plain linear layer, scored chunk by chunk (``tasks.training.head``
         item 1: no [loss positions x vocabulary] logits in memory); any other head takes the full-logits path."""
         return type(self.lm.lm_head) is torch.nn.Linear
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, rows: torch.Tensor,
                 cols: torch.Tensor, targets: torch.Tensor, entropy: str = "none",
                 position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Packed rows (issue 48 item 3) come with ``position_ids`` and no ``attention_mask``; no KV cache either
+        """Packed rows come with ``position_ids`` and no ``attention_mask``; no KV cache either
         way (with one, transformers would not read the packing from the position ids)."""
         hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                     use_cache=False).last_hidden_state

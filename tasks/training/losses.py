@@ -63,7 +63,7 @@ def group_advantages(
 
 
 def segment_advantages(n_tokens: int, segments: Sequence[tuple[int, int, float]]) -> Tensor:
-    """Per-token advantages of one trajectory from per-segment ones (stage- or turn-level credit, issue 13).
+    """Per-token advantages of one trajectory from per-segment ones (stage- or turn-level credit).
 
     Each segment ``(start, end, A)`` gives A to the response tokens ``start <= j < end``; a token in no segment
     gets 0. Segments must lie inside ``[0, n_tokens)`` and not overlap. One segment ``(0, n, A_i)`` is GRPO's
@@ -115,7 +115,7 @@ def aggregate_token_losses(
     n_seqs: float | None = None,
 ) -> Tensor:
     """One micro-batch's share of the mini-batch loss from per-token losses (ARBOR §4.1 / App. B.2: "GRPO with TIS
-    in slime"; issue 50 item 1).
+    in slime").
 
     ``token-mean``: sum_i sum_t m_it l_it / n_tokens, n_tokens = the mini-batch's loss tokens (default: this
     micro-batch's), so the micro-batches' shares add up to one mean over every token of the mini-batch.

@@ -1,11 +1,11 @@
-"""Micro-batches with little padding (issue 48 item 3): which sequences share a micro-batch, and its tensors.
+"""Micro-batches with little padding: which sequences share a micro-batch, and its tensors.
 
 A mini-batch is cut into micro-batches of at most ``train.micro_batch_tokens`` padded tokens. Where the attention can
 keep sequences apart by their position ids (``packing_mode``: sdpa and eager ``packed``, flash attention ``varlen``),
 several sequences are laid end to end in a row (``pack_rows``), their position ids restarting at 0; elsewhere each
 sequence gets a right-padded row of its own, similar lengths together (``pack_by_lengths``). ``make_micro`` builds a
 micro-batch's tensors either way, with the flat list of loss positions the policy head scores. The RL update and
-the SFT warm start both cut their batches with ``pack_micro_batches`` (issue 60: one packer).
+the SFT warm start both cut their batches with ``pack_micro_batches`` (one packer).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 
 def pack_by_lengths(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Padded micro-batches of sequences of similar lengths (issue 48 item 3, the fallback where the attention
+    """Padded micro-batches of sequences of similar lengths (the fallback where the attention
     cannot keep packed sequences apart): as few micro-batches as greedy longest-first filling makes, cut where they
     waste the fewest padded tokens.
 
@@ -52,7 +52,7 @@ def pack_by_lengths(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 def pack_rows(lengths: list[int], max_tokens: int, one_row: bool = False) -> list[list[list[int]]]:
-    """Padding-free micro-batches (issue 48 item 3): each a list of rows, each row the indices of sequences laid
+    """Padding-free micro-batches: each a list of rows, each row the indices of sequences laid
     end to end, their position ids restarting at 0 (``make_micro(layout=...)``), so that attention keeps them apart.
 
     First fit, longest first: the micro-batches are tried in order, in each the first row with room for the
@@ -90,7 +90,7 @@ PACKING_MODELS = ("llama", "qwen2", "qwen3")  # decoders whose transformers sour
 
 
 def packing_mode(lm: torch.nn.Module) -> str:
-    """How micro-batches are laid out for ``lm`` (issue 48 item 3): ``"packed"`` (several sequences a row, position
+    """How micro-batches are laid out for ``lm``: ``"packed"`` (several sequences a row, position
     ids restarting at 0; transformers then builds a block-diagonal causal mask from the position ids when no
     attention mask is given: sdpa, eager), ``"varlen"`` (one such row per micro-batch: flash attention's
     variable-length kernel, which reads the sequence starts from the position ids only when the batch has one row),
@@ -125,7 +125,7 @@ def row_layout(rows: list[list[int]] | None, packing: str) -> list[int] | None:
 
 @dataclass
 class Micro:
-    """One micro-batch: padded sequences (or packed rows: ``pos`` set, ``att`` None; issue 48 item 3) plus the
+    """One micro-batch: padded sequences (or packed rows: ``pos`` set, ``att`` None) plus the
     flat list of loss positions (row, col, target)."""
 
     ids: torch.Tensor
@@ -152,7 +152,7 @@ def make_micro(prompts: list[list[int]], responses: list[list[int]], masks: list
     """Right-padded sequences and the loss positions: response token j of row b is predicted at P_b - 1 + j.
     ``advantages`` (one value per response token, ``Method.token_advantages``) are read at the same positions.
 
-    ``layout`` (issue 48 item 3): how many of the sequences, in order, each row holds end to end (``pack_rows``);
+    ``layout``: how many of the sequences, in order, each row holds end to end (``pack_rows``);
     position ids restart at 0 with each sequence and a row's padded tail counts as a sequence of its own, so no
     attention mask is needed (``att`` None). The loss positions keep the sequences' order either way."""
     seqs = [p + r for p, r in zip(prompts, responses, strict=True)]

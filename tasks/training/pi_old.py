@@ -1,4 +1,4 @@
-"""pi_old from the first mini-batch's own forward (issue 48 item 2).
+"""pi_old from the first mini-batch's own forward.
 
 The clipped surrogate and TIS compare pi_theta with pi_old, the policy the step starts from, scored at the loss
 tokens (paper App. B.2; Schulman et al. 2017, PPO). Before the first optimizer step of an update phase the weights

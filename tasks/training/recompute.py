@@ -1,4 +1,4 @@
-"""Activation recompute chosen by a memory budget (issue 48 item 4).
+"""Activation recompute chosen by a memory budget.
 
 ``train.gradient_checkpointing``: ``none``, ``every_other`` (decoder layers 0, 2, 4, ... recompute their forward in
 the backward, the odd ones keep their activations), ``all``, or ``auto``: the least recompute whose estimated peak

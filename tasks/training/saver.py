@@ -1,4 +1,4 @@
-"""The trainer's checkpoints (issue 6 §3, issue 48 item 5): save a step, wait for the save in flight, load the latest.
+"""The trainer's checkpoints: save a step, wait for the save in flight, load the latest.
 
 A save is synchronous (the step waits until DeepSpeed's state, the merged HF weights, the adapters and the RNG states
 are on disk and committed: ``tasks.training.checkpoint``) or, under ``checkpoint.async_save`` with DeepSpeed's plain
@@ -49,7 +49,7 @@ class CheckpointSaver:
         self.checkpoint = checkpoint
         self.rank, self.world, self.zero_stage, self.model_path = rank, world, zero_stage, Path(model_path)
         self.timing: dict[str, float] | None = None
-        self._pending: PendingSave | None = None  # the save in flight (issue 48 item 5)
+        self._pending: PendingSave | None = None  # the save in flight
         self._pending_state: dict[str, Any] | None = None
         self._last_write_s = 0.0  # the last finished background write (and commit), seconds
         self.pool: HostPool | None = None  # the background saves' host buffers (CUDA: pinned; made at the first)

@@ -1,4 +1,4 @@
-"""Full-parameter SFT warm start on tag-format trajectories (paper App. B.2; issue 6 §5).
+"""Full-parameter SFT warm start on tag-format trajectories (paper App. B.2).
 
 Paper settings (qwen3 profiles): 3 epochs, max length 15,000, effective batch 16, lr 7e-6 cosine with 10% linear
 warm-up, bf16, DeepSpeed ZeRO-3. The data is any JSONL of ``{question_id?, question, golds?, response}`` rows in
@@ -159,7 +159,7 @@ def run_sft(
                 stopped = True
                 break
             n_tok = float(sum(sum(examples[i].loss_mask) for i in idx))
-            # the RL trainer's packer (issue 60): rows of sequences laid end to end where the attention keeps them
+            # the RL trainer's packer: rows of sequences laid end to end where the attention keeps them
             # apart, else one padded sequence a row
             micro = [[[idx[j] for j in row] for row in mb]
                      for mb in pack_micro_batches([examples[i].length for i in idx], tc.micro_batch_tokens, packing)]
@@ -257,7 +257,7 @@ CPU_DIST_TIMEOUT_S = 120.0  # gloo ranks on one machine: a peer silent this long
 
 
 def dist_timeout_s(cfg: ArborConfig) -> float | None:
-    """The launched group's collective timeout (``sft.dist_timeout_s``; issue 49): unset, ``CPU_DIST_TIMEOUT_S`` for
+    """The launched group's collective timeout (``sft.dist_timeout_s``): unset, ``CPU_DIST_TIMEOUT_S`` for
     CPU ranks and None (DeepSpeed's own, 10 min) on GPUs, where a ZeRO-3 gather of a large model can take minutes."""
     if cfg.sft.dist_timeout_s is not None:
         return cfg.sft.dist_timeout_s

@@ -1,6 +1,6 @@
-"""The policy update on a real DeepSpeed engine: GRPO with TIS, DAPO's clip-higher (paper App. B.2; issue 6 §2-§4).
+"""The policy update on a real DeepSpeed engine: GRPO with TIS, DAPO's clip-higher (paper App. B.2).
 
-The trainer is a pure update worker (issue 32 item 2): ``Trainer.train_step(update, step)`` takes an
+The trainer is a pure update worker: ``Trainer.train_step(update, step)`` takes an
 ``UpdateBatch`` the controller built (``tasks.training.update.policy_update``: kept trajectories, per-token advantages, the
 KL coefficient, each trajectory's version lag) and returns metrics. It knows no method. One step:
   1. every trajectory must come from the policy version it claims (weight sync), then
@@ -113,7 +113,7 @@ class Trainer:
         # (seconds, bytes; CUDA under checkpoint.async_save: a CPU save keeps no pool)
         on_cuda = torch.device(self.device).type == "cuda"
         self.reserved = self.saver.reserve(self.engine) if cfg.checkpoint.async_save and on_cuda else (0.0, 0)
-        self.packing = packing_mode(self.engine.module.lm)  # issue 48 item 3; the reference is the same model
+        self.packing = packing_mode(self.engine.module.lm)  # the reference is the same model
         if self.rank == 0:
             print(f"trainer: micro-batches {self.packing} ({self.engine.module.lm.config._attn_implementation} "
                   f"attention)", flush=True)
@@ -122,7 +122,7 @@ class Trainer:
         self.data_position: dict[str, Any] = {}
         self.last_timing: dict[str, float] = {}
         self.scored_tokens = 0  # real tokens this rank has put through ``logprobs`` (no-grad passes)
-        # pi_old of a phase's first mini-batch from its own forward (issue 48 item 2); False: the separate no-grad
+        # pi_old of a phase's first mini-batch from its own forward; False: the separate no-grad
         # pass over every trajectory, as before (kept for the bitwise test and bench/train.py's before/after)
         self.reuse_pi_old = True
 
@@ -197,7 +197,7 @@ class Trainer:
                 n_minis += len(minis)
 
                 # pi_old: the first mini-batch is trained from the weights pi_old names, so its forward's detached
-                # log-probs are pi_old (issue 48 item 2); a no-grad pass scores the later mini-batches' trajectories
+                # log-probs are pi_old; a no-grad pass scores the later mini-batches' trajectories
                 # before the first optimizer step. The separate pass for every trajectory: reuse_pi_old False.
                 t0 = time.perf_counter()
                 logp_old = [torch.zeros(0)] * len(batch)
@@ -284,8 +284,7 @@ class Trainer:
         n_samples: float | None = None,
     ) -> tuple[LossOut, int]:
         """One micro-batch's forward and loss. ``logp_ref`` None: the KL term measures against pi_old.
-        ``old_from_forward``: the weights are still pi_old's, so pi_old is this forward's detached log-probs
-        (issue 48 item 2) and ``logp_old`` is not read. ``n_loss_tokens`` / ``n_samples``: the mini-batch's loss
+        ``old_from_forward``: the weights are still pi_old's, so pi_old is this forward's detached log-probs and ``logp_old`` is not read. ``n_loss_tokens`` / ``n_samples``: the mini-batch's loss
         tokens and samples, the denominators of ``loss_agg``'s token-mean / seq-mean-token-mean."""
         tc = self.tc
         mb = [i for row in rows for i in row]  # the loss positions follow this order whatever the layout
@@ -348,7 +347,7 @@ class Trainer:
                           advantages, row_layout(rows, self.packing)).to(self.device)
 
     def _pack(self, lengths: list[int]) -> list[list[list[int]]]:
-        """Micro-batches (rows of indices into ``lengths``) for this model's ``packing`` (issue 48 item 3)."""
+        """Micro-batches (rows of indices into ``lengths``) for this model's ``packing``."""
         return pack_micro_batches(lengths, self.tc.micro_batch_tokens, self.packing)
 
     def _rank_shards(self, micro: list[Any]) -> list[Any]:
@@ -398,7 +397,7 @@ class Trainer:
         """Atomic checkpoint of ``step`` (default: the last trained step) then retention (every rank calls):
         ``ds/`` (exact resume), ``hf/`` (merged export), with LoRA ``adapter/`` (PEFT's format); ``tasks.training.saver``.
 
-        ``wait=False`` (the step's save under ``checkpoint.async_save``, issue 48 item 5): the state is copied to host
+        ``wait=False`` (the step's save under ``checkpoint.async_save``): the state is copied to host
         memory and a background writer writes and commits it while the next step runs; the returned path exists once
         it committed. A save first waits for the one in flight (at most one); ``save_timing`` records that wait, the
         copy's time and the previous write's."""
@@ -408,7 +407,7 @@ class Trainer:
         return self.saver.save(self.engine, step, state, wait=wait)
 
     def finish_save(self, abandon: bool = False) -> float:
-        """Wait for the save in flight (issue 48 item 5), or with ``abandon`` stop it uncommitted; returns the
+        """Wait for the save in flight, or with ``abandon`` stop it uncommitted; returns the
         seconds waited. Several ranks: every rank's writer finished, a barrier, then rank 0 commits (the commit of
         a save of several ranks happens here: at the next save, a resume or the run's end)."""
         return self.saver.finish(abandon)
@@ -422,7 +421,7 @@ class Trainer:
 
     def maybe_save(self, step: int, metrics: dict[str, float] | None = None) -> Path | None:
         """Save when ``step`` is a multiple of ``checkpoint.every`` or the run's last step; in the background under
-        ``checkpoint.async_save`` (issue 48 item 5)."""
+        ``checkpoint.async_save``."""
         due = ckpt.checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps)
         return self.save_checkpoint(step, metrics, wait=not self.cfg.checkpoint.async_save) if due else None
 

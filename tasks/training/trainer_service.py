@@ -1,4 +1,4 @@
-"""The trainer as a long-lived process group driven step by step through a directory of JSON files (issue 6 §4).
+"""The trainer as a long-lived process group driven step by step through a directory of JSON files.
 
 On several GPUs / nodes the trainer runs under DeepSpeed's launcher (``deepspeed --num_gpus N`` or
 ``--hostfile``); on a CPU it is one ``python -m arbor.tasks.training.trainer_service`` process. Same trainer code either way.
@@ -17,7 +17,7 @@ Commands (``op`` plus arguments) and answers (always ``ok``; ``error`` when not 
     ping                                   -> step, policy_version
     train        step, update (Parquet)    -> metrics           (``write_update``: trajectories + advantages)
     save         step?, metrics?, wait?    -> path, committed   (atomic checkpoint + retention; wait=false: written
-                                                                 in the background, issue 48 item 5; committed:
+                                                                 in the background; committed:
                                                                  the latest complete checkpoint's step, or null)
     finish_save                            -> committed         (wait for the save in flight)
     load_latest                            -> step (null: none) (then the flow replays later steps with train)
@@ -228,7 +228,7 @@ def serve(channel: Path, model_path: Path, home: Path) -> int:
             cmd = box[0]
         assert cmd is not None
         if cmd.get("op") == "shutdown":
-            trainer.finish_save(abandon=bool(cmd.get("abandon")))  # issue 48 item 5: never exit mid-write
+            trainer.finish_save(abandon=bool(cmd.get("abandon")))  # never exit mid-write
             if rank == 0:
                 write_json_atomic(resp_dir / f"{seq:06d}.json", {"ok": True})
             return 0
@@ -392,7 +392,7 @@ class RemoteTrainer:
 
     def maybe_save(self, step: int, metrics: dict[str, float] | None = None) -> None:
         """Save when due; under ``checkpoint.async_save`` the service answers once the state is copied and writes
-        it in the background (issue 48 item 5), so only the updates up to the latest *committed* checkpoint go."""
+        it in the background, so only the updates up to the latest *committed* checkpoint go."""
         if checkpoint_due(step, self.cfg.checkpoint.every, self.cfg.run.steps):
             answer = self._call("save", step=step, metrics=metrics or {}, wait=not self.cfg.checkpoint.async_save)
             self._drop_updates(answer.get("committed"))

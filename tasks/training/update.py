@@ -1,4 +1,4 @@
-"""What the trainer updates on, decided by the controller (issue 32 item 2; paper App. B.2).
+"""What the trainer updates on, decided by the controller (paper App. B.2).
 
 verl's single controller computes advantages, group selection and KL coefficients and sends its workers tensors;
 arbor does the same. ``policy_update`` turns a step's shaped trajectories into an ``UpdateBatch``:
@@ -97,7 +97,7 @@ class GRPORule:
     def scoring_temperature(self, t: Trajectory) -> float | None:
         """The temperature ``t``'s tokens are scored at (pi_old, pi_theta); None: the trainer's, the rollout
         temperature. A trajectory sampled at another temperature names it here, so that TIS weighs only the
-        staleness and not the temperature (RubricEM's reflections, issue 33 item 8)."""
+        staleness and not the temperature (RubricEM's reflections)."""
         return None
 
 
@@ -105,7 +105,7 @@ GRPO_RULE = GRPORule()
 
 
 def overlap_lag(overlap: str, step: int) -> int:
-    """Versions the rollouts of ``step`` lag the trainer (issue 19): under ``run.overlap=one-step`` step N's rollouts
+    """Versions the rollouts of ``step`` lag the trainer: under ``run.overlap=one-step`` step N's rollouts
     (N >= 2) were sampled with policy N-2 while step N-1 trained, one version behind; on-policy: none."""
     return 1 if overlap == "one-step" and step >= 2 else 0
 

@@ -23,7 +23,7 @@ is sent as ``nccl_unique_id_b64``). ``GlooCommunicator`` is the CPU stand-in use
 ``bench/weight_sync.py``: it sends 0.33's other rendezvous form (``master_address``/``master_port``), which a real
 vLLM GPU worker answers with its own NCCL group, not gloo; everything else (phases, packing, checks) is the same code.
 Both rendezvous on the process's one TCPStore on the transfer port (:func:`transfer_store`), so the re-init after a
-failed sync joins again on it (issue 59).
+failed sync joins again on it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ _HINTS: list[tuple[int | None, str, str]] = [
 ]
 
 
-# after a failed /update_weights (issue 59): vLLM 0.33 ends the update session (gpu_worker.py:1620-1623) without
+# after a failed /update_weights: vLLM 0.33 ends the update session (gpu_worker.py:1620-1623) without
 # putting back the layers already received, and the trainer holds only the new weights, so the whole policy is pushed
 # again, on resume, before anything generates (flows/run_setup.py::restore_policy syncs before the first rollout)
 PARTLY_UPDATED = ("The served weights may be partly overwritten (vLLM does not restore them): the run stops before "
@@ -161,7 +161,7 @@ _STORES_LOCK = threading.Lock()
 
 
 def transfer_store(host: str, port: int) -> Any:
-    """This process's one listening ``TCPStore`` on ``host:port`` for the weight transfer (issue 59), emptied for the
+    """This process's one listening ``TCPStore`` on ``host:port`` for the weight transfer, emptied for the
     rendezvous about to start.
 
     A failed sync re-initialises the transfer on the next one (``VllmWeightSync.ready``), but the previous group

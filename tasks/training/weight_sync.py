@@ -1,4 +1,4 @@
-"""Weight sync from the trainer to the rollout engine after each step, with policy-version tagging (issue 6 §4).
+"""Weight sync from the trainer to the rollout engine after each step, with policy-version tagging.
 
 - In-process (``rollout.engine=transformers``): :func:`sync_weights` copies the trainer's full weights into the
   rollout model and sets its policy version; rollouts produced afterwards carry that version and
@@ -48,7 +48,7 @@ def sync_weights(trainer: Any, target: Any) -> int:
 def sync_policy(trainer: Any, engine: Any, export_dir: Path, base_url: str | None = None, *,
                 weight_sync: str = "nccl", restart: Callable[[Path], None] | None = None,
                 reloader: ReloadSync | None = None) -> int:
-    """After each step, the one path from the trainer's weights to the rollout engine (issue 6 item 4):
+    """After each step, the one path from the trainer's weights to the rollout engine:
 
     - trainer in this process: :func:`sync_weights` (full state dict, no copy on disk);
     - trainer in its own process group (``tasks.training.trainer_service``): an HF export under ``export_dir``, loaded here;

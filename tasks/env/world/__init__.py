@@ -1,4 +1,4 @@
-"""A synthetic multi-hop world a tiny policy can learn search on (issue 12 item 1; SFT data of item 2).
+"""A synthetic multi-hop world a tiny policy can learn search on (SFT data of item 2).
 
 The world is generated from ``WorldConfig`` alone (seeded, no downloads, byte-identical for the same config):
 

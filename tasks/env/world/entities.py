@@ -1,4 +1,4 @@
-"""The world itself (issue 12 item 1): entities of four types with their facts, one passage each, the train / eval
+"""The world itself: entities of four types with their facts, one passage each, the train / eval
 entity split, and the world's passages as a BM25 corpus; a pure, cached function of ``WorldConfig``."""
 
 from __future__ import annotations

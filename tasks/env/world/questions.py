@@ -1,4 +1,4 @@
-"""The world's questions (issue 12 item 1; kind-filtered splits and three hops: issue 63 item 3): 1-hop, 2-hop
+"""The world's questions (kind-filtered splits and three hops): 1-hop, 2-hop
 bridge and comparison questions of each split, each with its gold answer and gold search path, and 3-hop questions
 asked only by name (``world:train-three_hop``), outside the default mix."""
 
@@ -147,7 +147,7 @@ def world_questions(cfg: WorldConfig, split: str) -> list[WorldQuestion]:
     """The questions of ``world:<split>`` (``train_questions`` / ``eval_questions`` of them), cached.
 
     ``<split>-<kind>`` (``train-bridge``, ``eval-comparison``, ...) keeps one kind of the split's questions, same ids
-    and order: a harder RL set from the same world and SFT start (issue 63's pre-registered setting).
+    and order: a harder RL set from the same world and SFT start (the pre-registered setting).
     ``<split>-three_hop`` is a set of its own (``NAMED_KINDS``): up to ``train_questions`` / ``eval_questions``
     three-hop questions of the split's entities, ids ``world-<split>-3h-NNNN``."""
     base, dash, kind = split.partition("-")

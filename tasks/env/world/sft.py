@@ -1,4 +1,4 @@
-"""SFT data from the world (issue 12 item 2): gold trajectories rendered with the real search backend, a configurable
+"""SFT data from the world: gold trajectories rendered with the real search backend, a configurable
 share with one process flaw each (``sft.data: world:train``)."""
 
 from __future__ import annotations

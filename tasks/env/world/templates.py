@@ -1,4 +1,4 @@
-"""The world's text (issue 12 item 1): passage and fact sentences, question templates by relation, bridge and
+"""The world's text: passage and fact sentences, question templates by relation, bridge and
 comparison phrasings, and the SFT thoughts; every word here is kept out of the name pool (``entities.name_pool``)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ and ``sql/`` read."""
 from arbor.tasks.methods.arbor import roles as roles  # registers its judge roles (roles.py, prompts/)
 
 # the method (and the trainer's torch behind it) loads on first use, so that its judge roles can be read without
-# it: preflight renders them to size the judge's window on a machine without torch's import time (issue 50 item 3)
+# it: preflight renders them to size the judge's window on a machine without torch's import time
 _LAZY = {"MEMORY_STAGES", "Arbor", "induce_drafts", "induce_group", "rebuild_memory"}
 
 

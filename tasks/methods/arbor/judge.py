@@ -101,7 +101,7 @@ class GroupScoring:
     n_edges: int
     n_failed_edges: int
     # the sparse graph's edges and each edge's outcome (1 first wins, 0.5 tie, 0 second wins, None failed), kept
-    # for the per-edge verdict rows (``rubric_verdicts``, issue 63 item 4); not part of the scoring's value
+    # for the per-edge verdict rows (``rubric_verdicts``); not part of the scoring's value
     edges: tuple[tuple[int, int], ...] = field(default=(), compare=False)
     outcomes: tuple[float | None, ...] = field(default=(), compare=False)
 

@@ -41,7 +41,7 @@ MEMORY_STAGES = ("score", "retire", "induce", "consolidate")  # the stages that 
 
 
 def rebuild_memory(memory: MemoryConfig, store: StageStore, upto_step: int) -> RubricMemory:
-    """The rubric memory from the stored events of every completed memory stage (resume, issue 7)."""
+    """The rubric memory from the stored events of every completed memory stage (resume)."""
     events: Rows = []
     activations: Rows = []
     sources: Rows = []
@@ -113,7 +113,7 @@ class Arbor(Method):
 
     def loss_settings(self, train: TrainConfig) -> LossSettings:
         """§4.1 / App. B.2: GRPO with TIS in slime, whose default loss averages each sample's tokens, then the
-        samples (``train.loss_agg`` unset: seq-mean-token-mean; issue 50 item 1)."""
+        samples (``train.loss_agg`` unset: seq-mean-token-mean)."""
         return replace(super().loss_settings(train), loss_agg=train.loss_agg or "seq-mean-token-mean")
 
     def summary(self) -> dict[str, float | str]:
@@ -121,7 +121,7 @@ class Arbor(Method):
                 "pool": ", ".join(f"{r.rubric_id} {r.title}" for r in self.memory.pool) or "(empty)"}
 
     async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
-        """Ahead of the stages (issue 19): the group's pairwise scoring by the rubrics ``score`` will activate, and
+        """Ahead of the stages: the group's pairwise scoring by the rubrics ``score`` will activate, and
         its induction with its drafts' scoring. Induction is a guess: its prompt lists the pool after ``retire``,
         and the pool of the step's start is used here, so a step that retires a rubric (or loads a pool at step 1)
         re-induces in its stage and the guess is counted as wasted (``steps.prefetch_wasted_calls``)."""
@@ -138,7 +138,7 @@ class Arbor(Method):
     def score(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Active selection (§3.4), sparse pairwise judging of every group, n_r / rho_r updates."""
         rec = Records()
-        if step == 1 and self.cfg.memory.init_from:  # warm start from another run's exported pool (issue 7)
+        if step == 1 and self.cfg.memory.init_from:  # warm start from another run's exported pool
             src = self.cfg.memory.init_from
             rec.extend(self.memory.load_pool(step, load_pool_file(src), source=src))
         active, sel = self.memory.select_active(step)

@@ -1,4 +1,4 @@
-"""Resume (issue 7): the rubric memory rebuilt from its stored event and activation rows, each replayed through
+"""Resume: the rubric memory rebuilt from its stored event and activation rows, each replayed through
 the live calls' event handler and checked against the statistics stored after it."""
 
 from __future__ import annotations

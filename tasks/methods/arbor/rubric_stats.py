@@ -48,7 +48,7 @@ class RubricStats:
     sxy: float = 0.0
     last_used: int | None = None  # step of the last activation (LRU)
     # (step, group, n_r) of the first activation at which n_r exceeded kappa, until ``retire`` acts on it (§3.3;
-    # issue 11: decided on the activation sequence, so a later reset in the same step does not undo it). group is
+    # decided on the activation sequence, so a later reset in the same step does not undo it). group is
     # None when activations are counted per step.
     over_kappa: tuple[int, int | None, int] | None = None
     # count_activations=step: this step's group variances, until the step closes

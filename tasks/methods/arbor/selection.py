@@ -27,7 +27,7 @@ class SelectionMixin(MemoryState):
 
     def peek_active(self) -> list[Rubric]:
         """The rubrics ``select_active`` would choose now, without choosing them (no event, no state change):
-        streamed judging scores a group with them before the score stage runs (issue 19)."""
+        streamed judging scores a group with them before the score stage runs."""
         return [self.P[rid] for rid, _ in self._choose_active()]
 
     def _choose_active(self) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""ARBOR's own table and view (issue 63 item 4); its rubric lifecycle tables are the pipeline's (storage/schemas.py).
+"""ARBOR's own table and view; its rubric lifecycle tables are the pipeline's (storage/schemas.py).
 
     rubric_verdicts   every pairwise verdict of the score stage (§3.4): the group, the active rubric, the sparse
                       graph's edge (i, j: sample indices), its outcome (1 i wins, 0.5 tie, 0 j wins, null failed) and

@@ -1,4 +1,4 @@
-"""Two judges for ARBOR's roles beside ``rules`` (issue 63 item 2): ``world`` reads the synthetic world's facts, and
+"""Two judges for ARBOR's roles beside ``rules``: ``world`` reads the synthetic world's facts, and
 ``random`` answers by seeded coin flips (the control that admission, eq. 2, must filter).
 
 ``world`` answers induction (E.1), consolidation (E.2) and pairwise (E.3) as a capable LLM judge would from its own

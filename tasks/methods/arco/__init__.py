@@ -1,4 +1,4 @@
-"""ARCO (issue 16) as a package: the method (``method.py``: its stages and decisions), its equations as pure
+"""ARCO as a package: the method (``method.py``: its stages and decisions), its equations as pure
 functions (``equations.py``), its rubric model mu (``rubric_model.py``), and what it stores (``tables.py``,
 ``sql/``)."""
 

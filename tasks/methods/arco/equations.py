@@ -1,4 +1,4 @@
-"""ARCO's equations as pure functions (issue 16; the ARCO paper §3 as its authors' code implements it).
+"""ARCO's equations as pure functions (the ARCO paper §3 as its authors' code implements it).
 
 A trajectory's *steps* are its policy turns: the maximal runs of loss-mask-1 tokens between tool results
 (``turn_spans``). The rubric model mu scores step t with K criteria, s_{t,k} in [-1, 1], and s̄_t = mean_k s_{t,k}.

@@ -1,4 +1,4 @@
-"""ARCO (issue 16): a co-evolving rubric model mu turns the outcome into per-step rewards, with no judge in the loop
+"""ARCO: a co-evolving rubric model mu turns the outcome into per-step rewards, with no judge in the loop
 after its warm-up. Facts from the ARCO paper's review and its authors' code; choices in docs/decisions.md.
 
     score        split each trajectory into steps (its policy turns, ``arbor.format.turn_spans``); mu writes K

@@ -1,4 +1,4 @@
-"""ARCO's rubric model mu on DeepSpeed (issue 16): one backbone, a generation head and a score head.
+"""ARCO's rubric model mu on DeepSpeed: one backbone, a generation head and a score head.
 
 mu is a copy of the policy's start checkpoint with LoRA on the attention projections (q_proj, v_proj; r = 8,
 alpha = 32) and a score head: Linear(H, 512) - GELU - Linear(512, 128) - GELU - Linear(128, K) - tanh on the
@@ -56,7 +56,7 @@ ELIDED = "\n[... middle of the step cut ...]\n"
 
 def prompt_window(context: int, max_criteria_tokens: int) -> int:
     """mu's prompt budget when ``arco.max_prompt_tokens`` is unset: the model's context less the criteria it
-    writes after the prompt (issue 33 item 5; a Qwen3 trajectory of ~8k tokens then fits whole)."""
+    writes after the prompt (a Qwen3 trajectory of ~8k tokens then fits whole)."""
     return context - max_criteria_tokens
 
 
@@ -244,7 +244,7 @@ class RubricModelTrainer:
         self.ac = cfg.arco
         self.start = Path(start)
         self.ckpt_root = Path(ckpt_root)
-        self.tokenizer = load_tokenizer(self.start, cfg.policy)  # the policy's chat template settings (issue 30)
+        self.tokenizer = load_tokenizer(self.start, cfg.policy)  # the policy's chat template settings
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_ids = {t for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if t is not None}
         lm = AutoModelForCausalLM.from_pretrained(self.start, dtype=torch.float32)

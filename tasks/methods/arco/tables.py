@@ -1,4 +1,4 @@
-"""ARCO's tables and ``steps`` column (issue 16), declared once (issue 32 item 1).
+"""ARCO's tables and ``steps`` column, declared once.
 
     mu_scores         every step (policy turn) of every trajectory as the rubric model mu read it in the score
                       stage: its bucket, token span, the criteria mu wrote (text and ids) and its K scores, the step

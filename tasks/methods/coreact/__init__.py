@@ -1,4 +1,4 @@
-"""Co-ReAct (Kang et al., 2026; issue 17) as a package. It is not a training method but an inference-time wrapper
+"""Co-ReAct (Kang et al., 2026) as a package. It is not a training method but an inference-time wrapper
 and a generator-training flow: its equations as pure functions (``equations.py``), guided inference with a step
 rubric and a verifier (``guidance.py``), the rubric generator's list-wise training (``generator.py``), and what it
 stores (``tables.py``, ``sql/``)."""

@@ -1,4 +1,4 @@
-"""Co-ReAct's equations as pure functions (Kang et al., 2026: §3.1-3.3, App. A; issue 17).
+"""Co-ReAct's equations as pure functions (Kang et al., 2026: §3.1-3.3, App. A).
 
 - Step rubric text: numbered lines ``1. [0.4] condition`` (3-5 of them, positive weights summing to about 1,
   negative weights for flaws) and one ``Action: ...`` line: ``render_rubric`` / ``parse_rubric``.

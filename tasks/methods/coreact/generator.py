@@ -1,4 +1,4 @@
-"""Co-ReAct's rubric generator training, one function per stage (Kang et al., 2026, §3.1-3.2, App. A; issue 17).
+"""Co-ReAct's rubric generator training, one function per stage (Kang et al., 2026, §3.1-3.2, App. A).
 
 1. ``collect_branch_points``: the policy answers each training question once; the context before each of its
    tool-calling turns (``guidance.branch_steps``, §3.1; not the answering turn) is a branching point (q, h_t), h_t
@@ -214,7 +214,7 @@ def sample_update(sampler: GeneratorRubrics, judge: Any, points: Sequence[dict[s
 
 
 def neutral_rank(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Issue 31 item 4: a rubric whose slate the evaluator could not score (a ``step_verify`` call failed for good,
+    """A rubric whose slate the evaluator could not score (a ``step_verify`` call failed for good,
     ``eval_errors`` > 0) takes the mean r_rank of its group's verified rubrics, not chance (0.5), so its ranking
     counts as the group's average; its own atomicity, format and repetition still count. A group without a verified
     rubric keeps 0.5 for every one (equal across them: no signal)."""

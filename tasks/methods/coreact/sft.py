@@ -1,4 +1,4 @@
-"""Guided SFT rows (issue 63 item 5): copies of gold rows that read Co-ReAct's placed step rubrics.
+"""Guided SFT rows: copies of gold rows that read Co-ReAct's placed step rubrics.
 
 A policy SFT-trained on unguided trajectories has never seen text after the results of a ``<result>`` block, nor
 after the question; guided inference puts the step rubric exactly there (``AgentLoop.place_guidance``), so the

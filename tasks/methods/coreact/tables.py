@@ -1,4 +1,4 @@
-"""Co-ReAct's tables (issue 17), declared once and registered on import (issue 32 item 1): whatever stores them
+"""Co-ReAct's tables, declared once and registered on import: whatever stores them
 (a guided rollout or evaluation, the generator's training flow) imports this package first.
 
     guided_steps        every guided step of a guided rollout or evaluation: the rubric placed before the turn, the

@@ -1,4 +1,4 @@
-"""DAPO (Yu et al., 2025) as a baseline, in two variants (``train.dapo_variant``; issue 56 item 5).
+"""DAPO (Yu et al., 2025) as a baseline, in two variants (``train.dapo_variant``).
 
 dapo-paper, DAPO's own (the method's default): clip-higher and dynamic sampling on the outcome reward.
     eps_high = train.dapo_eps_clip_high (0.28)                       (§3.1, clip-higher: ``loss_settings``)

@@ -4,7 +4,7 @@ roles it asks, with their prompts and offline heuristics (``roles.py``, ``prompt
 from arbor.tasks.methods.rar import roles as roles  # registers its judge roles
 
 # the method (and the trainer's torch behind it) loads on first use, so that its judge roles can be read without
-# it: preflight renders them to size the judge's window on a machine without torch's import time (issue 50 item 3)
+# it: preflight renders them to size the judge's window on a machine without torch's import time
 _LAZY = {"RaR", "rating_to_score"}
 
 

@@ -4,7 +4,7 @@ added with the same lambda as ARBOR (eq. 3/4) but without the variance filter. T
 
 Negative centred ratings: attenuated by ARBOR's alpha (``memory.rar_attenuate`` true, the method's default) or not
 (false: C.3 names only "the same shaping coefficient as ARBOR", lambda; the qwen3 ARBOR profiles and arbor compare):
-    R_total_i = R_base_i + lambda * (s_i - mean_j s_j)          (issue 56 item 5)
+    R_total_i = R_base_i + lambda * (s_i - mean_j s_j)
 """
 
 from __future__ import annotations

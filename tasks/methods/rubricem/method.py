@@ -11,7 +11,7 @@ Everything of ``ss-grpo`` (stage scores, Lambda returns, per-stage advantages, t
     train     Phase A: the previous step's candidates (one-step lag, D.2), each reflected query's m candidates one
               GRPO group on the reflection tokens, rewarded by u; then Phase B: the task batch (SS-GRPO), Alg. 1
 
-Choices where arbor's setting leaves the paper open (docs/decisions.md "Issue 15", "Issue 33"): only the new-query
+Choices where arbor's setting leaves the paper open (docs/decisions.md): only the new-query
 steps reflect (D.4; ``rubricem.reflect_in=every-step`` also reflects in the replay phase); last step's candidates
 are their own update before the task update (Phase A / B, D.1; ``reflection_update=joint`` folds them in); a
 candidate group whose utilities do not vary is stored but not trained (all advantages are 0); candidates sampled at
@@ -204,7 +204,7 @@ class RubricEM(SSGRPO):
     def scoring_temperature(self, t: Trajectory) -> float | None:
         """Two-phase: Phase A scores the candidates at the temperature they were sampled at (D.4's 0.7), so TIS
         weighs only the one-step staleness; at the paper's rollout T = 1.0 scoring them at T would make most
-        weights differ from 1 and cap many at C (issue 33 item 8; bench/tis.py). Joint: the rollout temperature."""
+        weights differ from 1 and cap many at C (bench/tis.py). Joint: the rollout temperature."""
         if t.group >= REFLECTION_GROUP and self.cfg.rubricem.reflection_update == "two-phase":
             return self.cfg.rubricem.reflection_temperature
         return None

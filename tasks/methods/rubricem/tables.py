@@ -1,4 +1,4 @@
-"""RubricEM's tables (§3.4, App. D), beside SS-GRPO's (it is SS-GRPO plus the meta-policy; issue 32 item 1).
+"""RubricEM's tables (§3.4, App. D), beside SS-GRPO's (it is SS-GRPO plus the meta-policy).
 
     reflections       every reflection candidate as a trainable trajectory (prompt = the reflection request,
                       response = the candidate; group = REFLECTION_GROUP + source group, its reward = utility

@@ -9,7 +9,7 @@ Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Revi
     train   A_{i,k} per stage across the group; every token of stage k carries A_{i,k}; KL to the frozen
             reference policy with beta = rubricem.kl_coef (eq. 1)
 
-Choices where the paper leaves arbor's setting open (docs/decisions.md "Issue 15"):
+Choices where the paper leaves arbor's setting open (docs/decisions.md):
 - the persistent Answer rubric is the outcome: token F1 against the gold answers, weight ``rubricem.outcome_weight``;
 - no format reward (F.1.2): every trajectory is graded, scaffold-valid or not, and its Answer rubric reads the
   answer it states (``outcome_f1``); ``rubricem.format_gate=true`` is arbor's variant, eq. 4's gate: a
@@ -17,7 +17,7 @@ Choices where the paper leaves arbor's setting open (docs/decisions.md "Issue 15
 - a failed grading call falls back to the terminal answer score only (App. E's "fall back to terminal answer score
   only"), read as: only its answer's F1 tells it apart from its group. It takes the group's mean grade under each
   rubric (``neutral_grades``), so its process counts as the group's average and its stage advantages carry no
-  judge signal (issue 31; with (0, 0, 0, F1) a failed call read as a bad process). A group without one graded
+  judge signal (with (0, 0, 0, F1) a failed call read as a bad process). A group without one graded
   trajectory has no mean: there every failed one scores (0, 0, 0, F1), which is equal across them.
 
 The stage buffer changes only through its events (``stage_rubrics`` rows), so a resumed run replays them.

@@ -1,4 +1,4 @@
-"""SS-GRPO's tables (issue 15; RubricEM App. C): what its score stage stores, declared once (issue 32 item 1).
+"""SS-GRPO's tables (RubricEM App. C): what its score stage stores, declared once.
 
     stage_rubrics   the stage rubric buffer, one row per lifecycle event: generated (by the judge, contrasting a
                     group), kept / dropped after the group's grading (variance = the population variance of its

@@ -1,5 +1,5 @@
 -- judge_signal_quality: is my judge helping? One row per ARBOR step and active rubric (rubric_id null for a step
--- that activated none), issue 63 item 4.
+-- that activated none).
 --   mixed groups (base reward varies): the rubric's pairwise verdicts against the outcome order, over judged edges
 --     whose two base rewards differ: agree (the higher-reward trajectory wins), disagree, tie, failed;
 --     agreement_rate = agree / (agree + disagree) (ties and failed edges counted apart, not in the rate)

@@ -1,4 +1,4 @@
--- bank_reuse: one row per rubric bank item of a RubricEM run (issue 15): its question, when it was written, its
+-- bank_reuse: one row per rubric bank item of a RubricEM run: its question, when it was written, its
 -- utility, whether a later reflection replaced it, and how often rollouts retrieved it, by mode (within-episode:
 -- its own question replayed; cross-episode: a related question), over how many steps and groups.
 create or replace view bank_reuse as

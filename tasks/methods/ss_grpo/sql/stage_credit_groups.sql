@@ -1,4 +1,4 @@
--- stage_credit_groups: RubricEM's analogue of the paper's Table 2 (issue 15). Per run and step (level 'step')
+-- stage_credit_groups: RubricEM's analogue of the paper's Table 2. Per run and step (level 'step')
 -- and per run (level 'run', step null): how many query-groups are outcome-homogeneous (every trajectory the
 -- same base reward: GRPO's advantage is 0 on all of them) and how many of those still carry a non-zero stage
 -- advantage under SS-GRPO (|A_{i,k}| > 1e-9 for some trajectory and stage), split by outcome pattern.

@@ -1,4 +1,4 @@
--- stage_rubric_buffer: one row per stage rubric of a RubricEM / SS-GRPO run (issue 15): its stage, text, weight
+-- stage_rubric_buffer: one row per stage rubric of a RubricEM / SS-GRPO run: its stage, text, weight
 -- and polarity, when it was generated, how often it was kept after a group's grading, its mean and last grade
 -- variance, and when (and at which variance) it was dropped; status 'active' until dropped.
 create or replace view stage_rubric_buffer as

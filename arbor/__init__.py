@@ -1,6 +1,6 @@
 """arbor.
 
-Offline and quiet by default (STACK_NOTES): no usage telemetry, so an offline node logs no telemetry errors. Set
+Offline and quiet by default: no usage telemetry, so an offline node logs no telemetry errors. Set
 when arbor is first imported, before Prefect or huggingface_hub read them, whether arbor runs from its CLI, a
 benchmark, a notebook or a Prefect worker that imports its flows; a value the user exported wins.
 

@@ -1,4 +1,4 @@
-"""Workspace locations. ``ARBOR_HOME`` (default ``./.arbor``) holds everything a run writes (DESIGN §4)."""
+"""Workspace locations. ``ARBOR_HOME`` (default ``./.arbor``) holds everything a run writes (docs/architecture.md)."""
 
 from __future__ import annotations
 

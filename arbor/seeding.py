@@ -1,4 +1,4 @@
-"""Deterministic randomness (DESIGN §1): every random choice is derived from (seed, step, group, purpose, ...).
+"""Deterministic randomness (docs/architecture.md): every random choice is derived from (seed, step, group, purpose, ...).
 
 A resumed run re-derives the same seeds, so it reproduces the uninterrupted run bit for bit.
 """

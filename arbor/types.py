@@ -1,4 +1,4 @@
-"""Plain data records that flow between pipeline stages (DESIGN §1). No logic beyond derived ids."""
+"""Plain data records that flow between pipeline stages (docs/architecture.md). No logic beyond derived ids."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The folder a device run carries for ``make gpu-check``.
 
 The GPU machine's image has Python 3.12, torch, transformers, accelerate, peft, safetensors, numpy and pandas, but
-not DeepSpeed, pydantic (and its three helpers), hjson, dill or bm25s, and it has no network (STACK_NOTES, "The GPU
-machine"). This builds, under 50 MiB (the device tool carries 64 MiB per call):
+not DeepSpeed, pydantic (and its three helpers), hjson, dill, bm25s or DuckDB, and it has no network. This builds,
+under 50 MiB (the device tool carries 64 MiB per call):
 
 - the project's own wheel (``pip wheel --no-deps`` of this working tree: arbor.* lives in top-level folders mapped
   by ``package-dir``, so the source tree cannot be imported as is);

@@ -1,4 +1,4 @@
-"""``arbor-train``: the RL loop as a Prefect flow (DESIGN §1, paper §3 and App. B.2).
+"""``arbor-train``: the RL loop as a Prefect flow (paper §3 and App. B.2; docs/architecture.md).
 
 Each step runs the stage graph the run's method declares (``Method.stages``) as Prefect tasks
 (``score-step3``). A stage task takes the run's resources, commits its tables to the Parquet stage store keyed by

@@ -1,6 +1,6 @@
-"""The workspace catalog ``{home}/catalog.duckdb``: schema version + views over the Parquet store (DESIGN §4).
+"""The workspace catalog ``{home}/catalog.duckdb``: schema version + views over the Parquet store (docs/architecture.md).
 
-DuckDB locks a file opened read-write against every other process, readers included (STACK_NOTES). So the
+DuckDB locks a file opened read-write against every other process, readers included. So the
 catalog holds no run data: a run's writer only writes Parquet and never opens it; readers open it read-only.
 Creating or migrating the catalog takes the write lock briefly, and only when a read-only check finds it missing,
 behind the newest migration, bound to another home (the workspace was moved), or built from other DDL.

@@ -1,4 +1,4 @@
-"""The Parquet store: the source of truth for everything a run produces (DESIGN §4).
+"""The Parquet store: the source of truth for everything a run produces (docs/architecture.md).
 
 One file per (run, step, stage, table) at ``{home}/data/{table}/run_id={run_id}/step={step:06d}/{stage}.parquet``,
 written under a temporary name outside the read glob (``*.inprogress``) and ``os.replace``d into place, so a

@@ -1,4 +1,4 @@
-"""Parquet schemas of every table a run writes (DESIGN §4, docs/interfaces.md "Table columns").
+"""Parquet schemas of every table a run writes (docs/interfaces.md "Table columns").
 
 Parquet is the source of truth; these schemas are applied on every write so that the SQL names users rely on
 stay stable. Non-nullable fields are the keys a row cannot be stored without.

@@ -1,5 +1,5 @@
 """Read-only SQL over a workspace (``arbor sql``, ``arbor runs``): one short read-only connection per call, so it
-works while a training run writes Parquet into the same workspace (DESIGN §4). ``arbor sql`` streams its result
+works while a training run writes Parquet into the same workspace (docs/architecture.md). ``arbor sql`` streams its result
 (``streamed``: batches fetched by a worker thread, so Ctrl-C interrupts the query) and writes at most a cap of rows
 unless told otherwise (``write_query``).
 

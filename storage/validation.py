@@ -1,8 +1,8 @@
-"""great-expectations suite for trajectory batches (DESIGN §1 "validate").
+"""great-expectations suite for trajectory batches (docs/architecture.md).
 
 A batch is refused before anything is written when any expectation fails; the error names each failing
 expectation and the offending rows by ``traj_id``. great-expectations is imported lazily (it takes ~2-3 s) and runs
-on an ephemeral context with progress bars off; it accepts pandas DataFrames only (STACK_NOTES).
+on an ephemeral context with progress bars off; it accepts pandas DataFrames only.
 """
 
 from __future__ import annotations

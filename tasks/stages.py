@@ -1,4 +1,4 @@
-"""Stages as stored artifacts (DESIGN §1): the resume primitive of every flow.
+"""Stages as stored artifacts (docs/architecture.md): the resume primitive of every flow.
 
 A stage of step ``s`` of run ``r`` writes its tables as Parquet files keyed by (r, s, stage) and then a completion
 marker. ``run_stage`` returns the stored rows when the marker exists (no recomputation, no judge or search call),

@@ -1,4 +1,4 @@
-"""One RL step of ``arbor-train``, stage by stage (DESIGN §1; paper §3, App. B.2).
+"""One RL step of ``arbor-train``, stage by stage (paper §3, App. B.2; docs/architecture.md).
 
 The run's method declares the step's stage graph (``Method.stages``): the pipeline's ``rollout``,
 ``shape`` and ``train`` and the stages it adds between them. ARBOR's:

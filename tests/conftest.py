@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-# Offline and quiet before anything imports prefect / transformers (STACK_NOTES).
+# Offline and quiet before anything imports prefect / transformers.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -69,7 +69,7 @@ def smol_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """One temporary Prefect server for the whole test session (STACK_NOTES: ~8 s)."""
+    """One temporary Prefect server for the whole test session (~8 s)."""
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):

@@ -60,7 +60,7 @@ def test_arbor_sets_have_the_papers_sizes() -> None:
 
 
 def _dr_tulu_rows() -> list[dict]:
-    """Rows laid out as DR Tulu's RL queries (STACK_NOTES): the query as one user turn, rubrics as a JSON string."""
+    """Rows laid out as DR Tulu's RL queries: the query as one user turn, rubrics as a JSON string."""
     qs = ["What are the trade-offs of solid-state batteries for grid storage?",
           "How has CRISPR base editing been used in clinical trials so far?"]
     return [{"messages": [{"role": "user", "content": q}],

@@ -1,5 +1,5 @@
 """Concurrent reading: a reader *process* queries the catalog while a writer *process* writes stage files
-(the acceptance). DuckDB locks a read-write file against every other process (STACK_NOTES), so this only
+(the acceptance). DuckDB locks a read-write file against every other process, so this only
 works because the writer never opens the catalog and files appear by atomic rename."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Search backends: local BM25, HTTP retriever, web API (§4.1, DESIGN §5)."""
+"""Search backends: local BM25, HTTP retriever, web API (§4.1)."""
 
 from __future__ import annotations
 

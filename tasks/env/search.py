@@ -1,4 +1,4 @@
-"""Search backends behind one interface, and a persistent result cache (paper §4.1, DESIGN §5).
+"""Search backends behind one interface, and a persistent result cache (paper §4.1).
 
     backend.search(queries: list[str], k: int) -> list[list[SearchHit]]      (one list of top-k hits per query)
 

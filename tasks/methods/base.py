@@ -1,4 +1,4 @@
-"""The method interface: the stages a training method runs in an RL step and its decisions (DESIGN §1).
+"""The method interface: the stages a training method runs in an RL step and its decisions (docs/architecture.md).
 
 A method declares its stage graph once (``Method.stages``): the pipeline's own stages (``rollout``, ``shape``,
 ``train``) and, between them, the stages it adds, each with the tables it stores. Plain GRPO runs

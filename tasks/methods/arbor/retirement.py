@@ -79,7 +79,7 @@ class RetirementMixin(MemoryState):
         its n_r / rho_r columns are the statistics now, as for every event.
         Called once per step after the step's scoring (all activations applied). Recommended right after
         ``apply_activations``: a retired rubric then frees its slot before consolidation instead of a live one
-        being replaced at capacity. Calling it last (after consolidation, DESIGN §1's diagram) is also valid;
+        being replaced at capacity. Calling it last (after consolidation) is also valid;
         the events record and replay whichever order happened.
         """
         self._enter(step, _RETIRE)

@@ -66,16 +66,17 @@ def test_two_step_run_satisfies_lifecycle_invariants(reference) -> None:
     assert abs(steps[0]["tis_mean"] - 1.0) < 1e-3 and steps[0]["tis_clip_frac"] == 0.0, steps[0]
     kinds = {e["event"] for e in events}
     assert {"induced", "admitted", "consolidated", "activated"} <= kinds, kinds
-    pool_max, n_active, delta_v, rho_min, kappa = 6, 2, 0.05, 0.0, 5
-    for e in events:
-        assert (e["pool_size"] or 0) <= pool_max
-        if e["event"] == "admitted":  # eq. 2, from the recorded statistics
-            assert e["variance"] >= delta_v - 1e-12
-            assert e["pearson"] is None or e["pearson"] >= rho_min - 1e-12
-        if e["event"] == "rejected" and e["variance"] is not None:
-            assert e["variance"] < delta_v or (e["pearson"] is not None and e["pearson"] < rho_min)
-        if e["event"] == "retired":
-            assert e["n_r"] > kappa or (e["rho_r"] is not None and e["rho_r"] < rho_min)
+    pool_max, n_active, delta_v, rho_min = 6, 2, 0.05, 0.0
+    assert all((e["pool_size"] or 0) <= pool_max for e in events)
+    # eq. 2 from the recorded statistics: every admission passed it, every rejection with statistics failed it
+    # (retirement in two steps of this run: none; its rule is tested in test_memory_lifecycle.py)
+    admitted = [e for e in events if e["event"] == "admitted"]
+    rejected = [e for e in events if e["event"] == "rejected" and e["variance"] is not None]
+    assert admitted and rejected, kinds
+    assert all(e["variance"] >= delta_v - 1e-12 and (e["pearson"] is None or e["pearson"] >= rho_min - 1e-12)
+               for e in admitted), admitted
+    assert all(e["variance"] < delta_v or (e["pearson"] is not None and e["pearson"] < rho_min)
+               for e in rejected), rejected
     for step in (1, 2):
         before = [e["pool_size"] for e in events if e["step"] < step and e["pool_size"] is not None]
         pool_before = before[-1] if before else 0  # |P| after the last event of the earlier steps
@@ -85,9 +86,8 @@ def test_two_step_run_satisfies_lifecycle_invariants(reference) -> None:
         for rid in {e["rubric_id"] for e in activated}:  # an active rubric scores every group of the step
             assert {a["group"] for a in acts if a["step"] == step and a["rubric_id"] == rid} == groups
     # shaping: R_total = R_base + lambda * term, so a format-invalid trajectory keeps its base reward exactly
-    for t in table("trajectories", RUN, home):
-        if not t["format_valid"]:
-            assert t["shaped_reward"] == t["base_reward"] == -1.0
+    invalid = [t for t in table("trajectories", RUN, home) if not t["format_valid"]]
+    assert invalid and all(t["shaped_reward"] == t["base_reward"] == -1.0 for t in invalid)
 
 
 def test_resume_after_failure_in_each_stage(reference, sft_policy: Path, tmp_path: Path,

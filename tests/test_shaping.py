@@ -86,8 +86,7 @@ def test_shaping_properties(case):
     # Format-invalid trajectories keep their base reward exactly.
     assert all(t == b for t, b, ok in zip(s.total, base, valid, strict=True) if not ok)
     # Negatives are attenuated by alpha, positives kept.
-    for c, term, ok in zip(s.centred, s.term, valid, strict=True):
-        if ok:
-            assert term == pytest.approx(c if c >= 0 else alpha * c)
+    kept = [(c, term) for c, term, ok in zip(s.centred, s.term, valid, strict=True) if ok]
+    assert [term for _, term in kept] == pytest.approx([c if c >= 0 else alpha * c for c, _ in kept])
     # lambda_ = 0 gives the base reward.
     assert shape_rewards(base, scores, valid, lambda_=0.0, alpha=alpha) == pytest.approx(base)

@@ -66,6 +66,7 @@ def test_two_steps_store_and_shape_with_diversity(reference: Path) -> None:
     stored = table("group_diversity", RUN, reference)
     assert len(stored) == len(trajs) == 2 * 4 * 4
     moved = compared = 0
+    invalid: list[dict] = []
     for step in (1, 2):
         for g in range(4):
             mine = sorted((r for r in stored if (r["step"], r["group"]) == (step, g)), key=lambda r: r["sample"])
@@ -76,14 +77,13 @@ def test_two_steps_store_and_shape_with_diversity(reference: Path) -> None:
             # the more diverse response gains relative to the less diverse one; a format-invalid response keeps its
             # base reward exactly (shaping skips it), so only valid ones are compared
             valid = [(r["diversity"], t) for r, t in zip(mine, group, strict=True) if t["format_valid"]]
-            for t in group:
-                if not t["format_valid"]:
-                    assert t["shaped_reward"] == t["base_reward"]
+            invalid += [t for t in group if not t["format_valid"]]
             if len(valid) > 1 and max(v[0] for v in valid) - min(v[0] for v in valid) > 1e-9:
                 hi, lo = max(valid, key=lambda v: v[0])[1], min(valid, key=lambda v: v[0])[1]
                 compared += 1
                 assert (hi["shaped_reward"] - hi["base_reward"]) > (lo["shaped_reward"] - lo["base_reward"])
     assert moved and compared  # the reward of some group was shaped by its diversity
+    assert invalid and all(t["shaped_reward"] == t["base_reward"] for t in invalid)
 
 
 @pytest.mark.slow

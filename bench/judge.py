@@ -28,8 +28,8 @@ from arbor.llm import CallContext, make_judge  # noqa: E402
 from arbor.llm.cache import cache_key  # noqa: E402
 from arbor.llm.text import WHOLE  # noqa: E402
 from arbor.seeding import coin  # noqa: E402
-from arbor.tasks.methods.arbor.judge import sparse_edges  # noqa: E402
 from arbor.tasks.methods.arbor.roles import ask_pairwise, pairwise_messages  # noqa: E402
+from arbor.tasks.methods.arbor.sparse_graph import sparse_edges  # noqa: E402
 from arbor.types import Rubric, Trajectory  # noqa: E402
 
 KEY_ENV = "ARBOR_BENCH_JUDGE_KEY"

@@ -24,7 +24,7 @@ import pyarrow as pa
 from arbor.storage.schemas import F64, I64, STR, TableSet, col, key
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, RubricScores, Stage, StepResources
 from arbor.tasks.methods.grpo import GRPO
-from arbor.tasks.stages import fault_point
+from arbor.tasks.stage_store import fault_point
 from arbor.types import Trajectory
 
 GROUP_DIVERSITY = pa.schema([

@@ -184,7 +184,7 @@ def arbor_eval(checkpoint: str | None = None, profile: str = "tiny-cpu", overrid
                run_id: str | None = None) -> str:
     """Evaluate ``checkpoint`` (a path, a training run's id for its final policy, or default the profile's start) on
     ``splits`` (names or dataset specs/paths)."""
-    from arbor.quiet import quiet
+    from arbor.runtime.quiet import quiet
 
     quiet()  # a worker's flow run has no CLI to do it
     rid, table = run_eval(checkpoint, profile, overrides, splits, runs, limit, run_id)

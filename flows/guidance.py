@@ -61,7 +61,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
     )
     from arbor.tasks.methods.coreact.guidance import GeneratorRubrics
     from arbor.tasks.methods.coreact.tables import TABLES
-    from arbor.tasks.stages import StageStore
+    from arbor.tasks.stage_store import StageStore
 
     home = arbor_home()
     new_run = run_id is None or stored_config(run_id, home) is None
@@ -72,7 +72,7 @@ def run_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | 
         require_council(load_config(profile, overrides))
     cfg = prepare_run(profile, overrides, run_id, False, home)
     rid = str(cfg.run.run_id)
-    from arbor import stop
+    from arbor.runtime import stop
 
     stop.set_run(rid)  # a stopped run's last line names it
     g = cfg.guidance
@@ -203,7 +203,7 @@ def rank_council(guidance: GuidanceConfig, judge: JudgeConfig, home: Path) -> li
 def arbor_guidance_train(profile: str = "tiny-world", overrides: dict[str, Any] | None = None,
                          checkpoint: str | None = None, run_id: str | None = None) -> str:
     """Train a Co-ReAct rubric generator from ``checkpoint``'s (default: the run's start policy) trajectories."""
-    from arbor.quiet import quiet
+    from arbor.runtime.quiet import quiet
 
     quiet()  # a worker's flow run has no CLI to do it
     rid, path, summary = run_guidance_train(profile, overrides, checkpoint, run_id)

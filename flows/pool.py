@@ -7,7 +7,7 @@ from typing import Any
 
 from arbor.paths import arbor_home
 from arbor.tasks.methods.arbor import rebuild_memory
-from arbor.tasks.stages import StageStore
+from arbor.tasks.stage_store import StageStore
 
 
 def export_pool(run_id: str, home: Path | None = None, step: int | None = None) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from arbor.quiet import all_handlers
+from arbor.runtime.quiet import all_handlers
 from arbor.timefmt import duration
 
 PROGRESS_EVERY_S = 10.0

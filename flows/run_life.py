@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from arbor.config import ArborConfig
-from arbor.storage.liveness import Heartbeat
-from arbor.tasks.stages import StageStore
+from arbor.storage.heartbeat import Heartbeat
+from arbor.tasks.stage_store import StageStore
 
 
 def dependency_endpoints(cfg: ArborConfig, *, council: bool = False,
@@ -50,16 +50,16 @@ def watch_dependencies(cfg: ArborConfig, servers: list[Any], *, council: bool = 
                        on_death: Callable[[str], None] | None = None) -> list[Any]:
     """Under a command on the stop path, a server the run relies on that dies ends the run naming it:
     the `vllm serve` the flow started, by its process; every other endpoint (``dependency_endpoints``) by its
-    port (``arbor.liveness``), one on another machine asked less often and given longer (a network blip is not a
+    port (``arbor.runtime.liveness``), one on another machine asked less often and given longer (a network blip is not a
     dead server). ``on_death``: what a death calls (default: ``stop.request``, only when the stop path is
     installed). Returns the port watches (stopped with the run's servers)."""
-    from arbor import stop
+    from arbor.runtime import stop
 
     if on_death is None:
         if not stop.installed():
             return []
         on_death = stop.request
-    from arbor.liveness import DEAD_AFTER_S, is_local, watch_endpoint
+    from arbor.runtime.liveness import DEAD_AFTER_S, is_local, watch_endpoint
 
     for server in servers:
         server.watch("vLLM's server", on_death)
@@ -73,7 +73,7 @@ def end_status(e: BaseException) -> str:
     dependency found dead included)."""
     from prefect.exceptions import TerminationSignal
 
-    from arbor.stop import RunStopped
+    from arbor.runtime.stop import RunStopped
 
     if isinstance(e, RunStopped):
         return "stopped" if e.signalled else "failed"
@@ -86,7 +86,7 @@ def recorded_run(cfg: ArborConfig, rid: str, home: Path, *, council: bool = Fals
     ``arbor_train`` records its own: ``running``, then ``completed``, ``stopped`` (a signal) or
     ``failed`` in its ``stage_runs`` row, also when the stop's bound forces the exit; owned by this process (its
     heartbeat); its endpoints watched (``watch_dependencies``). Its ``runs`` row must exist."""
-    from arbor import stop
+    from arbor.runtime import stop
 
     store = StageStore(rid, home)
     started = time.time()

@@ -16,7 +16,7 @@ from arbor.config.train import CheckpointConfig
 from arbor.flows.run_life import watch_dependencies
 from arbor.paths import resolve_home_path
 from arbor.tasks.methods import make_method
-from arbor.tasks.stages import StageStore
+from arbor.tasks.stage_store import StageStore
 from arbor.tasks.step import RunState
 from arbor.types import LossSettings
 

@@ -208,7 +208,7 @@ def launch_sft(cfg: ArborConfig, base: Path, data: Path, out: Path, state: Path,
         what = dead or f"the SFT process group exited with status {code}"
         message = (f"{what} (log: {state / 'launch.log'}); run arbor-sft again to resume from its last kept state. "
                    "Last lines:\n" + "\n".join(tail))
-        from arbor import stop
+        from arbor.runtime import stop
 
         if dead and stop.installed():  # under `arbor train`: one line naming the rank, the run failed, resumable
             print(message, flush=True)
@@ -252,7 +252,7 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
 @flow(name="arbor-sft", log_prints=True)
 def arbor_sft(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = None) -> str:
     """Run (or reuse) the SFT warm start of a profile; returns the checkpoint directory."""
-    from arbor.quiet import quiet
+    from arbor.runtime.quiet import quiet
 
     quiet()  # a worker's flow run has no CLI to do it
     cfg = load_config(profile, overrides)

@@ -40,10 +40,10 @@ from arbor.flows.progress import RunProgress
 from arbor.flows.run_life import end_status
 from arbor.flows.run_setup import new_run_id, open_run, prepare_run
 from arbor.paths import arbor_home
-from arbor.storage.liveness import Heartbeat
+from arbor.storage.heartbeat import Heartbeat
 from arbor.storage.lock import release
 from arbor.tasks.methods.base import Stage
-from arbor.tasks.stages import StageStore
+from arbor.tasks.stage_store import StageStore
 from arbor.tasks.step import RunState
 
 
@@ -86,8 +86,8 @@ def _stage(run: RunState, step: int, stage: Stage, compute: Callable[[], dict[st
 def retry_unless_judge_down(_task: Any, _task_run: Any, state: State) -> bool:
     """A stage's retries (``Stage.retries``) are not spent on a judge that answered nothing or a server
     that stalled: the same calls would wait out the same timeouts again before the run ends."""
-    from arbor.liveness import DependencyStalled
     from arbor.llm.health import JudgeUnreachable
+    from arbor.runtime.liveness import DependencyStalled
 
     return not isinstance(state.data, JudgeUnreachable | DependencyStalled)
 
@@ -220,12 +220,12 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
     """Run (or resume) a training run; returns its run id, or a Failed state naming what refused it (a bad key
     or value, a missing resource) before anything of the run was written. ``redo`` (``STEP:STAGE``, a stored run
     only): discard that stage, every later one and the checkpoints from that step, and compute them again."""
-    from arbor.quiet import quiet
+    from arbor.runtime.quiet import quiet
 
     quiet()  # a worker's flow run has no CLI to do it
-    from arbor import stop
     from arbor.config import ConfigError
     from arbor.preflight import PreflightError
+    from arbor.runtime import stop
     from arbor.storage.schemas import SchemaError
 
     stop.rearm()  # under `arbor train`: SIGTERM takes arbor's stop path, not the handler Prefect set for the flow
@@ -261,7 +261,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                 call_stage(EVAL, run, 0)
                 tracker.log(0, tracked_metrics(run, 0))
             for step in range(1, cfg.run.steps + 1):
-                stop.raise_pending()  # a stop whose raise was lost (arbor/stop.py) ends the run here
+                stop.raise_pending()  # a stop whose raise was lost (arbor/runtime/stop.py) ends the run here
                 t0 = time.perf_counter()
                 m = run_step(run, step)
                 progress.step_done()

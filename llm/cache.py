@@ -27,8 +27,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from arbor.storage.heartbeat import host_name, pid_start_time
 from arbor.storage.kvstore import STORE_FILE, KVStore
-from arbor.storage.liveness import host_name, pid_start_time
 
 
 @cache

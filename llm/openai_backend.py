@@ -22,7 +22,6 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from arbor.config.judge import JudgeConfig, JudgeRoles
-from arbor.liveness import DependencyStalled, is_stall
 from arbor.llm import prompts
 from arbor.llm.answers import check_reply
 from arbor.llm.base import CallContext, Judge, JudgeOutcome, Q, Role, T, role_of
@@ -37,7 +36,8 @@ from arbor.llm.cache import (
 from arbor.llm.health import REFUSED_ERRORS, public_url, short_reason
 from arbor.llm.parse import InvalidAnswer, InvalidOutput
 from arbor.llm.text import WHOLE, shared_budget
-from arbor.retry_after import backoff_s, requested_wait_s
+from arbor.runtime.liveness import DependencyStalled, is_stall
+from arbor.runtime.retry_after import backoff_s, requested_wait_s
 from arbor.seeding import derive_seed
 
 log = logging.getLogger("arbor.judge")
@@ -103,7 +103,7 @@ class JudgeSetupError(ValueError):
 
 
 def _retry_after(err: Exception) -> float | None:
-    """The wait a rate-limited or failed response asks for (``arbor.retry_after``); None: our own backoff."""
+    """The wait a rate-limited or failed response asks for (``arbor.runtime.retry_after``); None: our own backoff."""
     response = getattr(err, "response", None)
     return None if response is None else requested_wait_s(response.headers)
 
@@ -278,7 +278,7 @@ class OpenAIJudge(Judge):
                 self.cache.settle(key)
 
     def _stall_s(self, rc: Mapping[str, object], messages: list[dict[str, str]]) -> float:
-        """Seconds without a byte after which a request of this role is a stall (``arbor.liveness``):
+        """Seconds without a byte after which a request of this role is a stall (``arbor.runtime.liveness``):
         ``judge.stall_s`` (or the role's), else the request's timeout, sized to its prompt and reply budget
         (``prompts.request_timeout``: a non-streaming reply sends nothing before its last token)."""
         if rc.get("stall_s") is not None:

@@ -53,7 +53,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         _key("run_id"), _f("profile", STR), _f("method", STR), _f("seed", I64), _f("config_json", STR),
         _f("created_at", TS), _f("git_sha", STR),
         _f("config_changes", STR),  # JSON list of {at, key, old, new}: overrides applied on resume
-        # the process that owns the run (its latest attempt; storage/liveness.py): host, pid and the pid's start
+        # the process that owns the run (its latest attempt; storage/heartbeat.py): host, pid and the pid's start
         # time (against pid reuse), a heartbeat rewritten while the flow runs, and when the flow ended
         _f("host", STR), _f("pid", I64), _f("pid_start", STR), _f("heartbeat_at", TS), _f("flow_ended_at", TS),
         # the question sets it trains and evaluates on (data.train, data.eval as a list)

@@ -40,7 +40,7 @@ from arbor.storage.schemas import tables as known_tables
 from arbor.tasks.env.datasets import Question
 from arbor.tasks.methods import make_method
 from arbor.tasks.methods.base import Method, Stage, check_stages
-from arbor.tasks.stages import Rows, StageStore
+from arbor.tasks.stage_store import Rows, StageStore
 from arbor.tasks.training.update import policy_update
 from arbor.tasks.training.weight_sync import sync_policy
 from arbor.types import Trajectory, UpdateBatch

@@ -315,7 +315,7 @@ def _arco_step(home: Path, tiny: Path, judge_cls: type) -> tuple[dict, dict, dic
 
     from arbor.tasks.env.agent import tokenize_trajectory
     from arbor.tasks.env.policy import load_tokenizer
-    from arbor.tasks.stages import StageStore
+    from arbor.tasks.stage_store import StageStore
     from arbor.tasks.step import RunState
 
     cfg = load_config("tiny-cpu", {"run.method": "arco", "run.run_id": "r", "run.steps": 2, "arco.criteria": "none",

@@ -207,7 +207,7 @@ def test_train_reports_next_steps_and_runs_tells_running_from_killed(prefect_har
     `running` (and cannot be resumed twice); SIGKILLed, it shows `crashed` at once."""
     from prefect.settings import PREFECT_API_URL
 
-    from arbor.storage.liveness import read_owner
+    from arbor.storage.heartbeat import read_owner
     from arbor.storage.runs import run_row
 
     home = tmp_path / "home"
@@ -266,7 +266,7 @@ def _processes_with(home: Path) -> set[int]:
 def test_a_sigkilled_train_leaves_no_temporary_prefect_server_behind(tmp_path: Path) -> None:
     """SIGKILLed, `arbor train` used to leave Prefect's temporary server running under PID 1 for
     minutes. The watchdog it starts stops every process the run had started, within seconds."""
-    from arbor.storage.liveness import read_owner
+    from arbor.storage.heartbeat import read_owner
 
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items() if k not in QUIET}  # no API URL: the run starts its own server

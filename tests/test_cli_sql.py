@@ -145,7 +145,7 @@ def test_runs_lists_status_and_last_step(home):
 def test_runs_tells_running_from_crashed(home):
     """`arbor runs` decides each unfinished run's status from its owner process: on this host the pid (and its start
     time, against pid reuse), elsewhere the heartbeat's age; the SQL view applies the heartbeat rule alone."""
-    from arbor.storage.liveness import host_name, pid_start_time
+    from arbor.storage.heartbeat import host_name, pid_start_time
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # reaped: its pid names no process now

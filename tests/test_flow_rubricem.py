@@ -186,7 +186,7 @@ def test_rubricem_reflects_banks_retrieves_and_trains_on_lagged_reflections(rem_
     from arbor.config import load_config
     from arbor.tasks.methods.rubricem import RubricEM
     from arbor.tasks.reflection import REFLECTION_GROUP, reflection_utility
-    from arbor.tasks.stages import StageStore
+    from arbor.tasks.stage_store import StageStore
     from arbor.types import ReflectionGrade
 
     home = rem_reference

@@ -28,7 +28,7 @@ from flow_support import (
 
 from arbor.config import ArborConfig
 from arbor.tasks.methods.arbor import Arbor
-from arbor.tasks.stages import InjectedFault
+from arbor.tasks.stage_store import InjectedFault
 
 pytestmark = pytest.mark.slow
 

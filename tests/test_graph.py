@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arbor.seeding import coin
-from arbor.tasks.methods.arbor.judge import (
+from arbor.tasks.methods.arbor.sparse_graph import (
     edge_scores,
     presentation,
     presentation_swapped,

@@ -18,8 +18,8 @@ from arbor.config.judge import JudgeConfig
 from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge, prompts, role_of
 from arbor.llm.cache import ResponseCache, cache_key
 from arbor.llm.openai_backend import JudgeSetupError, OpenAIJudge, _role_schema
-from arbor.tasks.methods.arbor.judge import presentation_swapped, sparse_edges, verdict_to_outcome
 from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION, ask_pairwise
+from arbor.tasks.methods.arbor.sparse_graph import presentation_swapped, sparse_edges, verdict_to_outcome
 from arbor.tasks.methods.arco.roles import STEP_LABELS
 from arbor.tasks.methods.coreact.equations import RANK_LABELS
 from arbor.tasks.methods.coreact.roles import ask_ranking
@@ -272,7 +272,7 @@ def test_each_fault_is_retried_and_ends_in_success(server: OpenAIServer, tmp_pat
 def test_a_hang_past_the_stall_deadline_is_not_retried(server: OpenAIServer, tmp_path: Path) -> None:
     """A reply that does not start within the deadline (here the derived one, judge.timeout_s=0.5 for a
     short request) is a stall: one request, then ``DependencyStalled`` naming the role (it used to be retried)."""
-    from arbor.liveness import DependencyStalled
+    from arbor.runtime.liveness import DependencyStalled
 
     server.plan = FaultPlan(queue=["hang"], hang_s=1.5)
     judge = make_judge(config(server), home=tmp_path)

@@ -10,7 +10,6 @@ import pytest
 from arbor.config.memory import MemoryConfig
 from arbor.group_stats import pearson
 from arbor.tasks.methods.arbor.admission import admission_stats, admit
-from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.methods.arbor.memory import RubricMemory, load_pool_file
 from arbor.tasks.methods.arbor.records import (
     ACTIVATION_COLUMNS,
@@ -22,6 +21,7 @@ from arbor.tasks.methods.arbor.records import (
     Records,
 )
 from arbor.tasks.methods.arbor.rubric_stats import step_variance
+from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
 from arbor.types import RubricDraft
 
 

@@ -9,9 +9,9 @@ import pytest
 
 from arbor.config.memory import MemoryConfig
 from arbor.tasks.env.embed import embed_texts, load_embedder, make_embedder, model_path
-from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.methods.arbor.memory import RubricMemory
 from arbor.tasks.methods.arbor.records import DraftResult
+from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
 from arbor.types import RubricDraft
 
 

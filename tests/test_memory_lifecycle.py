@@ -24,15 +24,15 @@ import pytest
 from arbor.config.memory import MemoryConfig
 from arbor.seeding import derive_seed
 from arbor.tasks.methods.arbor.induction import select_anchors
-from arbor.tasks.methods.arbor.judge import (
+from arbor.tasks.methods.arbor.memory import RubricMemory
+from arbor.tasks.methods.arbor.records import Activation, DraftResult, GroupInfo, Records
+from arbor.tasks.methods.arbor.sparse_graph import (
     presentation,
     presentation_swapped,
     score_group,
     sparse_edges,
     verdict_to_outcome,
 )
-from arbor.tasks.methods.arbor.memory import RubricMemory
-from arbor.tasks.methods.arbor.records import Activation, DraftResult, GroupInfo, Records
 from arbor.tasks.shaping import shape_group
 from arbor.types import Rubric, RubricDraft
 

@@ -81,7 +81,7 @@ class Engine:
 
 
 def test_the_step_hands_its_typed_guide_to_the_engine_and_stores_its_records(tmp_path: Path) -> None:
-    from arbor.tasks.stages import StageStore
+    from arbor.tasks.stage_store import StageStore
     from arbor.tasks.step import RunState
 
     cfg = load_config("tiny-cpu", {"run.run_id": "r", "rollout.batch_size": 2, "rollout.k": 2})

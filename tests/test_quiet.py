@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-from arbor.quiet import NOISE, NoiseFilter, quiet
+from arbor.runtime.quiet import NOISE, NoiseFilter, quiet
 
 NOISY_ENV = ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY", "TRANSFORMERS_NO_ADVISORY_WARNINGS",
              "PYTHONWARNINGS", "ARBOR_VERBOSE")

@@ -22,7 +22,7 @@ from arbor.paths import PROJECT_ROOT
 from arbor.storage.catalog import declare_tables
 from arbor.storage.schemas import schema_for
 from arbor.tasks.methods import BUILTIN, BUILTIN_REQUIRES, resolve_method
-from arbor.tasks.stages import StageStore
+from arbor.tasks.stage_store import StageStore
 
 # run id -> run.method: every built-in, and a user's method named by import path
 METHODS = {**{name: name for name in BUILTIN}, "diversity": "examples.diversity:DiversityGRPO"}

@@ -1,11 +1,11 @@
-"""The one reading of a server's requested wait (arbor.retry_after), shared by the judge and the web search."""
+"""The one reading of a server's requested wait (arbor.runtime.retry_after), shared by the judge and the web search."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from arbor.retry_after import backoff_s, requested_wait_s, retry_after_s
+from arbor.runtime.retry_after import backoff_s, requested_wait_s, retry_after_s
 
 NOW = 1_445_412_480.0  # Wed, 21 Oct 2015 07:28:00 GMT
 

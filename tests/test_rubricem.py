@@ -316,7 +316,7 @@ def _reflect_step(home: Path, tiny_dir: Path, fail: bool, sets: dict | None = No
     from arbor.reward import token_f1
     from arbor.tasks.env.agent import tokenize_trajectory
     from arbor.tasks.env.policy import load_tokenizer
-    from arbor.tasks.stages import StageStore
+    from arbor.tasks.stage_store import StageStore
     from arbor.tasks.step import RunState
 
     cfg = load_config("tiny-cpu", {"run.method": "rubricem", "rollout.protocol": "rubricem", "run.run_id": "r",
@@ -403,7 +403,7 @@ def _score_group(home: Path, tiny_dir: Path, texts: list[str], sets: dict) -> di
     from arbor.reward import base_reward
     from arbor.tasks.env.agent import tokenize_trajectory
     from arbor.tasks.env.policy import load_tokenizer
-    from arbor.tasks.stages import StageStore
+    from arbor.tasks.stage_store import StageStore
     from arbor.tasks.step import RunState
 
     cfg = load_config("tiny-cpu", {"run.method": "ss-grpo", "rollout.protocol": "rubricem", "run.run_id": "r", **sets})

@@ -100,9 +100,9 @@ def test_a_watched_server_that_dies_is_named_and_a_planned_restart_is_not(tmp_pa
 
 
 def test_a_server_someone_else_started_is_watched_through_its_port(tmp_path) -> None:
-    """``arbor.liveness`` calls a server gone once it refused connections for ``dead_after_s``, naming
+    """``arbor.runtime.liveness`` calls a server gone once it refused connections for ``dead_after_s``, naming
     its URL without the credentials in it; a live one is left alone."""
-    from arbor.liveness import shown, watch_endpoint
+    from arbor.runtime.liveness import shown, watch_endpoint
 
     spec = _http_server(tmp_path)
     deaths: list[str] = []

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from arbor.storage.parquet import read_stage, read_table, stage_done
-from arbor.tasks.stages import InjectedFault, StageStore
+from arbor.tasks.stage_store import InjectedFault, StageStore
 
 
 def _rows(n: int, step: int) -> list[dict]:

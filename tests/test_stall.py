@@ -15,8 +15,8 @@ from raw_server import RawServer
 
 from arbor.config import load_config
 from arbor.config.judge import JudgeConfig
-from arbor.liveness import DependencyStalled
 from arbor.llm import make_judge
+from arbor.runtime.liveness import DependencyStalled
 from arbor.tasks.reporting.accuracy import ACCURACY
 
 KEY_ENV = "ARBOR_TEST_STALL_KEY"

@@ -15,7 +15,7 @@ import textwrap
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from arbor import stop
+    from arbor.runtime import stop
 
     stop.install(lambda s: f"stopped: {s.cause}")
 

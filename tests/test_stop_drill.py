@@ -142,7 +142,7 @@ class Run:
 
 
 def _status(home: Path, run_id: str) -> str | None:
-    from arbor.storage.liveness import run_status_table
+    from arbor.storage.heartbeat import run_status_table
 
     rows = run_status_table(home).to_pylist()
     return next((r["status"] for r in rows if r["run_id"] == run_id), None)
@@ -340,7 +340,7 @@ def test_arbor_demo_takes_the_same_stop_path(drill) -> None:
 
 def _running(home: Path, known: set[str]) -> Callable[[], str | None]:
     """The id of a run not in ``known`` whose status is ``running`` (its status row is the progress waited on)."""
-    from arbor.storage.liveness import run_status_table
+    from arbor.storage.heartbeat import run_status_table
 
     def find() -> str | None:
         try:
@@ -354,7 +354,7 @@ def _running(home: Path, known: set[str]) -> Callable[[], str | None]:
 
 def _known(home: Path) -> set[str]:
     """The ids of the runs ``home`` holds (none yet: an empty set)."""
-    from arbor.storage.liveness import run_status_table
+    from arbor.storage.heartbeat import run_status_table
 
     try:
         return {r["run_id"] for r in run_status_table(home).to_pylist()}
@@ -399,7 +399,7 @@ JUDGE_PYTHON = Path(__file__).resolve().parent.parent / ".venv-judge" / "bin" / 
 
 def test_a_dead_judge_server_ends_the_run_naming_it(drill) -> None:
     """The judge (llama.cpp's server on the shipped SmolLM2, as `arbor judge serve` runs it) SIGKILLed mid-run: the
-    run stops once the server has refused connections for 2 s (arbor.liveness), naming it, marked failed. Bound:
+    run stops once the server has refused connections for 2 s (arbor.runtime.liveness), naming it, marked failed. Bound:
     2 s to call it dead + up to 3 s for the main thread to unwind (DEAD_DEPENDENCY_GRACE_S) + the exit."""
     import dataclasses
     import socket

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from arbor.config import load_config
-from arbor.liveness import DependencyStalled
 from arbor.preflight import check
+from arbor.runtime.liveness import DependencyStalled
 from arbor.tasks.env.agent import GenRequest
 from arbor.tasks.env.policy import build_tiny_policy, train_tokenizer
 from arbor.tasks.env.rollout import OpenAIEngine, RolloutError

@@ -1,4 +1,4 @@
-"""The one watch loop (``arbor.liveness.Watch``) on real processes: a death is reported once, with its pid
+"""The one watch loop (``arbor.runtime.liveness.Watch``) on real processes: a death is reported once, with its pid
 and status; a planned one (the owner's stop, a restart) and one after ``stop()`` are not."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from arbor.liveness import watch_process
+from arbor.runtime.liveness import watch_process
 
 EVERY_S = 0.02
 

@@ -66,7 +66,7 @@ def _main(
                                           "bars, warnings, DeepSpeed and Prefect notices)")] = False,
 ) -> None:
     """ARBOR: RL for search agents with reusable process rubrics. Runs live in $ARBOR_HOME (default ./.arbor)."""
-    from arbor.quiet import quiet, set_verbose
+    from arbor.runtime.quiet import quiet, set_verbose
 
     # a flow run without a server starts Prefect's temporary one; its default 20 s to come up is too short on a busy
     # two-core machine ("Timed out while attempting to connect to ephemeral Prefect API server")
@@ -155,7 +155,7 @@ def main() -> None:  # pragma: no cover
     working_dir_importable()
     writer = bool(sys.argv[1:2]) and sys.argv[1] in (*_WRITERS, "judge")
     if writer:  # they start servers: none outlives us
-        from arbor.watchdog import guard
+        from arbor.runtime.watchdog import guard
 
         guard()
     try:

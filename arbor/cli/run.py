@@ -26,7 +26,7 @@ def _train_config(profile: str | None, run_id: str | None, resume: str | None, o
     from arbor.config import ArborConfig, ConfigError, load_config, profile_path
     from arbor.config.resume import amend_config
     from arbor.preflight import require
-    from arbor.storage.liveness import owner_alive, read_owner
+    from arbor.storage.heartbeat import owner_alive, read_owner
     from arbor.storage.lock import release
     from arbor.storage.runs import claim_run, one_run_id
 

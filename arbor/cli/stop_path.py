@@ -18,13 +18,13 @@ def _on_stop_path(line: Callable[[Any], str], home: Path, body: Callable[[], _T]
     group, and a dependency found dead end it in seconds with the one line ``line`` renders (exit 130 / 143 / 1);
     Prefect's temporary API is started here in a session of its own, an external one is watched. Any other
     exception is the caller's to report."""
-    from arbor import stop
+    from arbor.runtime import stop
 
     previous = stop.install(line)  # from here on, one stop path
     api, watches = None, []
     try:
         api, watches = _own_prefect_api(home)  # a group signal cannot take the API from the run
-        from arbor.quiet import quiet
+        from arbor.runtime.quiet import quiet
 
         quiet()  # again, now that Prefect's log handlers exist
         with _api_settings(api):
@@ -43,22 +43,22 @@ def _on_stop_path(line: Callable[[Any], str], home: Path, body: Callable[[], _T]
 def _own_prefect_api(home: Path) -> tuple[Any, list[Any]]:
     """Start Prefect's temporary API server ourselves when no API is configured (``PREFECT_API_URL``), in its own
     session, watched (its death stops the run naming it) and stopped when this process exits. An API configured
-    elsewhere is watched through its port (``arbor.liveness``: gone for a bounded time, the run stops naming it).
+    elsewhere is watched through its port (``arbor.runtime.liveness``: gone for a bounded time, the run stops naming it).
     Returns (the temporary server or None, the port watches)."""
     import atexit
 
     from prefect.settings import get_current_settings
 
-    from arbor import stop
+    from arbor.runtime import stop
 
     if url := get_current_settings().api.url:
-        from arbor.liveness import DEAD_AFTER_S, is_local, watch_endpoint
+        from arbor.runtime.liveness import DEAD_AFTER_S, is_local, watch_endpoint
 
         # a remote API (Prefect Cloud, a shared server) is asked less often and given longer: a network blip is
         # not a dead server
         slow = {} if is_local(url) else {"every_s": 1.0, "dead_after_s": 5 * DEAD_AFTER_S}
         return None, [watch_endpoint("Prefect's API", url, stop.request, **slow)]
-    from arbor.api_server import TemporaryApi
+    from arbor.runtime.api_server import TemporaryApi
 
     api = TemporaryApi(home / "logs" / "prefect-api.log",
                        float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
@@ -88,7 +88,7 @@ def _why(s: Any) -> tuple[str, str]:
 def _stop_line(s: Any, name: str | None, home: Path, resume: Callable[[str], str] | None = None) -> str:
     """The last line of a stopped run: what stopped it and how to go on (``resume``: the command that continues
     run RID; default ``arbor train --resume RID``)."""
-    from arbor import stop
+    from arbor.runtime import stop
     from arbor.storage.runs import run_row
 
     rid = name or stop.run_id()

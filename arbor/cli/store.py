@@ -82,7 +82,7 @@ def runs_cmd(
     its heartbeat must be younger than two minutes."""
     import pyarrow as pa
 
-    from arbor.storage.liveness import run_status_table
+    from arbor.storage.heartbeat import run_status_table
     from arbor.storage.sql import SqlError, render
 
     try:

@@ -39,7 +39,7 @@ from arbor.llm.text import escape_block, parse_trajectory
 from arbor.storage.schemas import BOOL, I64, STR, TableSet, col, key
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StepResources
 from arbor.tasks.methods.grpo import GRPO
-from arbor.tasks.stages import fault_point
+from arbor.tasks.stage_store import fault_point
 from arbor.types import Trajectory
 
 HERE = Path(__file__).parent

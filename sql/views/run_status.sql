@@ -1,13 +1,13 @@
 -- run_status: one row per run with its last completed step, its owning process and a status (used by `arbor runs`).
 -- status: 'completed' when the run's stage 'run' finished with status 'completed'; 'failed' when the flow recorded
 -- its end as 'failed' (stage 'run') or its most recent stage_runs row (by started_at, then finished_at) has status
--- 'failed'; 'stopped' when the flow recorded that it was asked to stop (a signal: arbor.stop); 'created' when no
+-- 'failed'; 'stopped' when the flow recorded that it was asked to stop (a signal: arbor.runtime.stop); 'created' when no
 -- stage ran yet;
 -- otherwise the run was started and has not ended: 'crashed' when its owner process (runs.host / pid, with a
 -- heartbeat_at rewritten every 10 s while the flow runs) stopped beating more than 120 s ago, or its flow ended
 -- (runs.flow_ended_at) without recording an end; else 'running'. A run recorded before owners were recorded has
 -- none and shows 'running'. `arbor runs` refines this for runs owned by a process of this host: 'crashed' as soon
--- as that pid is gone (or reused by another process), 'running' while it lives (storage/liveness.py).
+-- as that pid is gone (or reused by another process), 'running' while it lives (storage/heartbeat.py).
 -- degraded: 'degraded N/M steps' when N of its M completed steps had a judge role whose answers were mostly refused
 -- (steps.judge_degraded, judge.warn_refused_share): the run ran partly without its judge. Null otherwise.
 create or replace view run_status as

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from arbor.config import ArborConfig
-from arbor.liveness import DependencyStalled, transport_timeout
-from arbor.retry_after import backoff_s, requested_wait_s
+from arbor.runtime.liveness import DependencyStalled, transport_timeout
+from arbor.runtime.retry_after import backoff_s, requested_wait_s
 from arbor.tasks.env.agent import AgentState, Generation, GenRequest
 from arbor.tasks.env.decoding import eos_token_ids, generate_turns, run_agent_batch
 from arbor.tasks.env.rollout_driver import EngineBase, GroupWatch, OnGroup, report_all
@@ -224,7 +224,7 @@ class OpenAIEngine(EngineBase):
 
     def transport_timeout(self) -> Any:
         """httpx's timeouts: ``rollout.request_timeout_s``, and ``rollout.stall_s`` (default: the same) without a
-        byte received (``arbor.liveness.DependencyStalled``)."""
+        byte received (``arbor.runtime.liveness.DependencyStalled``)."""
         r = self.cfg.rollout
         return transport_timeout(r.request_timeout_s, r.stall_s or r.request_timeout_s)
 

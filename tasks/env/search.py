@@ -14,7 +14,7 @@
 - Both remote backends retry (``RetryPolicy``): HTTP 429 / 503 after the server's ``Retry-After`` (seconds or an
   HTTP date) or else exponential backoff with jitter, other 5xx and connection errors with backoff, at most
   ``search.max_attempts`` attempts; then a ``SearchError`` naming the query. A server that takes a request and
-  sends no byte for ``search.stall_s`` seconds is a stall (``arbor.liveness.DependencyStalled``): not retried,
+  sends no byte for ``search.stall_s`` seconds is a stall (``arbor.runtime.liveness.DependencyStalled``): not retried,
   the run ends naming it.
 - ``CachedSearch``: (backend, query, k) -> hits in one SQLite store, ``{home}/cache/search/entries.sqlite3``
   (``storage.kvstore``: atomic per entry, safe across processes and kill -9), so re-runs and resumes never call the
@@ -40,10 +40,10 @@ from typing import Any, Protocol
 from arbor.config import ArborConfig
 from arbor.config.search import SearchConfig
 from arbor.jsonl import jsonl_rows
-from arbor.liveness import DependencyStalled, transport_timeout
 from arbor.paths import PROJECT_ROOT
 from arbor.plugins import PluginError, check_signature, load_plugin
-from arbor.retry_after import backoff_s, requested_wait_s
+from arbor.runtime.liveness import DependencyStalled, transport_timeout
+from arbor.runtime.retry_after import backoff_s, requested_wait_s
 from arbor.storage.kvstore import STORE_FILE, KVStore
 from arbor.tasks.env.sources import spec_source
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 
 from arbor.config import ArborConfig, PolicyConfig, RolloutConfig
-from arbor.liveness import Watch, watch_process
 from arbor.paths import vllm_command
+from arbor.runtime.liveness import Watch, watch_process
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ class Supervised:
 
     def watch(self, name: str, on_death: Callable[[str], None], every_s: float = 0.25) -> None:
         """Call ``on_death(phrase)`` once, from a daemon thread, if the server exits without ``stop()`` (a
-        dead server ends the run naming it, ``arbor.stop.request``); a planned restart (``restart_on``) is no
+        dead server ends the run naming it, ``arbor.runtime.stop.request``); a planned restart (``restart_on``) is no
         death. Replaces restarting (``ensure``) for a run that must not wait on a server that is gone."""
         self._watches.append(watch_process(name, lambda: self.proc, on_death,
                                            planned=lambda proc: proc is self._retired, every_s=every_s))

@@ -46,7 +46,7 @@ def init_single_process_env(port: int | None = None) -> None:
     run by a worker or a test) moves to a free port instead of failing with EADDRINUSE."""
     import torch.distributed as dist
 
-    from arbor.quiet import quiet
+    from arbor.runtime.quiet import quiet
 
     quiet()  # before DeepSpeed picks its accelerator (no CUDA: CPU, without its warning)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

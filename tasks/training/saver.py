@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from arbor.tasks.stages import fault_point
+from arbor.tasks.stage_store import fault_point
 from arbor.tasks.training import checkpoint as ckpt
 from arbor.tasks.training.checkpoint_async import (
     HostPool,

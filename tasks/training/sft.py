@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--config", "--model", "--data", "--out", "--state", "--summary", "--home"):
         ap.add_argument(flag, required=flag != "--home")
     a = ap.parse_args(argv)
-    from arbor.quiet import quiet
+    from arbor.runtime.quiet import quiet
 
     quiet()
     cfg = ArborConfig.model_validate_json(Path(a.config).read_text())

@@ -413,9 +413,9 @@ class Trainer:
         return self.saver.finish(abandon)
 
     def close(self) -> None:
-        """The run's end: wait for the save in flight; under a stop (``arbor.stop``) abandon it instead, so the
+        """The run's end: wait for the save in flight; under a stop (``arbor.runtime.stop``) abandon it instead, so the
         stop is not held up by a write (the previous checkpoint stays the latest; the resume replays the steps)."""
-        from arbor import stop
+        from arbor.runtime import stop
 
         self.finish_save(abandon=stop.current() is not None)
 

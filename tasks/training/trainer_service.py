@@ -248,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--model-path", required=True, type=Path)
     ap.add_argument("--home", required=True, type=Path)
     args, _ = ap.parse_known_args(argv)  # tolerate launcher extras such as --local_rank
-    from arbor.quiet import quiet
+    from arbor.runtime.quiet import quiet
 
     quiet()
     return serve(args.channel, args.model_path, args.home)
@@ -422,9 +422,9 @@ class RemoteTrainer:
         return int(answer["weight_version"])
 
     def close(self) -> None:
-        """The run's end: the save in flight is written and committed first (a stop, ``arbor.stop``, abandons it
+        """The run's end: the save in flight is written and committed first (a stop, ``arbor.runtime.stop``, abandons it
         instead: the previous checkpoint stays the latest and a resume replays the steps after it)."""
-        from arbor import stop
+        from arbor.runtime import stop
 
         stopping = stop.current() is not None
         if not stopping and self.service.alive():

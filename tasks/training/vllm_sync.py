@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import httpx
 import torch
 
-from arbor.tasks.stages import fault_point
+from arbor.tasks.stage_store import fault_point
 
 DEFAULT_PACKED_BUFFER_BYTES = 1 << 30  # vllm/distributed/weight_transfer/packed_tensor.py
 UPDATE_INFO_KEYS = ("names", "dtype_names", "shapes")  # NCCLWeightTransferUpdateInfo's fields, nothing else

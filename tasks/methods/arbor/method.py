@@ -23,14 +23,14 @@ from arbor.config import ArborConfig, MemoryConfig
 from arbor.config.train import TrainConfig
 from arbor.llm.base import CallContext
 from arbor.tasks.methods.arbor.induction import select_anchors
-from arbor.tasks.methods.arbor.judge import GroupScoring
 from arbor.tasks.methods.arbor.memory import RubricMemory, load_pool_file
 from arbor.tasks.methods.arbor.records import Activation, DraftResult, Records, group_info_from_rows
 from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
+from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
 from arbor.tasks.methods.arbor.tables import TABLES, verdict_rows
 from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
-from arbor.tasks.stages import StageStore, fault_point
+from arbor.tasks.stage_store import StageStore, fault_point
 from arbor.types import LossSettings, Rubric, Trajectory
 
 SCORE = Stage("score", ("rubric_events", "rubric_activations", "judge_calls", "rubric_verdicts"))

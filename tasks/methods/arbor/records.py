@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from arbor.tasks.methods.arbor.judge import GroupScoring
+from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
 from arbor.types import Rubric
 
 EVENT_COLUMNS = (

@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from arbor.llm.base import CallContext, Judge
-from arbor.tasks.methods.arbor.judge import (
+from arbor.tasks.methods.arbor.roles import ask_pairwise
+from arbor.tasks.methods.arbor.sparse_graph import (
     GroupScoring,
     presentation_swapped,
     score_group,
     sparse_edges,
     verdict_to_outcome,
 )
-from arbor.tasks.methods.arbor.roles import ask_pairwise
 from arbor.types import Rubric, Trajectory
 
 

@@ -34,7 +34,7 @@ from arbor.tasks.methods.arco import equations as arco
 from arbor.tasks.methods.arco.roles import STEP_LABELS
 from arbor.tasks.methods.arco.tables import TABLES
 from arbor.tasks.methods.base import ROLLOUT, TRAIN, Method, Rows, Stage, StepResources
-from arbor.tasks.stages import fault_point
+from arbor.tasks.stage_store import fault_point
 from arbor.tasks.training.checkpoint import checkpoint_due, run_checkpoint_root
 from arbor.types import LossSettings, StepLabel, Trajectory
 

@@ -57,7 +57,7 @@ from arbor.tasks.reflection import (
     windowed_batch,
     within_cross_utility,
 )
-from arbor.tasks.stages import fault_point
+from arbor.tasks.stage_store import fault_point
 from arbor.tasks.training.losses import group_advantages
 from arbor.types import ReflectionGrade, RubricGrade, StageRubric, Trajectory
 

@@ -49,7 +49,7 @@ from arbor.tasks.methods.ss_grpo.stagewise import (
     stage_token_bounds,
 )
 from arbor.tasks.methods.ss_grpo.tables import TABLES
-from arbor.tasks.stages import fault_point
+from arbor.tasks.stage_store import fault_point
 from arbor.tasks.training.losses import segment_advantages
 from arbor.types import LossSettings, RubricGrade, StageRubric, StageRubricDraft, Trajectory
 

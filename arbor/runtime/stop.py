@@ -6,11 +6,11 @@ dependency found dead (``request``: Prefect's API server exited) all take the sa
 ``RunStopped`` naming the cause, the flow records the run as ``stopped`` (``failed`` for a dead dependency) and
 unwinds, and the CLI prints one line saying what stopped the run and how to resume it.
 
-The servers the run relies on are started in sessions of their own (``arbor.api_server``, ``tasks.env.serving``),
+The servers the run relies on are started in sessions of their own (``arbor.runtime.api_server``, ``tasks.env.serving``),
 so a group signal reaches only arbor, which stops them itself once the run has unwound. A bound covers what could
 still hang (a library waiting on a dead API, a second signal): ``DEADLINE_S`` after the first request, or at once on
 a second signal, the process records the run's end, prints the same line and exits without further cleanup; the
-watchdog (``arbor.watchdog``) then stops whatever it had started.
+watchdog (``arbor.runtime.watchdog``) then stops whatever it had started.
 """
 
 from __future__ import annotations

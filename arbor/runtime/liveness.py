@@ -1,6 +1,6 @@
 """Liveness of the servers a run relies on: one watch loop, ``Watch``, for all of them.
 
-A server arbor starts is watched through its process (``watch_process``: ``arbor.api_server``,
+A server arbor starts is watched through its process (``watch_process``: ``arbor.runtime.api_server``,
 ``tasks.env.serving.Supervised``): its exit is seen at once and named with its pid and status, unless its owner
 says the exit was planned (its own stop, a restart). A server someone else started — Prefect's API behind
 ``PREFECT_API_URL``, a judge served by ``arbor judge serve`` in another terminal, a vLLM server at

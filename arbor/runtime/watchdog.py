@@ -95,7 +95,7 @@ def guard() -> None:
     if _held or not Path("/proc/self/stat").exists():
         return
     read_end, write_end = os.pipe()  # both non-inheritable: no other child keeps our end open
-    subprocess.Popen([sys.executable, "-m", "arbor.watchdog", str(os.getpid()), str(read_end)],
+    subprocess.Popen([sys.executable, "-m", "arbor.runtime.watchdog", str(os.getpid()), str(read_end)],
                      pass_fds=(read_end,), start_new_session=True, stdin=subprocess.DEVNULL,
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(read_end)

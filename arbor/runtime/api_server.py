@@ -4,8 +4,8 @@ Left to Prefect, a flow run without ``PREFECT_API_URL`` starts a temporary serve
 group: a Ctrl-C or a group-wide SIGTERM killed it together with arbor, and the flow then waited minutes on the dead
 API before it could report that it stopped. Here arbor starts the same server (uvicorn over Prefect's app factory,
 as Prefect does) with ``start_new_session=True``, points the flow at it, watches it (its death stops the run,
-naming it: ``arbor.stop.request``) and stops it after the run has unwound. A SIGKILL of arbor leaves it to the
-watchdog (``arbor.watchdog``), which stops every process arbor started.
+naming it: ``arbor.runtime.stop.request``) and stops it after the run has unwound. A SIGKILL of arbor leaves it to the
+watchdog (``arbor.runtime.watchdog``), which stops every process arbor started.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from arbor.liveness import Watch, watch_process
+from arbor.runtime.liveness import Watch, watch_process
 
 
 class ApiServerError(RuntimeError):

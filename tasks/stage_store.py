@@ -67,7 +67,7 @@ def fault_point(step: int, stage: str, where: str) -> None:
 
 def _hold_until_stopped() -> None:
     """Wait until a stop is asked (the main thread's signal handler raises ``RunStopped`` out of the wait)."""
-    from arbor import stop
+    from arbor.runtime import stop
 
     deadline = time.monotonic() + HOLD_S
     while stop.current() is None and time.monotonic() < deadline:

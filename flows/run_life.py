@@ -81,11 +81,12 @@ def end_status(e: BaseException) -> str:
 
 
 @contextmanager
-def recorded_run(cfg: ArborConfig, rid: str, home: Path, *, council: bool = False) -> Iterator[StageStore]:
-    """The life of a run that is not ``arbor train``'s (``arbor eval``, ``arbor guidance-train``), recorded as
-    ``arbor_train`` records its own: ``running``, then ``completed``, ``stopped`` (a signal) or
-    ``failed`` in its ``stage_runs`` row, also when the stop's bound forces the exit; owned by this process (its
-    heartbeat); its endpoints watched (``watch_dependencies``). Its ``runs`` row must exist."""
+def recorded_run(cfg: ArborConfig, rid: str, home: Path, *, council: bool = False,
+                 watch: bool = True) -> Iterator[StageStore]:
+    """The life of a run (``arbor train``, ``arbor eval``, ``arbor guidance-train``): ``running``, then
+    ``completed``, ``stopped`` (a signal) or ``failed`` in its ``stage_runs`` row, also when the stop's bound forces
+    the exit; owned by this process (its heartbeat); with ``watch`` its endpoints watched (``watch_dependencies``;
+    a training run watches them with the servers it starts, ``open_run``). Its ``runs`` row must exist."""
     from arbor.runtime import stop
 
     store = StageStore(rid, home)
@@ -93,7 +94,7 @@ def recorded_run(cfg: ArborConfig, rid: str, home: Path, *, council: bool = Fals
     store.record(0, "run", "running", started, None)
     forget = stop.on_hard_stop(lambda s: store.record(0, "run", end_status(s), started, time.time()))
     heartbeat = Heartbeat(rid, home).start()
-    watches = watch_dependencies(cfg, [], council=council)
+    watches = watch_dependencies(cfg, [], council=council) if watch else []
     try:
         yield store
     except BaseException as e:

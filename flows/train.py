@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,13 +36,11 @@ from prefect.states import Failed
 from prefect.utilities.annotations import quote
 
 from arbor.flows.progress import RunProgress
-from arbor.flows.run_life import end_status
+from arbor.flows.run_life import recorded_run
 from arbor.flows.run_setup import new_run_id, open_run, prepare_run
 from arbor.paths import arbor_home
-from arbor.storage.heartbeat import Heartbeat
 from arbor.storage.lock import release
 from arbor.tasks.methods.base import Stage
-from arbor.tasks.stage_store import StageStore
 from arbor.tasks.step import RunState
 
 
@@ -243,52 +240,37 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
         return Failed(message=f"{type(e).__name__}: {e}")
     rid = cfg.run.run_id or ""
     stop.set_run(rid)
-    locks = ExitStack()  # the run's lock, given back when the run ends
-    locks.callback(release, rid, home)
-    store = StageStore(rid, home)
-    started = time.time()
-    store.record(0, "run", "running", started, None)
-    # if the stop's bound forces the exit before the flow unwinds, the run is still recorded as stopped
-    forget = stop.on_hard_stop(lambda s: store.record(0, "run", end_status(s), started, time.time()))
-    heartbeat = Heartbeat(rid, home).start()  # host, pid, heartbeat: `arbor runs` tells running from crashed
     logger = get_run_logger()
     try:
         tag_flow_run(f"profile:{cfg.run.profile}", f"method:{cfg.run.method}")
-        with open_run(cfg, home) as run, RunProgress(cfg.run.steps) as progress, \
-                Tracker(rid, home, tracking=cfg.tracking, config=cfg.model_dump(mode="json")) as tracker:
-            run.progress, run.on_progress = progress, progress.calls
-            if cfg.run.eval_every and cfg.run.eval_at_start:  # the start point of every learning curve
-                call_stage(EVAL, run, 0)
-                tracker.log(0, tracked_metrics(run, 0))
-            for step in range(1, cfg.run.steps + 1):
-                stop.raise_pending()  # a stop whose raise was lost (arbor/runtime/stop.py) ends the run here
-                t0 = time.perf_counter()
-                m = run_step(run, step)
-                progress.step_done()
-                tracker.log(step, {**grouped_metrics(m), **tracked_metrics(run, step)})
-                report_judge_health(run, step, m, logger)
-                tracker.log_samples(step, sample_rows(run, step, cfg.tracking.samples_per_step))
-                pool = run.method.summary().get("rubric/pool_size")
-                if "console" not in cfg.tracking.loggers:  # the console tracker prints the step's summary itself
-                    logger.info(
-                        "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f%s (%.1f s)", step,
-                        cfg.run.steps, m["mean_base_reward"], m["mean_total_reward"], m["format_valid_rate"],
-                        m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
-                        time.perf_counter() - t0,
-                    )
-            stop.raise_pending()
-        stop.raise_pending()  # and one lost while the run closed (the final save, the servers)
-    except BaseException as e:
-        store.record(0, "run", end_status(e), started, time.time())
-        locks.close()
-        raise
+        with recorded_run(cfg, rid, home, watch=False):  # running, then completed / stopped / failed
+            with open_run(cfg, home) as run, RunProgress(cfg.run.steps) as progress, \
+                    Tracker(rid, home, tracking=cfg.tracking, config=cfg.model_dump(mode="json")) as tracker:
+                run.progress, run.on_progress = progress, progress.calls
+                if cfg.run.eval_every and cfg.run.eval_at_start:  # the start point of every learning curve
+                    call_stage(EVAL, run, 0)
+                    tracker.log(0, tracked_metrics(run, 0))
+                for step in range(1, cfg.run.steps + 1):
+                    stop.raise_pending()  # a stop whose raise was lost (arbor/runtime/stop.py) ends the run here
+                    t0 = time.perf_counter()
+                    m = run_step(run, step)
+                    progress.step_done()
+                    tracker.log(step, {**grouped_metrics(m), **tracked_metrics(run, step)})
+                    report_judge_health(run, step, m, logger)
+                    tracker.log_samples(step, sample_rows(run, step, cfg.tracking.samples_per_step))
+                    pool = run.method.summary().get("rubric/pool_size")
+                    if "console" not in cfg.tracking.loggers:  # the console tracker prints the step's summary itself
+                        logger.info(
+                            "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f%s (%.1f s)", step,
+                            cfg.run.steps, m["mean_base_reward"], m["mean_total_reward"], m["format_valid_rate"],
+                            m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
+                            time.perf_counter() - t0,
+                        )
+                stop.raise_pending()
+            stop.raise_pending()  # and one lost while the run closed (the final save, the servers)
     finally:
-        forget()
-        heartbeat.stop()
-    store.record(0, "run", "completed", started, time.time())
-    locks.close()
+        release(rid, home)  # the run's lock, given back once its end is recorded
     return rid
-
 
 __all__ = ["arbor_train", "run_step"]
 

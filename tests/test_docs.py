@@ -519,3 +519,28 @@ def test_rubricem_runs_through_its_own_profiles_deployments() -> None:
     runs = [re.search(r"deployment run '([^']+)'", line).group(1) for line in lines]  # type: ignore[union-attr]
     assert "arbor-train/qwen3-8b-rubricem" in runs and "arbor-sft/qwen3-8b-rubricem" in runs
     assert not any(r.endswith("/qwen3-8b") for r in runs), runs
+
+
+# ---- the stage diagrams are the methods' stage lists -------------------------------------------------------------
+def _diagram_stages(line: str) -> list[str]:
+    """``a ─► b (note) ─► c`` -> [a, b, c]."""
+    return [re.sub(r"\s*\(.*?\)", "", part).strip() for part in line.split("─►")]
+
+
+def test_stage_diagrams_are_the_methods_stage_lists() -> None:
+    """docs/methods.md's diagram (one line per method or methods) and the ARBOR diagrams of docs/interfaces.md and
+    docs/architecture.md give each method's stages in the order ``Method.stages`` runs them."""
+    from arbor.tasks.methods import BUILTIN, resolve_method
+
+    stages = {m: [s.name for s in resolve_method(m).stages] for m in BUILTIN}
+    block = METHODS.read_text(encoding="utf-8").split("```", 2)[1]
+    drawn: dict[str, list[str]] = {}
+    for line in block.strip().splitlines():
+        names, diagram = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+        for m in names.split(", "):
+            drawn[m] = _diagram_stages(diagram)
+    assert drawn == stages
+    for page in ("interfaces.md", "architecture.md"):
+        [line] = [ln for ln in (ROOT / "docs" / page).read_text(encoding="utf-8").splitlines()
+                  if ln.startswith("rollout ─►")]
+        assert _diagram_stages(line)[:len(stages["arbor"])] == stages["arbor"], page

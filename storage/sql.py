@@ -91,6 +91,10 @@ def _open(sql: str, home: str | os.PathLike[str] | None) -> duckdb.DuckDBPyConne
         con = connect(home, read_only=True)
     except CatalogError as e:
         raise SqlError(str(e)) from e
+    except (RuntimeError, duckdb.InterruptException) as e:  # Ctrl-C while the catalog's views were being built
+        if "interrupted" in str(e).lower():
+            raise KeyboardInterrupt from e
+        raise
     try:
         check_read_only(con, sql)
         confine(con, home)

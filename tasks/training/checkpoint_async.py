@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from arbor.tasks.stage_store import fault_point
 from arbor.tasks.training import lora
 from arbor.tasks.training.checkpoint import (
     TOKENIZER_FILES,
@@ -294,6 +295,7 @@ class PendingSave:
     def _run(self) -> None:
         try:
             _writes_open.wait()
+            fault_point(self.step, "checkpoint", "mid")  # the stop drill holds the background save here too
             t0 = time.perf_counter()
             self.snapshot.write(self.abandon.is_set, self.serialization)
             if self.abandon.is_set():

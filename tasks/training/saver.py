@@ -178,7 +178,7 @@ class CheckpointSaver:
 
 
 def _on_cuda(engine: Any) -> bool:
-    return torch.device(engine.device).type == "cuda"
+    return torch.device(getattr(engine, "device", "cpu")).type == "cuda"
 
 
 def _moments_to_come(engine: Any) -> list[torch.Tensor]:

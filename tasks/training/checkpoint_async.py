@@ -98,8 +98,7 @@ class HostSnapshot:
 
     def __init__(self, root: Path, pool: HostPool | None = None) -> None:
         self.root = Path(root)
-        self.pool = pool
-        self._draw = pool.drawer() if pool is not None else None
+        self.draw = pool.drawer() if pool is not None else None  # this save's draw from the pool
         self.files: list[tuple[Path, Any]] = []  # (path, object for torch.save)
         self.jobs: list[Callable[[], None]] = []  # other writes (hf/, adapter/), in order after the files
         self.bytes = 0
@@ -115,8 +114,8 @@ class HostSnapshot:
             if hit is not None:
                 return hit[1]
             self._cuda |= t.device.type == "cuda"
-            if self._draw is not None:
-                buf = self._draw(tuple(t.shape), t.dtype)
+            if self.draw is not None:
+                buf = self.draw(tuple(t.shape), t.dtype)
             else:
                 buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.device.type == "cuda")
             buf.copy_(t, non_blocking=buf.is_pinned())

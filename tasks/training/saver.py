@@ -73,11 +73,10 @@ class CheckpointSaver:
             snapshot_hf(snap, engine, tmp / "hf", self.zero_stage, None, self.rank, adapter_dir=tmp / "adapter",
                         base_model=None)
             snap.add(tmp / f"rng_rank{self.rank}.pt", ckpt.rng_state())
-            draw = snap._draw
-            assert draw is not None
+            assert snap.draw is not None
             for p in _moments_to_come(engine):  # drawn after the state's own: a save draws them in that order too
-                draw(tuple(p.shape), p.dtype)
-                draw(tuple(p.shape), p.dtype)
+                snap.draw(tuple(p.shape), p.dtype)
+                snap.draw(tuple(p.shape), p.dtype)
             snap.finish()
         return time.perf_counter() - t0, self.pool.allocated_bytes
 

@@ -266,6 +266,7 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                             m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
                             time.perf_counter() - t0,
                         )
+                run.finish_saves()
                 stop.raise_pending()
             stop.raise_pending()  # and one lost while the run closed (the final save, the servers)
     finally:

@@ -292,6 +292,13 @@ class RunState:
         self.sync_weights()
         seconds |= {"checkpoint": t1 - t0, "sync": time.perf_counter() - t2}
 
+    def finish_saves(self) -> None:
+        """The run's last save in flight (``checkpoint.async_save``) written and committed under the progress
+        line's checkpoint phase, before the run reports its end: the final policy is on disk when it does."""
+        if self.cfg.checkpoint.async_save and self.progress is not None:
+            self.progress.stage_started(self.trainer.step, "checkpoint")
+        self.trainer.finish_save()
+
     def evaluate(self, step: int) -> dict[str, Rows]:
         """Held-out evaluation every ``run.eval_every`` steps on the first ``run.eval_size`` questions of each set
         of ``data.eval``, each set's rows under its own split name (ARBOR B.1's per-benchmark table)."""

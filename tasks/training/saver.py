@@ -138,14 +138,21 @@ class CheckpointSaver:
     def finish(self, abandon: bool = False) -> float:
         """Wait for the save in flight, or with ``abandon`` stop it uncommitted; returns the seconds waited. Several
         ranks: every rank's writer finished, a barrier, then rank 0 commits."""
-        p, self._pending = self._pending, None
+        p = self._pending
         if p is None:
             return 0.0
         t0 = time.perf_counter()
         if abandon:
             p.cancel()
+            self._pending = None
             return 0.0
-        p.wait()
+        try:
+            p.wait()
+        except BaseException:  # a stop raised out of the wait, or the writer failed: the save never commits
+            p.cancel()
+            raise
+        finally:
+            self._pending = None
         self._last_write_s = p.write_s
         if self.world > 1:
             barrier(self.world)

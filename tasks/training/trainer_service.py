@@ -421,6 +421,11 @@ class RemoteTrainer:
                             timeout_s=c.sync_timeout_s, reset_tries=c.sync_reset_tries)
         return int(answer["weight_version"])
 
+    def finish_save(self) -> None:
+        """Wait for the service's save in flight to be written and committed; the updates it covers go."""
+        answer = self._call("finish_save")
+        self._drop_updates(answer.get("committed"))
+
     def close(self) -> None:
         """The run's end: the save in flight is written and committed first (a stop, ``arbor.runtime.stop``, abandons it
         instead: the previous checkpoint stays the latest and a resume replays the steps after it)."""

@@ -40,7 +40,11 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "arbor-rules": ("arbor", {"judge.backend": "rules"}),
     "arbor-world-step": ("arbor", {"judge.backend": "world", "memory.count_activations": "step",
                                    "memory.shaping_filter": "batch"}),
+    # the second registration: delta_v on the sparse graph's score lattice (one better trajectory of eight passes)
+    "arbor-world-lattice": ("arbor", {"judge.backend": "world", "memory.delta_v": 0.03}),
+    "arbor-random-lattice": ("arbor", {"judge.backend": "random", "memory.delta_v": 0.03}),
 }
+FIRST = ["grpo", "arbor-world", "arbor-random", "arbor-rules"]  # the first registration's default lanes
 
 
 def row_sets(row: str) -> dict[str, Any]:
@@ -83,7 +87,7 @@ def run_lane(home: Path, rows: list[str], seeds: list[int], start: Path | None) 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--home", type=Path, help="this lane's workspace")
-    ap.add_argument("--rows", nargs="+", default=[r for r in ROWS if r != "arbor-world-step"], choices=list(ROWS))
+    ap.add_argument("--rows", nargs="+", default=FIRST, choices=list(ROWS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4, 5])
     ap.add_argument("--start", type=Path, default=None, help="an SFT start to copy (default: train one here)")
     ap.add_argument("--table", nargs="+", type=Path, default=None, help="print the table over these homes")

@@ -62,6 +62,36 @@ def test_values_and_gradients_equal_full_logits(temperature: float, entropy: str
         assert e1.abs().sum() > 0
 
 
+@pytest.mark.parametrize("entropy", ["none", "grad"])
+def test_one_chunk_keeps_its_logits_and_changes_nothing(entropy: str) -> None:
+    """Every position in one chunk: the forward's logits serve the backward (no recompute), and values and
+    gradients are those of the recomputing path bit for bit; a recompute that the kept path skipped is counted."""
+    results, recomputed = [], []
+    for keep in (False, True):
+        h, w, b, y = leaves(40, 16, 97, True, seed=5)
+        with LinearCalls() as calls:
+            logp, ent = chunked_logprobs(h, w, b, y, 0.7, entropy, chunk=64, keep_logits=keep)
+            ((torch.arange(40.0) * logp).sum() + ent.sum()).backward()
+        recomputed.append(calls.count)
+        results.append((logp.detach(), ent.detach(), h.grad, w.grad, b.grad))
+    for got, want in zip(results[1], results[0], strict=True):
+        assert torch.equal(got, want)
+    assert recomputed == [2, 1]  # the forward's linear, and the backward's recompute only without keep_logits
+
+
+class LinearCalls(TorchDispatchMode):
+    """How many times the head's logits are computed (addmm: linear with a bias) while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.addmm.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 def test_entropy_gradient_alone() -> None:
     """A loss of the entropy only (entropy_coef with zero advantages): dH/dz = -p (z - E[z]), nothing from logp."""
     grads = []

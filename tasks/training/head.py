@@ -8,7 +8,8 @@ The policy head scores N loss positions against a V-token vocabulary at the scor
 Materialising z for N = 44.5k positions and V = 152k takes 13.5 GiB in bf16 and twice that in float32.
 :class:`ChunkedLogprobs` walks the positions in chunks (the fused-linear-cross-entropy pattern): the forward keeps
 only its inputs and the [N] outputs, the backward recomputes one chunk's logits at a time and turns them into the
-gradients of h, W and b:
+gradients of h, W and b (when all N positions fit one chunk, the forward's logits are kept for the backward
+instead: the same values, one matmul fewer):
 
     d log pi(y) / dz = onehot(y) - p,        dH / dz = -p (z - E_p[z]),
 
@@ -49,15 +50,18 @@ class ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-                temperature: float, chunk: int, with_entropy: bool) -> tuple[Tensor, Tensor]:
+                temperature: float, chunk: int, with_entropy: bool, keep_logits: bool) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        ctx.logits = None  # one chunk's logits kept for the backward instead of recomputed (``keep_logits``)
         for s in range(0, n, chunk):
             z = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature)
             logp[s:s + chunk] = token_logprobs(z, targets[s:s + chunk])
             if with_entropy:
                 ent[s:s + chunk] = token_entropy(z)
+            if keep_logits and n <= chunk and any(ctx.needs_input_grad[:3]):
+                ctx.logits = z
             del z
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
@@ -78,11 +82,11 @@ class ChunkedLogprobs(torch.autograd.Function):
         grad_b = (torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
                   if need_b and bias is not None else None)
         if g_logp is None and g_ent is None:
-            return grad_h, grad_w, grad_b, None, None, None, None
+            return grad_h, grad_w, grad_b, None, None, None, None, None
         for s in range(0, hidden.shape[0], ctx.chunk):
             e = min(s + ctx.chunk, hidden.shape[0])
             h = hidden[s:e]
-            z = _chunk_logits(h, weight, bias, T)
+            z = ctx.logits if ctx.logits is not None else _chunk_logits(h, weight, bias, T)  # the same values
             # the same operations autograd runs through token_logprobs / token_entropy on full logits (so the
             # float32 rounding is the same): d lse = exp(z - lse), d gather = onehot, softmax's backward
             lse = torch.logsumexp(z, dim=-1, keepdim=True)
@@ -110,20 +114,22 @@ class ChunkedLogprobs(torch.autograd.Function):
             if grad_b is not None:
                 grad_b += gz.float().sum(0)
         return (grad_h, grad_w.to(weight.dtype) if grad_w is not None else None,
-                grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None)
+                grad_b.to(bias.dtype) if grad_b is not None else None, None, None, None, None, None)
 
 
 def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float = 1.0,
-                     entropy: str = "none", chunk: int | None = None) -> tuple[Tensor, Tensor]:
+                     entropy: str = "none", chunk: int | None = None, keep_logits: bool = True) -> tuple[Tensor, Tensor]:
     """float32 ``(log pi_T(targets), entropy)`` at ``hidden`` [N, d] for the head ``(weight [V, d], bias)``.
 
     ``entropy``: ``none`` (zeros), ``detached`` (values, no gradient) or ``grad``; ``chunk`` positions per chunk
-    (default: :func:`chunk_positions`)."""
+    (default: :func:`chunk_positions`). ``keep_logits``: when every position fits one chunk (a small vocabulary or
+    a short micro-batch; at most ``CHUNK_BYTES`` of logits), the forward's logits are kept for the backward rather
+    than recomputed there: the same tensor, so the same values and gradients bit for bit, one matmul fewer."""
     if entropy not in ("none", "detached", "grad"):
         raise ValueError(f"entropy must be none, detached or grad, got {entropy!r}")
     chunk = chunk or chunk_positions(weight.shape[0])
     logp, ent = ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), int(chunk),
-                                      entropy != "none")
+                                      entropy != "none", keep_logits)
     return logp, (ent.detach() if entropy == "detached" else ent)
 
 

@@ -96,7 +96,8 @@ vllm-env: .venv-vllm/.installed
 # idle two-core machine), in an environment of its own (it pins fastapi apart from prefect)
 # A portable x86-64-v3 build, not -march=native: the native build segfaulted in its first decode on one of these VMs
 # (a CPU with AMX; the cause was not isolated), the portable one decodes. No wheel cache: the flags are not in its key.
-JUDGE_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# LLAVA_BUILD=OFF: no multimodal library (llama.cpp's tools/mtmd, 54 sources the text-only judge never loads).
+JUDGE_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
 .venv-judge/.installed: constraints-judge.txt
 	$(PY) -m venv .venv-judge
 	CMAKE_ARGS="$(JUDGE_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q --no-cache-dir \

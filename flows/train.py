@@ -160,21 +160,14 @@ def run_step(run: RunState, step: int) -> dict[str, Any]:
 
 
 def publish_step(state: RunState, step: int, metrics: dict[str, Any]) -> None:
-    """Prefect artifacts per step: the rubric events and pool, and the step metrics."""
+    """Prefect artifacts per step: the method's report of it (``Method.step_report``; ARBOR: its rubric events
+    and pool) and the step metrics."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    from arbor.tasks.step import read_stage_rows
-
-    events = read_stage_rows(state, step, "rubric_events")
-    lines = ["| seq | event | rubric | title | variance | pearson | n_r | rho_r | reason |", "|---|---|---|---|---|---|---|---|---|"]
-    for e in sorted(events, key=lambda e: e["seq"]):
-        lines.append("| {seq} | {event} | {rubric_id} | {title} | {variance} | {pearson} | {n_r} | {rho_r} | {reason} |".format(
-            **{k: ("" if v is None else (f"{v:.3f}" if isinstance(v, float) else v)) for k, v in e.items()}))
-    pool = state.method.summary().get("pool")
     key = f"{state.run_id}-step-{step}".lower().replace("_", "-").replace(".", "-")
     try:
-        create_markdown_artifact(key=f"rubrics-{key}", markdown=f"## Step {step} rubric events\n\n"
-                                 + "\n".join(lines) + (f"\n\n**Common pool:** {pool}\n" if pool else "\n"))
+        if (report := state.method.step_report(state, step)) is not None:
+            create_markdown_artifact(key=f"report-{key}", markdown=report)
         row = {k: (v if isinstance(v, int | float | str) or v is None else str(v)) for k, v in metrics.items()}
         create_table_artifact(key=f"metrics-{key}", table=[row])
     except Exception as e:  # noqa: BLE001 - artifacts are a view; never fail a step for them

@@ -36,7 +36,6 @@ from arbor.llm.health import check_outage, degraded_roles, judged_groups, public
 from arbor.llm.stream import StreamedJudge, StreamStats
 from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import read_stage
-from arbor.storage.schemas import tables as known_tables
 from arbor.tasks.env.datasets import Question
 from arbor.tasks.methods import make_method
 from arbor.tasks.methods.base import Method, Stage, check_stages
@@ -110,6 +109,10 @@ class RunState:
     def trajectories(self, step: int, stage: str, table: str) -> list[Trajectory]:
         """The trajectories a completed stage stored (``rollout``: as sampled; ``shape``: with R_total)."""
         return trajectories_from_rows(self.store.load(step, stage, (table,))[table])
+
+    def rows(self, step: int, table: str) -> Rows:
+        """Every row of ``table`` that ``step``'s stages stored."""
+        return read_stage_rows(self, step, table)
 
     # ------------------------------------------------------------------------------------------ helpers
     def judge_rows(self) -> Rows:
@@ -404,9 +407,9 @@ def read_stage_rows(state: RunState, step: int, table: str) -> Rows:
 
 
 def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
-    """What the loggers show beside the ``steps`` row: the step's rubric lifecycle counts and
-    pool size (``rubric/``), each stage's seconds (``timing_s/``) and, when the step evaluated, held-out scores
-    per split (``eval/``; split names reduced to MLflow's metric-name characters)."""
+    """What the loggers show beside the ``steps`` row: each stage's seconds (``timing_s/``), what the method
+    logs of itself (``Method.logged_metrics``) and, when the step evaluated, held-out scores per split (``eval/``;
+    split names reduced to MLflow's metric-name characters)."""
     import re
 
     from arbor.tasks.reporting.evaluate import split_metrics
@@ -421,44 +424,13 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
         timing = (getattr(state.trainer, "last_timing", None) or {}) if trained else {}
         out |= {f"timing_s/train_{k}": float(timing[k]) for k in ("old_logprobs", "forward", "backward", "optimizer")
                 if k in timing}
-        events = read_stage_rows(state, step, "rubric_events")
-        for kind in ("induced", "admitted", "consolidated", "retired"):
-            out[f"rubric/{kind}"] = float(sum(e["event"] == kind for e in events))
-        out |= {k: float(v) for k, v in state.method.summary().items() if isinstance(v, int | float)}
-        # a table only the methods that judge pairwise declare (ARBOR's); unknown to a GRPO run's store
-        verdicts = read_stage_rows(state, step, "rubric_verdicts") if "rubric_verdicts" in known_tables() else []
-        out |= judge_signal_metrics(verdicts, read_stage_rows(state, step, "trajectories"))
+        out |= state.method.logged_metrics(state, step)  # ARBOR: its rubric lifecycle and its judge's signal
     evals = read_stage("eval_results", run_id=state.run_id, step=step, stage="eval", home=state.home) or []
     for split in sorted({r["split"] for r in evals}):
         m = split_metrics([r for r in evals if r["split"] == split], split)  # strict pass@1, as `arbor eval` prints
         name = re.sub(r"[^A-Za-z0-9_.\- ]", "_", split)
         out |= {f"eval/{name}/strict_f1": m.f1, f"eval/{name}/strict_em": m.em,
                 f"eval/{name}/format_valid_rate": m.valid_rate}
-    return out
-
-
-def judge_signal_metrics(verdicts: Rows, trajectories: Rows) -> dict[str, float | None]:
-    """Is the judge helping (``judge_signal_quality`` in SQL): the step's pairwise verdicts against
-    the outcome order (``signal/``: agreement over decisive edges, ties) when a method stored ``rubric_verdicts``,
-    and in zero-variance groups the share shaping gave a signal and the mean |A_total - A_base|."""
-    from arbor.group_stats import verdict_agreement, zero_var_shaping
-
-    out: dict[str, float | None] = {}
-    if verdicts:
-        agree, disagree, tie = verdict_agreement([(v["outcome"], v["base_i"], v["base_j"]) for v in verdicts])
-        out["signal/agree_edges"] = float(agree)
-        out["signal/disagree_edges"] = float(disagree)
-        out["signal/tie_edges"] = float(tie)
-        out["signal/agreement"] = agree / (agree + disagree) if agree + disagree else None
-    groups: dict[int, tuple[list[float], list[float]]] = {}
-    for t in trajectories:
-        base, total = groups.setdefault(t["group"], ([], []))
-        base.append(t["base_reward"])
-        total.append(t["base_reward"] if t["shaped_reward"] is None else t["shaped_reward"])
-    if verdicts and groups:
-        n, shaped, shift = zero_var_shaping(list(groups.values()))
-        out["signal/zero_var_shaped_share"] = shaped / n if n else None
-        out["signal/zero_var_abs_shift"] = shift
     return out
 
 

@@ -12,9 +12,9 @@ from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import write_stage
 from arbor.storage.sql import run_file
 from arbor.tasks.methods.arbor import Arbor
+from arbor.tasks.methods.arbor.report import judge_signal_metrics
 from arbor.tasks.methods.arbor.tables import TABLES, verdict_rows
 from arbor.tasks.reporting.tracking import step_summary
-from arbor.tasks.step import judge_signal_metrics
 from arbor.types import Trajectory
 
 # step 1, K = 4: groups 0 and 1 mixed, 2 and 3 zero-variance; (base rewards, total rewards)
@@ -107,3 +107,38 @@ def test_the_report_panel(workspace: Path) -> None:
     assert "| 1 | c1 | 2 | 4 / 1 / 1 | 80.0% | 2 | 50.0% | 0.005 | 1 / 3 (2, 1, 0) |" in md
     assert "| 2 | (none active) |" in md
     assert judge_signal_panel("other-run", workspace, []) == []
+
+
+class StoredRun:
+    """The stored stages of run ``r`` as a method reads them after a step (``RunState.rows``)."""
+
+    def __init__(self, home: Path, method: type) -> None:
+        self.home, self.method = home, method
+
+    def rows(self, step: int, table: str) -> list[dict]:
+        from arbor.storage.parquet import read_stage
+
+        return [r for stage in self.method.stage_names()
+                for r in read_stage(table, run_id="r", step=step, stage=stage, home=self.home) or []]
+
+
+def test_arbor_logs_its_lifecycle_and_signal_and_grpo_nothing_of_them(workspace: Path) -> None:
+    """The trackers' figures of an ARBOR step come from ARBOR's package (by hand above: 4 induced, 1 admitted;
+    agree 4, disagree 2, tie 3; zero-variance shaped 1 of 2, |dA| 0.005); a GRPO step logs none of them."""
+    from arbor.config import load_config
+    from arbor.tasks.methods import resolve_method
+
+    cfg = load_config("tiny-cpu")
+    arbor = resolve_method("arbor")(cfg)
+    m = arbor.logged_metrics(StoredRun(workspace, Arbor), 1)  # type: ignore[arg-type]
+    assert {k: v for k, v in m.items() if k.startswith("rubric/")} == {
+        "rubric/induced": 4.0, "rubric/admitted": 1.0, "rubric/consolidated": 0.0, "rubric/retired": 0.0,
+        "rubric/pool_size": 0.0}
+    assert (m["signal/agree_edges"], m["signal/disagree_edges"], m["signal/tie_edges"]) == (4.0, 2.0, 3.0)
+    assert m["signal/zero_var_shaped_share"] == 0.5 and m["signal/zero_var_abs_shift"] == pytest.approx(0.005)
+    report = arbor.step_report(StoredRun(workspace, Arbor), 1)  # type: ignore[arg-type]
+    assert report is not None and report.startswith("## Step 1 rubric events\n\n| seq | event |")
+    assert "| 5 | rejected | d5 |  |  |  |  |  | variance < delta_v |" in report.splitlines()
+    assert report.endswith("**Common pool:** (empty)\n")
+    grpo = resolve_method("grpo")(cfg)
+    assert grpo.logged_metrics(StoredRun(workspace, grpo), 1) == {} and grpo.step_report(None, 1) is None  # type: ignore[arg-type]

@@ -85,6 +85,8 @@ class StepResources(Protocol):
 
     def trajectories(self, step: int, stage: str, table: str) -> list[Trajectory]: ...
 
+    def rows(self, step: int, table: str) -> Rows: ...
+
     def judge_capped(self) -> bool: ...
 
     def judge_rows(self) -> Rows: ...
@@ -225,6 +227,15 @@ class Method(GRPORule):
         """The method's state after a step, for the log line and the trackers (numbers) and the step's Prefect
         artifact (text). Default: nothing."""
         return {}
+
+    def logged_metrics(self, run: StepResources, step: int) -> dict[str, float | None]:
+        """What the trackers show of the method after ``step``, beside the figures every run logs
+        (``tasks.step.tracked_metrics``). Default: the numbers of ``summary``."""
+        return {k: float(v) for k, v in self.summary().items() if isinstance(v, int | float)}
+
+    def step_report(self, run: StepResources, step: int) -> str | None:
+        """A markdown section on ``step`` for its Prefect artifact (``flows.train.publish_step``). Default: none."""
+        return None
 
     @classmethod
     def stage_names(cls) -> tuple[str, ...]:

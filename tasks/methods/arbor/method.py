@@ -25,6 +25,7 @@ from arbor.llm.base import CallContext
 from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.memory import RubricMemory, load_pool_file
 from arbor.tasks.methods.arbor.records import Activation, DraftResult, Records, group_info_from_rows
+from arbor.tasks.methods.arbor.report import events_markdown, judge_signal_metrics, lifecycle_counts
 from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
 from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
@@ -119,6 +120,15 @@ class Arbor(Method):
     def summary(self) -> dict[str, float | str]:
         return {"rubric/pool_size": float(len(self.memory.pool)),
                 "pool": ", ".join(f"{r.rubric_id} {r.title}" for r in self.memory.pool) or "(empty)"}
+
+    def logged_metrics(self, run: StepResources, step: int) -> dict[str, float | None]:
+        """The step's lifecycle counts (``rubric/``), the pool's size, and whether the judge helps (``signal/``:
+        its pairwise verdicts against the outcome order, what shaping moved in zero-variance groups)."""
+        return (lifecycle_counts(run.rows(step, "rubric_events")) | super().logged_metrics(run, step)
+                | judge_signal_metrics(run.rows(step, "rubric_verdicts"), run.rows(step, "trajectories")))
+
+    def step_report(self, run: StepResources, step: int) -> str | None:
+        return events_markdown(step, run.rows(step, "rubric_events"), str(self.summary()["pool"]))
 
     async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
         """Ahead of the stages: the group's pairwise scoring by the rubrics ``score`` will activate, and

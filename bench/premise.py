@@ -43,6 +43,9 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     # the second registration: delta_v on the sparse graph's score lattice (one better trajectory of eight passes)
     "arbor-world-lattice": ("arbor", {"judge.backend": "world", "memory.delta_v": 0.03}),
     "arbor-random-lattice": ("arbor", {"judge.backend": "random", "memory.delta_v": 0.03}),
+    # the third registration: the shaping coefficient lambda (eq. 4) at delta_v 0.03, the paper's Fig. 4a grid
+    "arbor-world-lattice-lam0.2": ("arbor", {"judge.backend": "world", "memory.delta_v": 0.03, "memory.lambda_": 0.2}),
+    "arbor-world-lattice-lam0.5": ("arbor", {"judge.backend": "world", "memory.delta_v": 0.03, "memory.lambda_": 0.5}),
 }
 FIRST = ["grpo", "arbor-world", "arbor-random", "arbor-rules"]  # the first registration's default lanes
 

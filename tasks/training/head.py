@@ -54,13 +54,14 @@ class ChunkedLogprobs(torch.autograd.Function):
         n = hidden.shape[0]
         logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(n, dtype=torch.float32, device=hidden.device)
-        ctx.logits = None  # one chunk's logits kept for the backward instead of recomputed (``keep_logits``)
+        keep = keep_logits and n <= chunk and any(ctx.needs_input_grad[:3])  # one chunk, and a backward to come
+        ctx.logits = None  # that chunk's logits, kept for the backward instead of recomputed
         for s in range(0, n, chunk):
             z = _chunk_logits(hidden[s:s + chunk], weight, bias, temperature)
             logp[s:s + chunk] = token_logprobs(z, targets[s:s + chunk])
             if with_entropy:
                 ent[s:s + chunk] = token_entropy(z)
-            if keep_logits and n <= chunk and any(ctx.needs_input_grad[:3]):
+            if keep:
                 ctx.logits = z
             del z
         ctx.save_for_backward(hidden, weight, bias, targets)

@@ -110,16 +110,18 @@ def test_the_report_panel(workspace: Path) -> None:
 
 
 class StoredRun:
-    """The stored stages of run ``r`` as a method reads them after a step (``RunState.rows``)."""
+    """The stored stages of run ``r`` as a method reads them after a step: ``RunState.rows``' own reader over a
+    workspace and a method's stage list, without the run's trainer, engine and judge."""
+
+    run_id = "r"
 
     def __init__(self, home: Path, method: type) -> None:
-        self.home, self.method = home, method
+        self.home, self.stage_names = home, method.stage_names
 
     def rows(self, step: int, table: str) -> list[dict]:
-        from arbor.storage.parquet import read_stage
+        from arbor.tasks.step import read_stage_rows
 
-        return [r for stage in self.method.stage_names()
-                for r in read_stage(table, run_id="r", step=step, stage=stage, home=self.home) or []]
+        return read_stage_rows(self, step, table)  # type: ignore[arg-type]
 
 
 def test_arbor_logs_its_lifecycle_and_signal_and_grpo_nothing_of_them(workspace: Path) -> None:

@@ -336,3 +336,21 @@ def test_an_endpoint_on_the_store_port_is_refused_naming_both() -> None:
     [problem] = store_port_problems(cfg)
     assert problem.startswith("cluster.vllm_port=9000: the NCCL transfer's TCPStore takes port 9001")
     assert "judge.base_url=http://127.0.0.1:9001/v1" in problem
+
+
+def test_a_checks_endpoints_are_probed_together_each_answered_as_alone() -> None:
+    """``endpoint_problems`` probes a check's endpoints side by side (one timeout, not one per endpoint) and answers
+    each URL exactly as ``endpoint_problem`` alone does: a listening server, a refused port, a URL without a host."""
+    from arbor.preflight.judges import endpoint_problem, endpoint_problems
+
+    with socket.socket() as live, socket.socket() as closed:
+        live.bind(("127.0.0.1", 0))
+        live.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        urls = [f"http://127.0.0.1:{live.getsockname()[1]}/v1", f"http://127.0.0.1:{closed.getsockname()[1]}/v1",
+                "ftp://judge/v1", f"http://127.0.0.1:{live.getsockname()[1]}/v1"]
+        probes = endpoint_problems(urls)
+        assert list(probes) == urls[:3]  # each URL once, in order
+        assert probes == {u: endpoint_problem(u) for u in urls[:3]}
+        assert probes[urls[0]] is None
+        assert "nothing answers" in str(probes[urls[1]]) and "not an http(s) URL" in str(probes[urls[2]])

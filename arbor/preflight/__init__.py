@@ -28,9 +28,10 @@ from arbor.preflight.judges import (
     _judge_role_problems,
     _teacher_problems,
     council_problems,
-    endpoint_problem,
+    endpoint_problems,
     guidance_problems,
     judge_endpoint,
+    judge_urls,
     judge_window_problems,
 )
 from arbor.preflight.serving import (
@@ -113,16 +114,17 @@ def check(cfg: ArborConfig, *, gpu_count: int | None = None, env: dict[str, str]
             f"cluster: the profile places rollouts on GPUs {cfg.cluster.rollout_gpus} and training on "
             f"{cfg.cluster.train_gpus} ({need} GPUs) but this machine has {have}"
         )
+    probes = endpoint_problems(judge_urls(cfg.judge, env))  # every judge endpoint at once
     if cfg.judge.backend == "openai":
         url = judge_endpoint(cfg.judge.base_url, env)
-        if problem := endpoint_problem(url):
+        if problem := probes[url]:
             unset = "" if cfg.judge.base_url else (" (judge.base_url is unset: OPENAI_BASE_URL, else the OpenAI "
                                                    "client's default)")
             missing.append(f"judge.base_url: {problem}{unset} (start the judge's server, e.g. `arbor judge serve`, "
                            "or fix the URL)")
         if not env.get(cfg.judge.api_key_env):
             missing.append(f"judge.api_key_env: environment variable {cfg.judge.api_key_env} is not set")
-    missing += _judge_role_problems(cfg.judge, env)
+    missing += _judge_role_problems(cfg.judge, env, probes)
     missing += judge_window_problems(cfg.judge, cfg.rollout, cfg.run.method)
     if cfg.search.backend == "http" and not cfg.search.url:
         missing.append("search.url: the http search backend needs a retriever URL (Search-R1 /retrieve)")

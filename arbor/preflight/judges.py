@@ -4,6 +4,7 @@ holds the trajectories a prompt shows, what Co-ReAct guidance and its ranking co
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from arbor.config import ArborConfig, GuidanceConfig, JudgeConfig, RolloutConfig
@@ -14,9 +15,20 @@ if TYPE_CHECKING:
     from arbor.llm import Role
 
 
-def _judge_role_problems(judge: JudgeConfig, env: dict[str, str]) -> list[str]:
+def judge_urls(judge: JudgeConfig, env: dict[str, str]) -> list[str]:
+    """Every endpoint an openai judge sends to: ``judge.base_url`` (or the client's fallback) and each role's own
+    ``judge.roles.<role>.base_url``, once each, in order."""
+    if judge.backend != "openai":
+        return []
+    urls = [judge_endpoint(judge.base_url, env)]
+    urls += [over.base_url for _, over in judge.roles if over.base_url]
+    return list(dict.fromkeys(urls))
+
+
+def _judge_role_problems(judge: JudgeConfig, env: dict[str, str], probes: dict[str, str | None]) -> list[str]:
     """Roles sent to an endpoint or with a key of their own (``judge.roles.<role>.base_url`` / ``api_key_env``,
-    e.g. a profile's local verifier or teacher): the openai judge reads every role's key when it is built."""
+    e.g. a profile's local verifier or teacher): the openai judge reads every role's key when it is built.
+    ``probes``: ``endpoint_problems`` of ``judge_urls``."""
     if judge.backend != "openai":
         return []
     out: list[str] = []
@@ -26,7 +38,7 @@ def _judge_role_problems(judge: JudgeConfig, env: dict[str, str]) -> list[str]:
             out.append(f"judge.roles.{role}.api_key_env: environment variable {over.api_key_env} is not set")
         if over.base_url and over.base_url not in seen_urls:
             seen_urls.add(over.base_url)
-            if problem := endpoint_problem(over.base_url):
+            if problem := probes[over.base_url]:
                 out.append(f"judge.roles.{role}.base_url: {problem} (start that role's server, or fix the URL)")
     return out
 
@@ -147,15 +159,15 @@ def council_problems(guidance: GuidanceConfig, judge: JudgeConfig, env: dict[str
         out = council_key_problems(guidance, judge, env)
     except ValueError as e:  # two members stored under one name
         return [str(e)]
-    seen: set[str] = set()
+    first: dict[str, str] = {}  # each endpoint once, named by the first member that uses it
     for i, entry in enumerate(guidance.rank_judges):
         jc = rank_judge_config(judge, entry)
         url = str(jc.for_role("rank_actions")["base_url"] or "") if jc.backend == "openai" else ""
-        if url and url not in seen:
-            seen.add(url)
-            if problem := endpoint_problem(url):
-                key = f"guidance.rank_judges.{i}.base_url" if entry.base_url else "judge.base_url"
-                out.append(f"{key}: {problem} (start that judge's server, or fix the URL)")
+        if url and url not in first:
+            first[url] = f"guidance.rank_judges.{i}.base_url" if entry.base_url else "judge.base_url"
+    for url, problem in endpoint_problems(first).items():
+        if problem:
+            out.append(f"{first[url]}: {problem} (start that judge's server, or fix the URL)")
     return out
 
 
@@ -189,3 +201,15 @@ def endpoint_problem(url: str, timeout_s: float = 5.0) -> str | None:
             return None
     except OSError as e:
         return f"nothing answers at {url} ({e.strerror or type(e).__name__})"
+
+
+def endpoint_problems(urls: Iterable[str], timeout_s: float = 5.0) -> dict[str, str | None]:
+    """``endpoint_problem`` of each URL, probed side by side: a check waits for its slowest endpoint, not for the
+    sum of them (a profile names up to five, and an unreachable one costs the whole timeout)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    urls = list(dict.fromkeys(urls))
+    if len(urls) < 2:
+        return {url: endpoint_problem(url, timeout_s) for url in urls}
+    with ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="arbor-probe") as pool:
+        return dict(zip(urls, pool.map(lambda u: endpoint_problem(u, timeout_s), urls), strict=True))

@@ -131,12 +131,10 @@ def _repack(cache: Any, mask: torch.Tensor) -> torch.Tensor:
     width = int(lens.max())
     if width == mask.shape[1]:
         return mask
-    idx = torch.zeros((mask.shape[0], width), dtype=torch.long, device=mask.device)
-    new_mask = torch.zeros_like(idx)
-    for r in range(mask.shape[0]):
-        cols = mask[r].nonzero()[:, 0]
-        idx[r, width - len(cols):] = cols
-        new_mask[r, width - len(cols):] = 1
+    # a stable sort moves each row's padding columns to its left end and keeps its real ones in order: the last
+    # ``width`` columns hold every real column (the padding kept in front of the shorter rows stays masked)
+    idx = torch.sort(mask, dim=1, stable=True).indices[:, -width:]
+    new_mask = mask.gather(1, idx)
     for layer in cache.layers:
         shape = layer.keys.shape
         gather = idx[:, None, :, None].expand(shape[0], shape[1], width, shape[3])

@@ -238,7 +238,8 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
         tag_flow_run(f"profile:{cfg.run.profile}", f"method:{cfg.run.method}")
         with recorded_run(cfg, rid, home, watch=False):  # running, then completed / stopped / failed
             with open_run(cfg, home) as run, RunProgress(cfg.run.steps) as progress, \
-                    Tracker(rid, home, tracking=cfg.tracking, config=cfg.model_dump(mode="json")) as tracker:
+                    Tracker(rid, home, tracking=cfg.tracking, config=cfg.model_dump(mode="json"),
+                            method_lines=run.method.console_lines) as tracker:
                 run.progress, run.on_progress = progress, progress.calls
                 if cfg.run.eval_every and cfg.run.eval_at_start:  # the start point of every learning curve
                     call_stage(EVAL, run, 0)
@@ -248,16 +249,15 @@ def arbor_train(profile: str = "tiny-cpu", overrides: dict[str, Any] | None = No
                     t0 = time.perf_counter()
                     m = run_step(run, step)
                     progress.step_done()
-                    tracker.log(step, {**grouped_metrics(m), **tracked_metrics(run, step)})
+                    logged = tracker.log(step, {**grouped_metrics(m), **tracked_metrics(run, step)})
                     report_judge_health(run, step, m, logger)
                     tracker.log_samples(step, sample_rows(run, step, cfg.tracking.samples_per_step))
-                    pool = run.method.summary().get("rubric/pool_size")
                     if "console" not in cfg.tracking.loggers:  # the console tracker prints the step's summary itself
+                        own = "".join(f"; {' '.join(line.split())}" for line in run.method.console_lines(logged))
                         logger.info(
                             "step %d/%d: base %.3f total %.3f valid %.2f zero-var %.2f -> %.2f%s (%.1f s)", step,
                             cfg.run.steps, m["mean_base_reward"], m["mean_total_reward"], m["format_valid_rate"],
-                            m["zero_var_base"], m["zero_var_total"], "" if pool is None else f", pool {pool:.0f}",
-                            time.perf_counter() - t0,
+                            m["zero_var_base"], m["zero_var_total"], own, time.perf_counter() - t0,
                         )
                 run.finish_saves()
                 stop.raise_pending()

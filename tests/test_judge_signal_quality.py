@@ -12,9 +12,8 @@ from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import write_stage
 from arbor.storage.sql import run_file
 from arbor.tasks.methods.arbor import Arbor
-from arbor.tasks.methods.arbor.report import judge_signal_metrics
+from arbor.tasks.methods.arbor.report import console_lines, judge_signal_metrics
 from arbor.tasks.methods.arbor.tables import TABLES, verdict_rows
-from arbor.tasks.reporting.tracking import step_summary
 from arbor.types import Trajectory
 
 # step 1, K = 4: groups 0 and 1 mixed, 2 and 3 zero-variance; (base rewards, total rewards)
@@ -91,11 +90,11 @@ def test_the_step_metrics_and_summary_line_give_the_same_figures() -> None:
     m = judge_signal_metrics(rows, trajectory_rows(GROUPS, 1))
     assert m["signal/agreement"] == pytest.approx(4 / 6) and m["signal/tie_edges"] == 3.0
     assert m["signal/zero_var_shaped_share"] == 0.5
-    line = step_summary(1, {k: v for k, v in m.items() if v is not None}).splitlines()[-1]
+    line = console_lines({k: v for k, v in m.items() if v is not None})[-1]  # ARBOR's console rows
     assert line.split() == ["signal", "agree", "0.6667", "(4/6", "edges,", "3", "ties)", "zero-var", "shaped", "0.5",
                             "|dA|", "0.005"]
     assert judge_signal_metrics([], trajectory_rows(GROUPS, 1)) == {}  # a method without verdicts: no line
-    assert "signal" not in step_summary(1, {"reward/base_mean": 0.5})
+    assert console_lines({"reward/base_mean": 0.5}) == []  # no pool, no verdicts: no row
 
 
 def test_the_report_panel(workspace: Path) -> None:

@@ -160,18 +160,21 @@ def test_a_named_logger_that_is_not_installed_is_refused(tmp_path: Path, monkeyp
 
 
 def test_the_console_shows_a_short_summary_per_step() -> None:
-    """A few headline figures in rows (the steps table keeps every metric), held-out F1 per
-    split when the step evaluated, and nothing for figures the step did not produce."""
+    """A few headline figures in rows (the steps table keeps every metric), the method's own rows, held-out F1 per
+    split when the step evaluated, and nothing for figures the step did not produce. The generic rows name no
+    method's state: a rubric count is shown only by a method that adds its row (ARBOR's ``console_lines``)."""
+    from arbor.tasks.methods.arbor.report import console_lines
     from arbor.tasks.reporting.tracking import step_summary
 
-    text = step_summary(3, {"timing_s/step": 12.34, "reward/base_mean": 0.25, "reward/total_mean": 0.3125,
-                            "reward/format_valid_rate": 1.0, "reward/zero_var_groups_base": 0.5,
-                            "reward/zero_var_groups_total": 0.125, "judge/calls": 96.0, "rubric/pool_size": 3.0,
-                            "eval/world_test/strict_f1": 0.42, "misc/other": 7.0})
-    assert text == ("step 3 · 12.3 s\n"
-                    "  reward   base 0.25   total 0.3125   valid 1\n"
-                    "  groups   zero-var base 0.5   -> total 0.125\n"
-                    "  judge    calls 96\n"
-                    "  rubrics  pool 3\n"
-                    "  eval F1  world_test 0.42")
+    metrics = {"timing_s/step": 12.34, "reward/base_mean": 0.25, "reward/total_mean": 0.3125,
+               "reward/format_valid_rate": 1.0, "reward/zero_var_groups_base": 0.5,
+               "reward/zero_var_groups_total": 0.125, "judge/calls": 96.0, "rubric/pool_size": 3.0,
+               "eval/world_test/strict_f1": 0.42, "misc/other": 7.0}
+    generic = ("step 3 · 12.3 s\n"
+               "  reward   base 0.25   total 0.3125   valid 1\n"
+               "  groups   zero-var base 0.5   -> total 0.125\n"
+               "  judge    calls 96\n")
+    assert step_summary(3, metrics) == generic + "  eval F1  world_test 0.42"
+    text = step_summary(3, metrics, console_lines(metrics))  # Arbor.console_lines
+    assert text == generic + "  rubrics  pool 3\n  eval F1  world_test 0.42"
     assert all(len(line) < 100 for line in text.splitlines())

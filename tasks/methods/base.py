@@ -36,6 +36,7 @@ inside the pipeline's stages are eighteen hooks with plain GRPO's defaults:
     after_train         once a step's policy update is committed (ARCO: mu's checkpoint with the policy's)
     step_metrics        the method's columns of the ``steps`` row (ARCO: mu's loss; DAPO: its shortfall)
     summary             what the step's log line and trackers show of the method's state (ARBOR: the common pool)
+    console_lines       the method's rows in the console's step summary (ARBOR: the pool, the judge signal)
     restore             rebuild the method's own state from stored rows when a run (re)starts (ARBOR: its memory)
 
 The train-stage decisions run in the controller (``tasks.training.update.policy_update``): the trainer gets tensors and
@@ -47,7 +48,7 @@ worked example.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar
 
@@ -232,6 +233,11 @@ class Method(GRPORule):
         """What the trackers show of the method after ``step``, beside the figures every run logs
         (``tasks.step.tracked_metrics``). Default: the numbers of ``summary``."""
         return {k: float(v) for k, v in self.summary().items() if isinstance(v, int | float)}
+
+    def console_lines(self, metrics: Mapping[str, float]) -> list[str]:
+        """The method's rows in the console's step summary, under every run's figures, from the step's logged
+        ``metrics`` (``Tracker.log``). Default: none."""
+        return []
 
     def step_report(self, run: StepResources, step: int) -> str | None:
         """A markdown section on ``step`` for its Prefect artifact (``flows.train.publish_step``). Default: none."""

@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -78,40 +78,26 @@ SUMMARY_ROWS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("update", (("loss", "actor/pg_loss"), ("kl", "actor/ppo_kl"), ("clip", "actor/pg_clipfrac"),
                 ("grad", "actor/grad_norm"))),
     ("judge", (("calls", "judge/calls"), ("usd", "judge/cost_usd"))),
-    ("rubrics", (("pool", "rubric/pool_size"), ("admitted", "rubric/admitted"), ("retired", "rubric/retired"))),
 )
 
 
-def signal_line(metrics: Mapping[str, float]) -> str | None:
-    """Is the judge helping: the step's verdict agreement with the outcome order in mixed groups
-    and what shaping moved in zero-variance groups; None when the step judged no edge."""
-    if "signal/agreement" not in metrics and "signal/agree_edges" not in metrics:
-        return None
-    agree, disagree = metrics.get("signal/agree_edges", 0.0), metrics.get("signal/disagree_edges", 0.0)
-    rate = metrics.get("signal/agreement")
-    cells = [f"agree {'-' if rate is None else _short(rate)} ({agree:.0f}/{agree + disagree:.0f} edges, "
-             f"{metrics.get('signal/tie_edges', 0.0):.0f} ties)"]
-    if "signal/zero_var_shaped_share" in metrics:
-        cells.append(f"zero-var shaped {_short(metrics['signal/zero_var_shaped_share'])}")
-    if "signal/zero_var_abs_shift" in metrics:
-        cells.append(f"|dA| {_short(metrics['signal/zero_var_abs_shift'])}")
-    return f"  {'signal':<8} " + "   ".join(cells)
+def summary_row(label: str, cells: Sequence[tuple[str, str]], metrics: Mapping[str, float]) -> str | None:
+    """One console row: ``label`` then each (name, metric key) cell the step has; None when it has none."""
+    shown = [f"{name} {short_number(metrics[key])}" for name, key in cells if key in metrics]
+    return f"  {label:<8} " + "   ".join(shown) if shown else None
 
 
-def step_summary(step: int, metrics: Mapping[str, float]) -> str:
+def step_summary(step: int, metrics: Mapping[str, float], method_lines: Sequence[str] = ()) -> str:
     """The console's few lines for a step: a header with its seconds, then one row per group of headline
-    figures it has (``SUMMARY_ROWS``), then held-out F1 per split when the step evaluated."""
+    figures it has (``SUMMARY_ROWS``), the method's own rows (``Method.console_lines``), then held-out F1 per
+    split when the step evaluated."""
     head = f"step {step}" + (f" · {metrics['timing_s/step']:.1f} s" if "timing_s/step" in metrics else "")
     lines = [head]
-    for label, cells in SUMMARY_ROWS:
-        shown = [f"{name} {_short(metrics[key])}" for name, key in cells if key in metrics]
-        if shown:
-            lines.append(f"  {label:<8} " + "   ".join(shown))
-    if (signal := signal_line(metrics)) is not None:
-        lines.append(signal)
+    lines += [row for label, cells in SUMMARY_ROWS if (row := summary_row(label, cells, metrics)) is not None]
+    lines += method_lines
     f1 = {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/strict_f1")}
     if f1:
-        lines.append(f"  {'eval F1':<8} " + "   ".join(f"{split} {_short(v)}" for split, v in sorted(f1.items())))
+        lines.append(f"  {'eval F1':<8} " + "   ".join(f"{split} {short_number(v)}" for split, v in sorted(f1.items())))
     return "\n".join(lines)
 
 
@@ -156,8 +142,10 @@ class Tracker:
 
     def __init__(self, run_id: str, home: str | os.PathLike[str] | None = None, *,
                  tracking: TrackingConfig | None = None, config: Mapping[str, Any] | None = None,
-                 resume_step: int | None = None):
+                 resume_step: int | None = None,
+                 method_lines: Callable[[Mapping[str, float]], Sequence[str]] | None = None):
         self.run_id = run_id
+        self.method_lines = method_lines  # the method's console rows (``Method.console_lines``)
         self.cfg = tracking if tracking is not None else TrackingConfig(loggers=["tensorboard"])
         self.home = Path(home).expanduser() if home is not None else arbor_home()
         self.log_dir = tb_dir(run_id, self.home)
@@ -225,7 +213,7 @@ class Tracker:
             raise TrackingError(f"step must be a non-negative int, got {step!r}")
         clean = clean_metrics(metrics)
         if "console" in self.cfg.loggers:
-            print(step_summary(step, clean), flush=True)
+            print(step_summary(step, clean, self.method_lines(clean) if self.method_lines else ()), flush=True)
         if self._tb is not None:
             for name, v in clean.items():
                 self._tb.add_scalar(name, v, global_step=step, new_style=True, double_precision=True)
@@ -290,7 +278,8 @@ def mlflow_local_uri(home: Path) -> str:
     return f"sqlite:///{(home / 'mlflow' / 'mlflow.db').resolve()}"
 
 
-def _short(v: float) -> str:
+def short_number(v: float) -> str:
+    """A console figure: four significant digits."""
     return f"{v:.4g}"
 
 

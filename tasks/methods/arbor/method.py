@@ -16,6 +16,7 @@ stages; each returns the events it caused, so a resumed run rebuilds the memory 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +26,12 @@ from arbor.llm.base import CallContext
 from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.memory import RubricMemory, load_pool_file
 from arbor.tasks.methods.arbor.records import Activation, DraftResult, Records, group_info_from_rows
-from arbor.tasks.methods.arbor.report import events_markdown, judge_signal_metrics, lifecycle_counts
+from arbor.tasks.methods.arbor.report import (
+    console_lines,
+    events_markdown,
+    judge_signal_metrics,
+    lifecycle_counts,
+)
 from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
 from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
@@ -126,6 +132,9 @@ class Arbor(Method):
         its pairwise verdicts against the outcome order, what shaping moved in zero-variance groups)."""
         return (lifecycle_counts(run.rows(step, "rubric_events")) | super().logged_metrics(run, step)
                 | judge_signal_metrics(run.rows(step, "rubric_verdicts"), run.rows(step, "trajectories")))
+
+    def console_lines(self, metrics: Mapping[str, float]) -> list[str]:
+        return console_lines(metrics)
 
     def step_report(self, run: StepResources, step: int) -> str | None:
         return events_markdown(step, run.rows(step, "rubric_events"), str(self.summary()["pool"]))

@@ -1,11 +1,13 @@
 """What an ARBOR step reports beyond every run's figures: the trackers' rubric lifecycle counts and judge-signal
-metrics (``Arbor.logged_metrics``), and the step's rubric events as the Prefect artifact's markdown
-(``Arbor.step_report``)."""
+metrics (``Arbor.logged_metrics``), the console's rubric and signal rows (``Arbor.console_lines``), and the step's
+rubric events as the Prefect artifact's markdown (``Arbor.step_report``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from arbor.tasks.reporting.tracking import short_number, summary_row
 
 Rows = list[dict[str, Any]]
 LIFECYCLE = ("induced", "admitted", "consolidated", "retired")  # the events counted per step (``rubric/<event>``)
@@ -39,6 +41,31 @@ def judge_signal_metrics(verdicts: Rows, trajectories: Rows) -> dict[str, float 
         out["signal/zero_var_shaped_share"] = shaped / n if n else None
         out["signal/zero_var_abs_shift"] = shift
     return out
+
+
+RUBRIC_ROW = ("rubrics", (("pool", "rubric/pool_size"), ("admitted", "rubric/admitted"), ("retired", "rubric/retired")))
+
+
+def signal_line(metrics: Mapping[str, float]) -> str | None:
+    """Is the judge helping: the step's verdict agreement with the outcome order in mixed groups
+    and what shaping moved in zero-variance groups; None when the step judged no edge."""
+    if "signal/agreement" not in metrics and "signal/agree_edges" not in metrics:
+        return None
+    agree, disagree = metrics.get("signal/agree_edges", 0.0), metrics.get("signal/disagree_edges", 0.0)
+    rate = metrics.get("signal/agreement")
+    cells = [f"agree {'-' if rate is None else short_number(rate)} ({agree:.0f}/{agree + disagree:.0f} edges, "
+             f"{metrics.get('signal/tie_edges', 0.0):.0f} ties)"]
+    if "signal/zero_var_shaped_share" in metrics:
+        cells.append(f"zero-var shaped {short_number(metrics['signal/zero_var_shaped_share'])}")
+    if "signal/zero_var_abs_shift" in metrics:
+        cells.append(f"|dA| {short_number(metrics['signal/zero_var_abs_shift'])}")
+    return f"  {'signal':<8} " + "   ".join(cells)
+
+
+def console_lines(metrics: Mapping[str, float]) -> list[str]:
+    """ARBOR's console rows under every run's: the common pool and the step's lifecycle, then the judge signal."""
+    rows = (summary_row(*RUBRIC_ROW, metrics), signal_line(metrics))
+    return [row for row in rows if row is not None]
 
 
 def events_markdown(step: int, events: Rows, pool: str | None) -> str:

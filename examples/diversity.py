@@ -22,7 +22,16 @@ from typing import ClassVar
 import pyarrow as pa
 
 from arbor.storage.schemas import F64, I64, STR, TableSet, col, key
-from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, RubricScores, Stage, StepResources
+from arbor.tasks.methods.base import (
+    ROLLOUT,
+    SHAPE,
+    TRAIN,
+    Rows,
+    RubricScores,
+    Stage,
+    StageHook,
+    StepResources,
+)
 from arbor.tasks.methods.grpo import GRPO
 from arbor.tasks.stage_store import fault_point
 from arbor.types import Trajectory
@@ -54,6 +63,9 @@ class DiversityGRPO(GRPO):
                       views=(Path(__file__).with_name("diversity_by_step.sql"),))
     stages: ClassVar[tuple[Stage, ...]] = (ROLLOUT, Stage("diversity", ("group_diversity",), retries=1), SHAPE,
                                            TRAIN)
+
+    def stage_hooks(self) -> dict[str, StageHook]:
+        return {"diversity": self.diversity, "shape": self.shape}
 
     def diversity(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """Each trajectory's d_i within its group."""

@@ -38,7 +38,7 @@ from arbor.storage.catalog import declare_tables
 from arbor.storage.parquet import read_stage
 from arbor.tasks.env.datasets import Question
 from arbor.tasks.methods import make_method
-from arbor.tasks.methods.base import Method, Stage, check_stages
+from arbor.tasks.methods.base import Method, Stage, check_hooks, check_stages
 from arbor.tasks.stage_store import Rows, StageStore
 from arbor.tasks.training.update import policy_update
 from arbor.tasks.training.weight_sync import sync_policy
@@ -82,6 +82,7 @@ class RunState:
         if self.guide is not None:
             self.engine.guide = self.guide
         check_stages(self.method.stages, self.cfg.run.method)
+        check_hooks(self.method, self.cfg.run.method)
         if self.method.tables is not None:  # its tables and views, known to every reader of the workspace
             declare_tables(self.method.tables, self.home)
         self.method.restore(self)  # its own state (ARBOR's memory, SS-GRPO's stage buffer) from the stored stages
@@ -244,17 +245,16 @@ class RunState:
         self.store.run(step, stage.name, stage.tables, timed_stage(self, step, stage.name, judged))
 
     def compute(self, stage: str, step: int) -> dict[str, Rows]:
-        """The rows of ``stage`` of ``step``: a pipeline stage (``rollout``, ``shape``, ``train``) or the method's
-        own hook of that name, given the step's rollouts (judge work a prefetch began is claimed there)."""
+        """The rows of ``stage`` of ``step``: the pipeline's rollout or train, else the hook the method runs for it
+        (``Method.stage_hooks``: ``shape`` and the method's own stages), given the step's rollouts (judge work a
+        prefetch began is claimed there)."""
         if stage == "rollout":
             return self.rollout(step)
         if stage == "train":
             return self.train(step, self.trajectories(step, "shape", "trajectories"))
         trajs = self.trajectories(step, "rollout", "rollouts")
         self.settle_judge()
-        if stage == "shape":  # R_total per trajectory, as the method shapes it (default: eq. 3/4)
-            return self.method.shape(self, step, trajs)
-        return getattr(self.method, stage)(self, step, trajs)
+        return self.method.stage_hooks()[stage](self, step, trajs)
 
     def stage_names(self) -> tuple[str, ...]:
         """The step's stages in order (the method's graph)."""

@@ -37,7 +37,7 @@ from arbor.llm.parse import SENTENCE, Strict, parse_json, sent_cap
 from arbor.llm.reading import contains_phrase
 from arbor.llm.text import escape_block, parse_trajectory
 from arbor.storage.schemas import BOOL, I64, STR, TableSet, col, key
-from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StepResources
+from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StageHook, StepResources
 from arbor.tasks.methods.grpo import GRPO
 from arbor.tasks.stage_store import fault_point
 from arbor.types import Trajectory
@@ -148,6 +148,9 @@ class EvidenceCheckGRPO(GRPO):
         SHAPE,
         TRAIN,
     )
+
+    def stage_hooks(self) -> dict[str, StageHook]:
+        return {"evidence": self.evidence, "shape": self.shape}
 
     def evidence(self, run: StepResources, step: int, trajs: list[Trajectory]) -> dict[str, Rows]:
         """One verdict per answered trajectory. Groups are asked one after another, each group's calls at once:

@@ -12,9 +12,10 @@ and ARBOR (``tasks.methods.arbor``) adds its rubric memory's four:
 The flow runs whatever graph the method declares; the stage machinery (storage, resume, timing, metrics) belongs
 to ``tasks.step.RunState``. What a method stores beyond the pipeline's tables, it declares as a
 ``storage.schemas.TableSet`` (``Method.tables``: its tables and schemas, its ``steps`` columns, its SQL views),
-registered with the store when its class is defined. A stage the method adds is a hook of the same name,
-``hook(run, step, trajs)`` (trajs: the step's rollouts), returning the rows of its declared tables. The decisions
-inside the pipeline's stages are eighteen hooks with plain GRPO's defaults:
+registered with the store when its class is defined. Each stage between rollout and train runs the hook
+``stage_hooks`` maps it to, ``hook(run, step, trajs)`` (trajs: the step's rollouts), returning the rows of its
+declared tables: the step's call sites, in order, in one place per method. The decisions
+inside the pipeline's stages are nineteen hooks with plain GRPO's defaults:
 
     batch               the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)
     extra_rollouts      more groups after the batch's (DAPO's dynamic sampling)
@@ -99,19 +100,21 @@ class StepResources(Protocol):
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a step as a method declares it: its name (a hook of the method's, unless it is one of the
-    pipeline's ``PIPELINE_STAGES``), the tables its artifact holds, and how many times the flow retries it in place
-    (only a stage that changes no in-process state before its commit may be retried)."""
+    """One stage of a step as a method declares it: its name (the pipeline's ``rollout`` and ``train``, else the
+    key of the hook that runs it in ``Method.stage_hooks``), the tables its artifact holds, and how many times the
+    flow retries it in place (only a stage that changes no in-process state before its commit may be retried)."""
 
     name: str
     tables: tuple[str, ...]
     retries: int = 0
 
 
+# what a method's own stage runs: its rows from the step's rollouts (``Method.stage_hooks``)
+StageHook = Callable[[StepResources, int, list[Trajectory]], dict[str, Rows]]
+
 ROLLOUT = Stage("rollout", ("rollouts",), retries=1)
 SHAPE = Stage("shape", ("trajectories", "judge_calls", "draft_scores"), retries=1)
 TRAIN = Stage("train", ("steps",))
-PIPELINE_STAGES = ("rollout", "shape", "train")
 
 
 def check_stages(stages: Sequence[Stage], method: str) -> None:
@@ -126,6 +129,17 @@ def check_stages(stages: Sequence[Stage], method: str) -> None:
     if unknown:
         raise ValueError(f"method {method}: stage tables {unknown} are declared neither by the pipeline "
                          "(storage/schemas.py) nor by the method's TableSet (``Method.tables``)")
+
+
+def check_hooks(method: Method, name: str) -> None:
+    """Every stage the method declares between rollout and train has the hook that runs it (``stage_hooks``),
+    and no hook is left without its stage."""
+    own = [s.name for s in method.stages if s.name not in ("rollout", "train")]
+    hooks = method.stage_hooks()
+    if missing := [s for s in own if s not in hooks]:
+        raise ValueError(f"method {name}: stages {missing} have no hook in stage_hooks() (its hooks: {sorted(hooks)})")
+    if extra := sorted(set(hooks) - set(own)):
+        raise ValueError(f"method {name}: stage_hooks() names {extra}, which its stages {list(own)} do not declare")
 
 
 @dataclass
@@ -233,6 +247,12 @@ class Method(GRPORule):
         """What the trackers show of the method after ``step``, beside the figures every run logs
         (``tasks.step.tracked_metrics``). Default: the numbers of ``summary``."""
         return {k: float(v) for k, v in self.summary().items() if isinstance(v, int | float)}
+
+    def stage_hooks(self) -> dict[str, StageHook]:
+        """What each stage between rollout and train runs, by stage name: the step's call sites
+        (``RunState.compute``). Default: ``shape`` (eq. 3/4). A method that declares a stage of its own adds it here;
+        ``RunState`` refuses a declared stage without a hook."""
+        return {"shape": self.shape}
 
     def console_lines(self, metrics: Mapping[str, float]) -> list[str]:
         """The method's rows in the console's step summary, under every run's figures, from the step's logged

@@ -7,13 +7,26 @@ group that diverges in correctness is shaped (eq. 3/4) by the drafts induced fro
 from __future__ import annotations
 
 from arbor.tasks.methods.arbor import induce_drafts, induce_group
-from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
+from arbor.tasks.methods.base import (
+    ROLLOUT,
+    SHAPE,
+    TRAIN,
+    Method,
+    Rows,
+    RubricScores,
+    Stage,
+    StageHook,
+    StepResources,
+)
 from arbor.types import Trajectory
 
 
 class NoMemory(Method):
     name = "no-memory"
     stages = (ROLLOUT, Stage("induce", ("judge_calls", "draft_scores")), SHAPE, TRAIN)
+
+    def stage_hooks(self) -> dict[str, StageHook]:
+        return {"induce": self.induce, "shape": self.shape}
 
     async def prefetch(self, run: StepResources, step: int, group: list[Trajectory]) -> None:
         """The group's induction and its drafts' scoring, ahead of ``induce`` (the pool stays empty)."""

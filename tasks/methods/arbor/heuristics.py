@@ -138,7 +138,7 @@ def induce(question: str, trajectories: Sequence[Trajectory], anchors: Mapping[s
     """Pick the (at most 3) features on which the positive and negative anchors differ most, in the same
     direction across both contrast pairs, beyond the tolerance; skip features an existing common rubric covers."""
     # only common rubrics cover a feature: a draft of another query on the same feature is the recurrence that
-    # consolidation needs (>= 2 queries), not a duplicate (docs/decisions.md, "Judges")
+    # consolidation needs (>= 2 queries), not a duplicate (docs/decisions/anchors-and-retirement.md)
     covered = {r.feature for r in existing if r.feature and getattr(r, "kind", "draft") == "common"}
     scored: list[tuple[float, str, int, str]] = []
     for name, (fn, scale, prior) in FEATURES.items():

@@ -8,7 +8,7 @@ Positives come from the format-valid trajectories only (E.1: a format-invalid re
 high-quality positive example"); negatives from ALL trajectories, a format-invalid one's F1 gated to 0 (E.1: it "may
 be used as [a] low-quality anchor"). Ties (within 1e-9) go to the shortest response, then the lowest index (A.1),
 whatever the validity. Induction is skipped with fewer than two format-valid trajectories (A.1). See
-docs/decisions.md (anchors and retirement).
+docs/decisions/anchors-and-retirement.md.
 
 Modes:
   contrast     two pairs (tau+, tau-_worst) and (tau+, tau-_hard), hard != worst;

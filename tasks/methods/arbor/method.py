@@ -36,7 +36,17 @@ from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION
 from arbor.tasks.methods.arbor.scoring import ScoringJob, score_jobs
 from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
 from arbor.tasks.methods.arbor.tables import TABLES, verdict_rows
-from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, RubricScores, Stage, StepResources
+from arbor.tasks.methods.base import (
+    ROLLOUT,
+    SHAPE,
+    TRAIN,
+    Method,
+    Rows,
+    RubricScores,
+    Stage,
+    StageHook,
+    StepResources,
+)
 from arbor.tasks.stage_store import StageStore, fault_point
 from arbor.types import LossSettings, Rubric, Trajectory
 
@@ -132,6 +142,13 @@ class Arbor(Method):
         its pairwise verdicts against the outcome order, what shaping moved in zero-variance groups)."""
         return (lifecycle_counts(run.rows(step, "rubric_events")) | super().logged_metrics(run, step)
                 | judge_signal_metrics(run.rows(step, "rubric_verdicts"), run.rows(step, "trajectories")))
+
+    def stage_hooks(self) -> dict[str, StageHook]:
+        """ARBOR's step between rollout and train (§3, App. A): score each group by the active common rubrics,
+        retire the rubrics that stopped separating, induce and admit drafts from contrasts, shape R_total with the
+        activated scores (eq. 3/4), consolidate the admitted drafts into common rubrics."""
+        return {"score": self.score, "retire": self.retire, "induce": self.induce, "shape": self.shape,
+                "consolidate": self.consolidate}
 
     def console_lines(self, metrics: Mapping[str, float]) -> list[str]:
         return console_lines(metrics)

@@ -11,7 +11,7 @@ entities the question names and, for a bridge phrase ("the director of the film 
 hop's fact); it never evaluates the relation the question asks for (the last hop), so it does not compute the
 answer. Its rubrics are about process: the chain entities retrieved, the bridge entity found, an answer that a
 retrieved passage of the answer-bearing entity states, thoughts that contradict the world, searches that retrieve
-no needed entity (docs/decisions.d/i63-judges.md).
+no needed entity (docs/decisions/world-and-random-judges-and-judge-signal-quality.md).
 
 Both answer every other role (accuracy in evaluation, other methods' roles) as the ``rules`` judge does.
 """

@@ -1,5 +1,5 @@
 """ARCO: a co-evolving rubric model mu turns the outcome into per-step rewards, with no judge in the loop
-after its warm-up. Facts from the ARCO paper's review and its authors' code; choices in docs/decisions.md.
+after its warm-up. Facts from the ARCO paper's review and its authors' code; choices in docs/decisions/arco-a-co-evolving-rubric-model.md.
 
     score        split each trajectory into steps (its policy turns, ``arbor.format.turn_spans``); mu writes K
                  criteria per step (greedy; ``arco.criteria``: generate | static | none) and scores them,
@@ -33,7 +33,7 @@ from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.tasks.methods.arco import equations as arco
 from arbor.tasks.methods.arco.roles import STEP_LABELS
 from arbor.tasks.methods.arco.tables import TABLES
-from arbor.tasks.methods.base import ROLLOUT, TRAIN, Method, Rows, Stage, StepResources
+from arbor.tasks.methods.base import ROLLOUT, TRAIN, Method, Rows, Stage, StageHook, StepResources
 from arbor.tasks.stage_store import fault_point
 from arbor.tasks.training.checkpoint import checkpoint_due, run_checkpoint_root
 from arbor.types import LossSettings, StepLabel, Trajectory
@@ -82,6 +82,11 @@ class ARCO(Method):
         self.warmup_steps = cfg.arco.warmup(cfg.run.steps)
 
     # ------------------------------------------------------------------------------------------ resume
+    def stage_hooks(self) -> dict[str, StageHook]:
+        """ARCO's step: mu scores each turn against its criteria (the teacher labels the warm-up steps), the turn
+        credit shapes the advantages, and mu is updated on the step's labels."""
+        return {"score": self.score, "shape": self.shape, "mu_update": self.mu_update}
+
     def restore(self, run: StepResources) -> None:
         """mu from its latest checkpoint, then every stored update after it replayed in order."""
         from arbor.tasks.methods.arco.rubric_model import RubricModelTrainer

@@ -132,7 +132,7 @@ def format_reward(weights: Sequence[float]) -> float:
 
 def is_atomic(condition: str) -> bool:
     """An item checks one thing: no conjunction ("and", "or", ";", ",") joins two requirements. A heuristic; the
-    authors ask their evaluator LLM for the count (decisions.md)."""
+    authors ask their evaluator LLM for the count (docs/decisions/coreact-rubric-guided-verified-steps.md)."""
     return _CONJUNCTION.search(condition) is None
 
 

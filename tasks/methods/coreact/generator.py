@@ -5,7 +5,7 @@
    the whole prefix (``guidance.max_history_chars``). Candidate next actions are sampled there at several
    temperatures; exact duplicates go and ``slate_k`` diverse ones stay (``coreact.select_diverse``: MMR over
    BM25); a point with fewer distinct candidates is dropped. The paper extends a spine by the top-ranked action at each depth; we branch
-   along the policy's own sampled trajectory (docs/decisions.md).
+   along the policy's own sampled trajectory (docs/decisions/coreacts-whole-prefix-and-generator-data.md).
 2. ``rank_points``: every judge of ``guidance.rank_judges`` (the paper's council of three) ranks each slate
    list-wise under a seeded shuffle of neutral labels (no gold answer unless ``guidance.rank_golds``), reasoning
    first and answering with the ranking; the Borda count of the valid rankings is the consensus sigma*; a point

@@ -11,7 +11,7 @@ Everything of ``ss-grpo`` (stage scores, Lambda returns, per-stage advantages, t
     train     Phase A: the previous step's candidates (one-step lag, D.2), each reflected query's m candidates one
               GRPO group on the reflection tokens, rewarded by u; then Phase B: the task batch (SS-GRPO), Alg. 1
 
-Choices where arbor's setting leaves the paper open (docs/decisions.md): only the new-query
+Choices where arbor's setting leaves the paper open (docs/decisions/rubricem-arco-and-arbor-at-paper-scale.md): only the new-query
 steps reflect (D.4; ``rubricem.reflect_in=every-step`` also reflects in the replay phase); last step's candidates
 are their own update before the task update (Phase A / B, D.1; ``reflection_update=joint`` folds them in); a
 candidate group whose utilities do not vary is stored but not trained (all advantages are 0); candidates sampled at
@@ -38,7 +38,7 @@ from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.seeding import derive_seed
 from arbor.tasks.env.agent import GenRequest, build_prompt_ids
 from arbor.tasks.env.datasets import Question, batch_for_step
-from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StepResources
+from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Rows, Stage, StageHook, StepResources
 from arbor.tasks.methods.rubricem.roles import REFLECTION_GRADES
 from arbor.tasks.methods.rubricem.tables import TABLES
 from arbor.tasks.methods.ss_grpo.method import SSGRPO
@@ -74,6 +74,11 @@ class RubricEM(SSGRPO):
         self.bank = RubricBank()
 
     # ------------------------------------------------------------------------------------------ resume
+    def stage_hooks(self) -> dict[str, StageHook]:
+        """SS-GRPO's stages plus reflection (§3.3): the judge grades each trajectory's reflection, and the bank
+        keeps the lessons the next step's rollouts retrieve."""
+        return {"score": self.score, "reflect": self.reflect, "shape": self.shape}
+
     def restore(self, run: StepResources) -> None:
         """The stage buffer (SS-GRPO) and the bank from the ``rubric_bank`` events of every completed reflect stage."""
         super().restore(run)

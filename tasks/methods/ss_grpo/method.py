@@ -9,7 +9,7 @@ Needs the staged protocol (``rollout.protocol=rubricem``: Plan / Research / Revi
     train   A_{i,k} per stage across the group; every token of stage k carries A_{i,k}; KL to the frozen
             reference policy with beta = rubricem.kl_coef (eq. 1)
 
-Choices where the paper leaves arbor's setting open (docs/decisions.md):
+Choices where the paper leaves arbor's setting open (docs/decisions/ss-grpo-stage-structured-grpo.md):
 - the persistent Answer rubric is the outcome: token F1 against the gold answers, weight ``rubricem.outcome_weight``;
 - no format reward (F.1.2): every trajectory is graded, scaffold-valid or not, and its Answer rubric reads the
   answer it states (``outcome_f1``); ``rubricem.format_gate=true`` is arbor's variant, eq. 4's gate: a
@@ -37,7 +37,7 @@ from arbor.config.train import TrainConfig
 from arbor.format import STAGE_NAMES
 from arbor.llm.base import CallContext, JudgeOutcome
 from arbor.reward import token_f1
-from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StepResources
+from arbor.tasks.methods.base import ROLLOUT, SHAPE, TRAIN, Method, Rows, Stage, StageHook, StepResources
 from arbor.tasks.methods.ss_grpo.roles import STAGE_GRADES, STAGE_RUBRICS
 from arbor.tasks.methods.ss_grpo.stagewise import (
     StageBuffer,
@@ -101,6 +101,11 @@ class SSGRPO(Method):
         self.buffer = StageBuffer(tuple(cfg.rubricem.stage_caps))
 
     # ------------------------------------------------------------------------------------------ resume
+    def stage_hooks(self) -> dict[str, StageHook]:
+        """RubricEM's stage-wise step (§3.2): generate each query's stage rubrics and grade every trajectory's
+        stages against them, then shape the stage returns."""
+        return {"score": self.score, "shape": self.shape}
+
     def restore(self, run: StepResources) -> None:
         """The stage buffer from the ``stage_rubrics`` events of every completed score stage."""
         events: Rows = []

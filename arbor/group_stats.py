@@ -12,7 +12,7 @@ Zero-variance groups are split by outcome pattern:
 The pattern is a property of the outcomes only; the zero-variance flag is a property of the reward. A group mixing
 format-invalid (base -1) and valid-but-wrong (base 0) trajectories has pattern ``all_wrong`` but non-zero base
 reward variance, so it is *not* counted as reward-homogeneous under R_base (the format penalty still gives it a
-gradient); see docs/decisions.md.
+gradient); see docs/decisions/arbor-method-anchors-scoring-admission-lifecycle-shaping.md.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ STAGED_PROMPT = ("Answer the question by searching. Plan in <structured_plan></s
 RUBRICEM_SETS: dict[str, Any] = {"rollout.protocol": "rubricem", "rollout.system_prompt": STAGED_PROMPT,
                                  "sft.reflections": 0.25, "rollout.max_context_tokens": 1024}
 METHOD_SETS: dict[str, dict[str, Any]] = {"ss-grpo": RUBRICEM_SETS, "rubricem": RUBRICEM_SETS}
-# the measured setting (docs/decisions.md): three times the demo's RL steps, held-out F1
+# the measured setting (docs/decisions/README.md): three times the demo's RL steps, held-out F1
 # sampled at the rollout temperature over 4 x 200 answers at steps 0, 15 and 30; any --set overrides these
 BENCH_SETS: dict[str, Any] = {"run.steps": 30, "run.eval_every": 15, "run.eval_runs": 4}
 # per profile: smol-world's own file already holds its measured setting (20 steps, eval at 0, 10 and 20)

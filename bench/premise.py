@@ -1,5 +1,4 @@
-"""Does ARBOR help where its premise holds? The registered table (docs/decisions.md, "ARBOR where its premise
-holds: the two-hop mix with an informative judge").
+"""Does ARBOR help where its premise holds? The registered table (docs/decisions/premise-two-hop-registration.md).
 
     python bench/premise.py --home H --seeds 0 2 4                  # every row, seed-major, one run after another
     python bench/premise.py --home H --rows arbor-world-step --seeds 0 1

@@ -121,7 +121,7 @@ def elision_marker(n_chars: int) -> str:
 def min_judge_budget(max_response_tokens: int, max_result_blocks: int) -> int:
     """The smallest ``judge.max_judge_tokens`` under which compaction keeps every non-result character of a
     response whose non-result text is ``max_response_tokens`` estimated tokens: that text plus one worst-case
-    (5-digit) elision marker per result block (docs/decisions.md)."""
+    (5-digit) elision marker per result block (docs/decisions/verdicts-and-compaction.md)."""
     marker = len(elision_marker(4 * 99_999))
     return max_response_tokens + math.ceil(max_result_blocks * marker / 4)
 

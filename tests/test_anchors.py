@@ -54,7 +54,7 @@ def test_all_correct_and_all_wrong_skip(value):
 
 
 def test_shared_intermediate_f1_is_unlabeled_not_skip():
-    # A.1 "all share one intermediate F1 -> unlabeled fallback" (docs/decisions.md).
+    # A.1 "all share one intermediate F1 -> unlabeled fallback" (docs/decisions/arbor-method-anchors-scoring-admission-lifecycle-shaping.md).
     a = select_anchors([0.5, 0.5, 0.5], [1, 2, 3], [T, T, T])
     assert a == {"mode": "unlabeled", "positive": None, "worst": None, "hard": None}
     assert unlabeled_members([T, T, T]) == [0, 1, 2]
@@ -72,7 +72,7 @@ def test_valid_share_intermediate_unlabeled_members_are_the_valid_ones():
 
 # ------------------------------------------------------------------ format-invalid negatives (E.1, A.1)
 # Positives come from format-valid trajectories only; tau-_worst and tau-_hard from ALL trajectories, a
-# format-invalid one's F1 gated to 0; ties: shortest response, then lowest index (docs/decisions.md).
+# format-invalid one's F1 gated to 0; ties: shortest response, then lowest index (docs/decisions/anchors-and-retirement.md).
 LEN8 = [40, 30, 50, 20, 35, 10, 60, 25]
 VALID2 = [T, T, F, F, F, F, F, F]
 

@@ -113,7 +113,7 @@ def test_offline_split_holds_out_benchmark_overlap() -> None:
     # eval = 39 held out + round(0.2 * 70) = 14 HotpotQA + round(0.2 * 91) = 18 MuSiQue = 71; train = 129
     assert (len(train), len(eval_)) == (129, 71)
     assert load_questions("bench:local") == heldout
-    # the split is fixed: pin it (docs/decisions.md); a change of seed or rule changes this digest
+    # the split is fixed: pin it (docs/decisions/format-checker-base-reward-search-and-datasets.md); a change of seed or rule changes this digest
     digest = hashlib.sha256(",".join(sorted(ids_t)).encode()).hexdigest()[:16]
     assert digest == PINNED_TRAIN_DIGEST
 

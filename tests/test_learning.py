@@ -3,7 +3,7 @@ broken loss cannot reach.
 
 A short run of the real flow (Prefect, DeepSpeed ZeRO-2, BM25 over the world corpus) from the ``tiny-world`` SFT
 start, on a fixed set of 16 world questions asked every step (RL's "overfit one batch" check: the reward of the same
-prompts must climb). Proven able to fail by mutation (docs/decisions.md, the learning test): with the advantage's sign
+prompts must climb). Proven able to fail by mutation (docs/decisions/the-ci-learning-test-and-its-recalibration.md): with the advantage's sign
 flipped, with the loss mask ignoring the response, and with the TIS weights fixed to zero, it fails.
 """
 
@@ -23,7 +23,7 @@ STEPS = 8
 LEARN = {"run.steps": STEPS, "run.eval_every": None, "checkpoint.every": STEPS, "data.train_size": 16,
          "rollout.batch_size": 16, "train.lr": 1.0e-3}
 # The least-squares rise of the mean base reward over the run (slope x (STEPS - 1)), measured 2026-11-25 from the
-# shipped SFT start (docs/decisions.md, "the CI learning test, recalibrated"): GRPO +0.18; the same run at
+# shipped SFT start (docs/decisions/the-ci-learning-test-and-its-recalibration.md): GRPO +0.18; the same run at
 # lr 1e-9 (no learning, the noise of sampling) -0.04; the advantage's sign flipped -0.87.
 MARGIN = 0.10
 

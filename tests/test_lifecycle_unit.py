@@ -131,7 +131,7 @@ def test_maturity_is_counted_in_the_lifecycles_unit() -> None:
 
 
 def test_which_reading_each_profile_uses() -> None:
-    """docs/decisions.md, the lifecycle's unit: the group reading by default and in the CPU profiles (the record
+    """docs/decisions/the-lifecycles-unit.md: the group reading by default and in the CPU profiles (the record
     they were measured with); ARBOR's paper profiles count n_r and maturity per group (§3.3, Table 3) and filter
     per batch (§3.4's "per-batch variance filter")."""
     assert (MemoryConfig().count_activations, MemoryConfig().shaping_filter) == ("group", "group")

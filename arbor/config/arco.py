@@ -1,4 +1,4 @@
-"""ARCO hyperparameters: the authors' defaults (their code's ``configs/hotpotqa``; docs/decisions.md)."""
+"""ARCO hyperparameters: the authors' defaults (their code's ``configs/hotpotqa``; docs/decisions/arco-a-co-evolving-rubric-model.md)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ class MemoryConfig(Section):
         "population", description="the within-group variance that delta_v tests, in eq. 2's admission, the "
         "shaping filter (§3.4) and n_r (§3.3): population divides by n, sample by n - 1. The paper does not say; "
         "Var_{i in G_q}(s_i^r) reads as a statistic of the group itself, the set whose mean eq. 3 takes with "
-        "1/|G_q|, so population is the default and the paper profiles' choice (docs/decisions.md). On K = 8 and the 11-edge graph with random verdicts, half ties, delta_v = 0.05 passes ~0.38 of "
+        "1/|G_q|, so population is the default and the paper profiles' choice (docs/decisions/response-budget-and-variance-estimator.md). On K = 8 and the 11-edge graph with random verdicts, half ties, delta_v = 0.05 passes ~0.38 of "
         "rubrics with n and ~0.49 with n - 1")
     rho_min: float = Field(0.0, ge=-1.0, le=1.0, description="Pearson threshold rho_min (eq. 2, retirement)")
     kappa: int = Field(5, ge=0, description="retire when n_r > kappa consecutive low-variance activations")

@@ -4,7 +4,7 @@
 -- piecewise-linear cumulative curve of Figure 5. With k = floor(f*N) and e = f*N - k,
 --   share(f) = (events of the k most-used rubrics + e * events of rubric k+1) / all scoring events,
 -- i.e. the rubric at rank r counts with weight clamp(f*N - (r - 1), 0, 1). Example: 5% of 30 rubrics = 1.5
--- rubrics = the most-used one plus half of the second. (docs/decisions.md, "Storage layer")
+-- rubrics = the most-used one plus half of the second. (docs/decisions/storage-layer.md)
 create or replace view rubric_reuse_concentration as
 with fractions as (select unnest([0.05, 0.20]::double[]) as top_fraction)
 select r.run_id, f.top_fraction, any_value(r.n_rubrics) as n_rubrics,

@@ -5,7 +5,7 @@ Named specs for ``load_questions``:
 - ``offline:train`` / ``offline:eval`` / ``offline:all`` / ``offline:heldout``: the 200 offline HotpotQA-distractor and
   MuSiQue dev questions whose paragraphs form the local corpus. ``heldout`` = the 39 that also occur in the ARPO
   benchmark test splits (30 HotpotQA, 9 MuSiQue); they are in ``eval`` and never in ``train``. ``eval`` adds a seeded
-  20% of the remaining questions of each source; ``train`` is the rest (see docs/decisions.md).
+  20% of the remaining questions of each source; ``train`` is the rest (see docs/decisions/format-checker-base-reward-search-and-datasets.md).
 - ``arpo:train`` (the ARPO QA pool minus the 5 questions that leak into the HotpotQA test split) and ``arpo:train2k``
   (a seeded 2,000-question sample of it, as the paper samples 2K QA examples).
 - ``bench:hotpotqa``, ``bench:2wiki``, ``bench:musique``, ``bench:bamboogle`` (the ARPO test splits) and

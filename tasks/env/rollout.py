@@ -13,7 +13,7 @@ policy version, and scored by ``arbor.reward.score_trajectory``.
 
 Rollout log-probs are those of the sampling distribution actually used: ``log_softmax(logits / T)`` restricted to the
 top-p nucleus (renormalised); with greedy decoding (T == 0), ``log_softmax(logits)``. For vLLM this corresponds to
-``vllm serve --logprobs-mode processed_logprobs`` (its default returns the raw model log-probs; see decisions.md).
+``vllm serve --logprobs-mode processed_logprobs`` (its default returns the raw model log-probs; see docs/decisions/agent-loop-rollout-engines-tiny-policy-and-sft-data.md).
 
 The engines share ``rollout_driver.py`` (seeds, scoring, streamed groups, the guide); the transformers engine decodes
 with ``decoding.py``.
@@ -155,7 +155,7 @@ class OpenAIEngine(EngineBase):
       ``generation_config.json``, top_k=20 for Qwen3); response ``finish_reason`` is "stop" or "length".
 
     Start vLLM with ``--logprobs-mode processed_logprobs`` so the returned log-probs are those of the sampling
-    distribution (after temperature / top-p), like the transformers engine's (see docs/decisions.md).
+    distribution (after temperature / top-p), like the transformers engine's (see docs/decisions/agent-loop-rollout-engines-tiny-policy-and-sft-data.md).
     """
 
     # a 503 (vLLM 0.33 while paused) is retried after this wait, doubled each time up to the max (or the

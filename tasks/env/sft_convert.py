@@ -20,7 +20,7 @@ Conversations in the *sharegpt* / chat layout (``conversations: [{from, value}]`
 content}]``, the form STILL-style releases and LLaMA-Factory's tool data use) are read too: the first user turn is
 the question, assistant turns are the trajectory, and a tool / observation / function turn is the output of the
 search before it. STILL's long-thought release carries no search call, so the search-only filter keeps none of
-its rows; rows of either layout that do search are kept (docs/sft.md, docs/decisions.md).
+its rows; rows of either layout that do search are kept (docs/sft.md, docs/decisions/the-cluster-path-a-user-walks.md).
 
 The mapping (``convert_response``), pure: a row with a Python / code call is dropped; reasoning outside any tag
 becomes ``<think>``; each search's output is re-wrapped as the protocol's loop wraps tool output (so it stays

@@ -170,7 +170,7 @@ def build_sft_data(cfg: Any, out_path: str | Path, *, home: str | Path, spec: st
 
 
 # RubricEM's start: a quarter of the gold rows get a reflection row and a reference-block copy. The share the
-# measured RubricEM start uses (bench/learning.py, docs/decisions.md); without the copies the policy wrote
+# measured RubricEM start uses (bench/learning.py, docs/decisions/rubricem-and-ss-grpo-learning-under-the-papers-rule.md); without the copies the policy wrote
 # reflections instead of its plan once its own reflection appeared in the prompt (train format-valid 0.00).
 RUBRICEM_REFLECTIONS = 0.25
 

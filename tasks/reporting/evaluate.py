@@ -18,7 +18,7 @@ Protocol (paper §4.1 "Evaluation Metrics", App. C.1, C.2):
 
 A judge call that fails (``JudgeOutcome.value is None``) is stored as ``judge_correct = None`` and counts as
 incorrect in both official and valid-only accuracy; the count is reported (``n_judge_failed``) so a table with
-failures is never mistaken for a clean one (docs/decisions.md).
+failures is never mistaken for a clean one (docs/decisions/evaluation-reports-and-tracking.md).
 """
 
 from __future__ import annotations

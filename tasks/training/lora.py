@@ -1,5 +1,5 @@
 """LoRA: low-rank adapters on frozen linear layers (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language
-Models", arXiv:2106.09685), arbor's own (docs/decisions.md, LoRA for the policy).
+Models", arXiv:2106.09685), arbor's own (docs/decisions/lora-for-the-policy.md).
 
 A wrapped layer computes (§4.1)
 

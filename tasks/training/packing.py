@@ -86,7 +86,7 @@ def pack_rows(lengths: list[int], max_tokens: int, one_row: bool = False) -> lis
 
 
 PACKING_ATTENTION = {"sdpa": "packed", "eager": "packed", "flash_attention_2": "varlen", "flash_attention_3": "varlen"}
-PACKING_MODELS = ("llama", "qwen2", "qwen3")  # decoders whose transformers source was read (docs/decisions.md)
+PACKING_MODELS = ("llama", "qwen2", "qwen3")  # decoders whose transformers source was read (docs/decisions/packed-micro-batches.md)
 
 
 def packing_mode(lm: torch.nn.Module) -> str:

@@ -2,7 +2,7 @@
 
 vLLM 0.33 documents this case ("Trainer Without vLLM over HTTP", ``docs/training/weight_transfer/nccl.md``;
 reference ``examples/rl/rlhf_http_nccl_no_vllm.py``). The contract, as read from the 0.33.0 sdist (every fact cited
-in docs/decisions.md and checked against ``tests/data/vllm_0_33_contract.json`` by ``tests/test_vllm_contract.py``):
+in docs/decisions/rollouts-and-weight-sync-as-vllm-0-33-speaks-them.md and checked against ``tests/data/vllm_0_33_contract.json`` by ``tests/test_vllm_contract.py``):
 
 - the routes exist only on a server started with ``VLLM_SERVER_DEV_MODE=1``
   (``vllm/entrypoints/launchers/api_server/routers.py::register_api_routers``) and, for the transfer itself,

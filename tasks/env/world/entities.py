@@ -38,7 +38,7 @@ KINDS = ("one_hop", "bridge", "comparison")
 ENTITY_TYPES = ("person", "city", "film", "company")
 
 # Name syllables. Every onset is a single word-start token ("ĠTob") of the tiny tokenizer and every coda a single
-# continuation token, so "Tobara" is two tokens after a space; measured on the tiny-cpu tokenizer (decisions.md).
+# continuation token, so "Tobara" is two tokens after a space; measured on the tiny-cpu tokenizer (docs/decisions/the-synthetic-world.md).
 ONSETS = (
     "Bal", "Bav", "Bel", "Ber", "Bol", "Bos", "Bul", "Cal", "Cas", "Cav", "Cem", "Cob", "Col", "Cos", "Dal", "Dam",
     "Dav", "Del", "Der", "Des", "Dev", "Dil", "Dod", "Fal", "Fel", "Fer", "Gab", "Gal", "Gam", "Ger", "Gib", "Gil",

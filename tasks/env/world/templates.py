@@ -6,7 +6,7 @@ from __future__ import annotations
 # A passage states every fact once, the value right after a word that occurs once in the passage ("directed by",
 # "for", "released in"); a thought restates a fact with the same word before the value ("Tobara was directed by
 # Kerar Silix."). Reading a fact is then copying what follows a word the policy has just written, which a two-layer
-# model learns in minutes; with "The director of X is V." and four "is" per passage it did not (decisions.md).
+# model learns in minutes; with "The director of X is V." and four "is" per passage it did not (docs/decisions/what-made-the-synthetic-world-learnable.md).
 PASSAGES = {
     "person": ("{name} is {a_role} from {city}, born in {year}.", "Born in {year}, {name} is {a_role} from {city}."),
     "city": ("{name} is a city within {country}, founded in {year}.",

@@ -436,18 +436,13 @@ def tracked_metrics(state: RunState, step: int) -> dict[str, float | None]:
 
 def sample_rows(state: RunState, step: int, n: int) -> list[dict[str, Any]]:
     """The sample table of a step: the first trajectory of each of the first ``n`` groups, with its rewards and
-    the scores the active rubrics gave it (``rubric_id score`` pairs)."""
+    the scores the method gave it (``Method.sample_scores``; ARBOR: ``rubric_id score`` per active rubric)."""
     trajs = [t for t in trajectories_from_rows(read_stage_rows(state, step, "trajectories")) if t.sample == 0][:n]
-    acts = read_stage_rows(state, step, "rubric_activations")
-    rows = []
-    for t in trajs:
-        scores = [f"{a['rubric_id']} {a['scores'][t.sample]:+.2f}" for a in acts
-                  if a["group"] == t.group and a.get("scores") and len(a["scores"]) > t.sample]
-        rows.append({"step": step, "group": t.group, "sample": t.sample, "question": t.question,
-                     "gold": " | ".join(t.golds), "answer": t.answer or "", "format_valid": t.format_valid,
-                     "base_reward": t.base_reward, "total_reward": t.shaped_reward, "rubric_scores": ", ".join(scores),
-                     "response": t.text})
-    return rows
+    scores = state.method.sample_scores(state, step) if trajs else {}
+    return [{"step": step, "group": t.group, "sample": t.sample, "question": t.question, "gold": " | ".join(t.golds),
+             "answer": t.answer or "", "format_valid": t.format_valid, "base_reward": t.base_reward,
+             "total_reward": t.shaped_reward, "scores": scores.get((t.group, t.sample), ""), "response": t.text}
+            for t in trajs]
 
 
 def trajectories_from_rows(rows: Rows) -> list[Trajectory]:

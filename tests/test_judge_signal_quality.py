@@ -143,3 +143,16 @@ def test_arbor_logs_its_lifecycle_and_signal_and_grpo_nothing_of_them(workspace:
     assert report.endswith("**Common pool:** (empty)\n")
     grpo = resolve_method("grpo")(cfg)
     assert grpo.logged_metrics(StoredRun(workspace, grpo), 1) == {} and grpo.step_report(None, 1) is None  # type: ignore[arg-type]
+
+
+def test_a_sampled_trajectorys_scores_are_its_active_rubrics() -> None:
+    """``Arbor.sample_scores`` (the trackers' sample table): per (group, sample), each activated rubric's score of
+    that trajectory, in activation order; a failed score (None) and a rubric with no scores are left out."""
+    from arbor.tasks.methods.arbor.report import activation_scores
+
+    acts = [{"group": 0, "rubric_id": "r1", "scores": [0.5, None, -0.25]},
+            {"group": 0, "rubric_id": "r2", "scores": [1.0, 0.0, 0.0]},
+            {"group": 1, "rubric_id": "r1", "scores": None}]
+    assert activation_scores(acts) == {(0, 0): "r1 +0.50, r2 +1.00", (0, 1): "r2 +0.00",
+                                       (0, 2): "r1 -0.25, r2 +0.00"}
+    assert activation_scores([]) == {}

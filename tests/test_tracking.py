@@ -85,7 +85,7 @@ def test_steps_table_replayed_into_tensorboard(arbor_home: Path) -> None:
 
 
 SAMPLES = [{"step": 1, "group": g, "sample": 0, "question": f"Who is {g}?", "gold": "A", "answer": "A | B",
-            "format_valid": True, "base_reward": 0.5, "total_reward": 0.75, "rubric_scores": "r1 +0.50",
+            "format_valid": True, "base_reward": 0.5, "total_reward": 0.75, "scores": "r1 +0.50",
             "response": "<think>x</think>\n<answer>\\boxed{A}</answer>"} for g in range(2)]
 
 

@@ -15,7 +15,7 @@ to ``tasks.step.RunState``. What a method stores beyond the pipeline's tables, i
 registered with the store when its class is defined. Each stage between rollout and train runs the hook
 ``stage_hooks`` maps it to, ``hook(run, step, trajs)`` (trajs: the step's rollouts), returning the rows of its
 declared tables: the step's call sites, in order, in one place per method. The decisions
-inside the pipeline's stages are nineteen hooks with plain GRPO's defaults:
+inside the pipeline's stages are twenty hooks with plain GRPO's defaults:
 
     batch               the step's questions and what the prompt shows before each (RubricEM: curriculum, bank items)
     extra_rollouts      more groups after the batch's (DAPO's dynamic sampling)
@@ -38,6 +38,7 @@ inside the pipeline's stages are nineteen hooks with plain GRPO's defaults:
     step_metrics        the method's columns of the ``steps`` row (ARCO: mu's loss; DAPO: its shortfall)
     summary             what the step's log line and trackers show of the method's state (ARBOR: the common pool)
     console_lines       the method's rows in the console's step summary (ARBOR: the pool, the judge signal)
+    sample_scores       the scores a sampled trajectory got, in the trackers' sample table (ARBOR: each rubric's)
     restore             rebuild the method's own state from stored rows when a run (re)starts (ARBOR: its memory)
 
 The train-stage decisions run in the controller (``tasks.training.update.policy_update``): the trainer gets tensors and
@@ -253,6 +254,11 @@ class Method(GRPORule):
         (``RunState.compute``). Default: ``shape`` (eq. 3/4). A method that declares a stage of its own adds it here;
         ``RunState`` refuses a declared stage without a hook."""
         return {"shape": self.shape}
+
+    def sample_scores(self, run: StepResources, step: int) -> dict[tuple[int, int], str]:
+        """The ``scores`` cell of the trackers' sample table, by (group, sample): what the method scored the
+        trajectory with. Default: nothing."""
+        return {}
 
     def console_lines(self, metrics: Mapping[str, float]) -> list[str]:
         """The method's rows in the console's step summary, under every run's figures, from the step's logged

@@ -50,7 +50,7 @@ METRIC_NAMES: dict[str, str] = {
     "wall_seconds": "timing_s/step",
 }
 SAMPLE_COLUMNS = ("step", "group", "sample", "question", "gold", "answer", "format_valid", "base_reward",
-                  "total_reward", "rubric_scores", "response")
+                  "total_reward", "scores", "response")
 
 
 def grouped_metrics(row: Mapping[str, Any]) -> dict[str, Any]:

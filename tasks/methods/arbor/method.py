@@ -27,6 +27,7 @@ from arbor.tasks.methods.arbor.induction import select_anchors
 from arbor.tasks.methods.arbor.memory import RubricMemory, load_pool_file
 from arbor.tasks.methods.arbor.records import Activation, DraftResult, Records, group_info_from_rows
 from arbor.tasks.methods.arbor.report import (
+    activation_scores,
     console_lines,
     events_markdown,
     judge_signal_metrics,
@@ -149,6 +150,10 @@ class Arbor(Method):
         activated scores (eq. 3/4), consolidate the admitted drafts into common rubrics."""
         return {"score": self.score, "retire": self.retire, "induce": self.induce, "shape": self.shape,
                 "consolidate": self.consolidate}
+
+    def sample_scores(self, run: StepResources, step: int) -> dict[tuple[int, int], str]:
+        """Each trajectory's score under every rubric the step activated for its group (``rubric_id score``)."""
+        return activation_scores(run.rows(step, "rubric_activations"))
 
     def console_lines(self, metrics: Mapping[str, float]) -> list[str]:
         return console_lines(metrics)

@@ -43,6 +43,16 @@ def judge_signal_metrics(verdicts: Rows, trajectories: Rows) -> dict[str, float 
     return out
 
 
+def activation_scores(activations: Rows) -> dict[tuple[int, int], str]:
+    """``rubric_id score`` pairs per (group, sample), from the step's ``rubric_activations`` rows."""
+    out: dict[tuple[int, int], list[str]] = {}
+    for a in activations:
+        for i, s in enumerate(a.get("scores") or []):
+            if s is not None:
+                out.setdefault((a["group"], i), []).append(f"{a['rubric_id']} {s:+.2f}")
+    return {k: ", ".join(v) for k, v in out.items()}
+
+
 RUBRIC_ROW = ("rubrics", (("pool", "rubric/pool_size"), ("admitted", "rubric/admitted"), ("retired", "rubric/retired")))
 
 

@@ -20,8 +20,8 @@ RUN = "arco"
 
 
 def _overrides(start: Path, **extra: object) -> dict:
-    """Three steps of 4 prompts x 4: step 1 the teacher warm-up, step 2 decomposition (sparse), step 3 dense."""
-    return {**tiny_overrides(start), "run.method": "arco", "run.steps": 3, "rollout.batch_size": 4,
+    """Three steps of 2 prompts x 4: step 1 the teacher warm-up, step 2 decomposition (sparse), step 3 dense."""
+    return {**tiny_overrides(start), "run.method": "arco", "run.steps": 3, "rollout.batch_size": 2,
             "rollout.max_new_tokens_per_turn": 64, "rollout.max_response_tokens": 256,
             "arco.warmup_steps": 1, "arco.dense_start_step": 3, "arco.max_criteria_tokens": 24,
             "arco.lr": 1e-3, "arco.head_lr": 1e-3, "checkpoint.every": 5, **extra}
@@ -58,7 +58,7 @@ def test_arco_scores_turns_teaches_mu_and_trains_on_turn_credit(reference: Path)
     home = reference
     trajs = {t["traj_id"]: t for t in table("trajectories", RUN, home)}
     scores = table("mu_scores", RUN, home)
-    assert len(trajs) == 3 * 4 * 4
+    assert len(trajs) == 3 * 2 * 4
     for tid, t in trajs.items():  # the turns are the policy's loss-mask runs, in order
         mine = sorted((r for r in scores if r["traj_id"] == tid), key=lambda r: r["turn"])
         assert [(r["token_start"], r["token_end"]) for r in mine] == turn_spans(t["loss_mask"])
@@ -120,10 +120,11 @@ def test_resume_after_sigkill_mid_scoring_replays_mu(reference: Path, sft_policy
 
 def test_mu_checkpoints_follow_the_policys(sft_policy: Path, tmp_path: Path, prefect_harness) -> None:
     """With a checkpoint every step and keep_last 1, mu keeps its last checkpoint beside the policy's; a resumed
-    run that finds both complete loads them instead of replaying."""
+    run that finds both complete loads them instead of replaying. Two steps of one prompt x 2: what is checked is
+    where the checkpoints are and that mu's criteria are the static text, not what the steps learn."""
     home = tmp_path / "home"
-    o = _overrides(sft_policy, **{"run.steps": 2, "checkpoint.every": 1, "checkpoint.keep_last": 1,
-                                  "arco.criteria": "static"})
+    o = _overrides(sft_policy, **{"run.steps": 2, "rollout.batch_size": 1, "rollout.k": 2, "checkpoint.every": 1,
+                                  "checkpoint.keep_last": 1, "arco.criteria": "static"})
     _train(home, o)
     root = home / "checkpoints" / RUN
     assert sorted(p.name for p in (root / "mu").iterdir()) == ["step_000002"]

@@ -15,9 +15,9 @@ from arbor.config.judge import JudgeConfig
 from arbor.llm import JUDGE_CALL_COLUMNS, CallContext, make_judge
 from arbor.llm.reading import question_entities
 from arbor.seeding import coin
-from arbor.tasks.methods.arbor.admission import admission_stats, admit
 from arbor.tasks.methods.arbor.heuristics import FEATURES, feature_value
 from arbor.tasks.methods.arbor.induction import select_anchors
+from arbor.tasks.methods.arbor.memory import admission_stats, admit
 from arbor.tasks.methods.arbor.roles import CONSOLIDATION, INDUCTION, ask_pairwise
 from arbor.tasks.methods.arbor.sparse_graph import score_group, sparse_edges, verdict_to_outcome
 from arbor.tasks.methods.rar.roles import RAR_RATE, RAR_RUBRICS

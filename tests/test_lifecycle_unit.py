@@ -13,10 +13,9 @@ import pytest
 
 from arbor.config import load_config
 from arbor.config.memory import MemoryConfig
-from arbor.tasks.methods.arbor.memory import RubricMemory
+from arbor.tasks.methods.arbor.memory import RubricMemory, batch_filter
 from arbor.tasks.methods.arbor.method import Arbor
 from arbor.tasks.methods.arbor.records import Activation, DraftResult, GroupInfo, Records
-from arbor.tasks.methods.arbor.retirement import batch_filter
 from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
 from arbor.tasks.stage_store import StageStore
 from arbor.types import RubricDraft, Trajectory

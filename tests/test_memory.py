@@ -9,8 +9,7 @@ import pytest
 
 from arbor.config.memory import MemoryConfig
 from arbor.group_stats import pearson
-from arbor.tasks.methods.arbor.admission import admission_stats, admit
-from arbor.tasks.methods.arbor.memory import RubricMemory, load_pool_file
+from arbor.tasks.methods.arbor.memory import RubricMemory, admission_stats, admit, load_pool_file
 from arbor.tasks.methods.arbor.records import (
     ACTIVATION_COLUMNS,
     EVENT_COLUMNS,

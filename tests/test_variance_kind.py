@@ -10,8 +10,7 @@ import pytest
 from arbor.config import load_config
 from arbor.config.memory import MemoryConfig
 from arbor.group_stats import group_variance, population_variance, sample_variance
-from arbor.tasks.methods.arbor.admission import admission
-from arbor.tasks.methods.arbor.memory import RubricMemory
+from arbor.tasks.methods.arbor.memory import RubricMemory, admission
 from arbor.tasks.methods.arbor.records import Activation, DraftResult
 from arbor.tasks.methods.arbor.sparse_graph import GroupScoring
 from arbor.tasks.methods.base import RubricScores

@@ -1,11 +1,11 @@
 """ARBOR (the paper) as a package: the method (``method.py``: its stage graph and decisions), the rubric memory
-(``memory.py``, joining ``admission.py``, ``consolidation.py``, ``retirement.py``, active selection in ``selection.py``,
-the state in ``state.py``, resume in ``replay.py``), sparse pairwise judging (``judge.py``)
-and group scoring through a judge (``scoring.py``), anchor selection (``induction.py``, eq. 1, A.1), and the judge
-roles ARBOR asks (``roles.py``: induction, consolidation, pairwise; their prompts in ``prompts/`` and offline
-heuristics in ``heuristics.py``). The shaping of eq. 3/4 (``tasks/shaping.py``) is shared with every method, so it
-stays in ``tasks/``; ARBOR's rubric lifecycle tables are the pipeline's (``storage/schemas.py``), which the report
-and ``sql/`` read."""
+(``memory.py``: one class, ``RubricMemory``, in the lifecycle's order: state, drafts, admission, consolidation,
+retirement, active selection, resume; its rows in ``records.py``, n_r / rho_r in ``rubric_stats.py``), the
+sparse pairwise graph and its scores (``sparse_graph.py``, no judge call), group scoring through a judge
+(``scoring.py``), anchor selection (``induction.py``, eq. 1, A.1), and the judge roles ARBOR asks (``roles.py``: induction, consolidation, pairwise;
+their prompts in ``prompts/`` and offline heuristics in ``heuristics.py``). The shaping of eq. 3/4
+(``tasks/shaping.py``) is shared with every method, so it stays in ``tasks/``; ARBOR's rubric lifecycle tables are
+the pipeline's (``storage/schemas.py``), which the report and ``sql/`` read."""
 
 from arbor.tasks.methods.arbor import roles as roles  # registers its judge roles (roles.py, prompts/)
 

@@ -1,7 +1,7 @@
 """Group-stage process scoring through a judge (paper §3.4): sparse graph, randomised order, verdicts mapped back.
 
 For every (group, rubric) job the trajectories are ranked by base reward and joined by the sparse comparison graph
-of ``tasks.methods.arbor.judge.sparse_edges``; every edge is one pairwise judge call, shown in the order drawn by
+of ``tasks.methods.arbor.sparse_graph.sparse_edges``; every edge is one pairwise judge call, shown in the order drawn by
 ``presentation_swapped(seed, step, group, rubric_id, edge)`` so that a re-run (or a resume) sends the same prompts
 and hits the judge cache. All calls of all jobs run concurrently (the judge bounds concurrency); results are
 collected per job in job order, whatever order the calls finish in.

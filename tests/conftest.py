@@ -140,10 +140,10 @@ def deterministic():
 # short one; files not named follow in collection order. (xdist's own `--dist loadgroup` cannot do this under pytest
 # 9.2: it renames `item._nodeid`, which pytest 9.2 no longer reads, so its groups are silently ignored.)
 COSTLIEST_FIRST: tuple[str, ...] = (  # the first two build the two longest SFT starts side by side
-    "test_real_judge.py", "test_learning.py", "test_stop_drill.py", "test_flow_train.py", "test_flow_pipeline.py",
-    "test_methods.py", "test_deployment.py", "test_flow_arco.py", "test_flow_guidance.py", "test_flow_rubricem.py",
-    "test_bad_input.py", "test_sft.py", "test_example_evidence_check.py", "test_example_diversity.py", "test_smollm2.py",
-    "test_flow_lora.py", "test_install.py")
+    "test_real_judge.py", "test_learning.py", "test_flow_train.py", "test_stop_drill.py", "test_flow_pipeline.py",
+    "test_deployment.py", "test_flow_rubricem.py", "test_flow_guidance.py", "test_bad_input.py",
+    "test_example_evidence_check.py", "test_methods.py", "test_sft.py", "test_flow_arco.py", "test_smollm2.py",
+    "test_example_diversity.py", "test_flow_lora.py", "test_install.py")
 ONE_UNIT = {"test_flow_train.py": "reference_run", "test_flow_pipeline.py": "reference_run",
             "test_smollm2.py": "smol_home", "test_vllm_real.py": "smol_home"}
 # a file whose cases share nothing costly is cut in two units, so the two workers can split it: the stop drill's

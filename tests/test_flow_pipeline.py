@@ -106,13 +106,17 @@ def test_streamed_judging_starts_before_the_rollout_ends(serial_and_streamed) ->
 
 
 # ------------------------------------------------------------------------------------------ one-step overlap
+OVERLAP_BATCH = 4  # prompts a step of the overlapped runs (tiny_overrides' 8 halved, for CI time); K stays 4
+
+
 def _overlapped(sft_policy: Path, base_url: str) -> dict[str, Any]:
-    return {**tiny_overrides(sft_policy), **openai_judge(base_url), "run.overlap": "one-step"}
+    return {**tiny_overrides(sft_policy), **openai_judge(base_url), "run.overlap": "one-step",
+            "rollout.batch_size": OVERLAP_BATCH}
 
 
 @pytest.fixture(scope="module")
 def overlapped(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.TempPathFactory):
-    """An uninterrupted two-step run under ``run.overlap=one-step``."""
+    """An uninterrupted two-step run under ``run.overlap=one-step`` (``OVERLAP_BATCH`` prompts x K=4 a step)."""
     home = tmp_path_factory.mktemp("overlap_home")
     os.environ[JUDGE_KEY_ENV] = JUDGE_KEY
     with judge_server() as srv:

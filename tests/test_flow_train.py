@@ -1,15 +1,19 @@
 """arbor-train end to end: real Prefect, real DuckDB / Parquet, DeepSpeed on CPU, the tiny policy, the
 openai judge over real HTTP against the local OpenAI-compatible test server.
 
-One session-scoped reference run; every resume test re-runs the same configuration in a fresh workspace with a
-fresh judge server, fails it on purpose, resumes it, and compares the stored results with the reference.
+One session-scoped reference run; every resume test continues the same configuration in a fresh workspace with a
+fresh judge server, fails it on purpose, resumes it, and compares the stored results with the reference. Step 1 of
+the resume tests' run is computed once (``failed_in_step_2``: the run fails in step 2's first stage) and each test
+continues its own copy of that workspace, for CI time.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -47,6 +51,38 @@ def reference(reference_run):
     """The uninterrupted run every resume test compares against (conftest); its judge server's request counts."""
     home, counts, _ = reference_run
     return home, counts
+
+
+@pytest.fixture(scope="module")
+def failed_in_step_2(reference, sft_policy: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The reference's configuration run in a fresh workspace against a fresh judge server, failed (``ARBOR_FAULT``)
+    in step 2's first stage: step 1 complete and stored, nothing of step 2 stored. (workspace, its judge server's
+    request count per prompt). Each resume test continues a copy of it (``_continue``) against a judge server of
+    its own: the workspace moves (the catalog rebinds), the judge endpoint is a change a resume accepts."""
+    home = tmp_path_factory.mktemp("failed_in_step_2")
+    first = Arbor.stage_names()[0]
+    with judge_server() as srv, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ARBOR_FAULT", f"2:{first}")
+        with pytest.raises(InjectedFault):
+            _train(home, RUN, {**tiny_overrides(sft_policy), **openai_judge(srv.base_url)})
+        counts = dict(srv.counts)
+    done = {(s["step"], s["stage"]) for s in table("stage_runs", RUN, home) if s["status"] == "completed"}
+    assert done == {(1, stage) for stage in Arbor.stage_names()}, done
+    assert counts and max(counts.values()) == 1
+    return home, counts
+
+
+def _continue(failed: tuple[Path, dict], tmp_path: Path) -> Path:
+    """A copy of ``failed_in_step_2``'s workspace under ``tmp_path``, to resume."""
+    home = tmp_path / "home"
+    shutil.copytree(failed[0], home, symlinks=True)
+    return home
+
+
+def _paid(failed: tuple[Path, dict], srv) -> Counter:
+    """How often each judge prompt reached a server over the run's whole life: the failed run's server (step 1 and
+    the judging step 2's failed first stage streamed), then this test's."""
+    return Counter(failed[1]) + Counter(srv.counts)
 
 
 def test_two_step_run_satisfies_lifecycle_invariants(reference) -> None:
@@ -90,36 +126,41 @@ def test_two_step_run_satisfies_lifecycle_invariants(reference) -> None:
     assert invalid and all(t["shaped_reward"] == t["base_reward"] == -1.0 for t in invalid)
 
 
-def test_resume_after_failure_in_each_stage(reference, sft_policy: Path, tmp_path: Path,
+def test_resume_after_failure_in_each_stage(reference, failed_in_step_2, sft_policy: Path, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Step 2 fails in each of ARBOR's stages in turn: the run fails in its first stage, each resume fails in the
-    next one (so every stage is resumed from a failure once; one run instead of one a stage, for CI time), and the
-    last resume completes. Nothing of a failed stage is stored, no judge prompt is paid twice, and the stored
-    results are the uninterrupted reference's."""
+    """Step 2 fails in each of ARBOR's stages in turn: the run fails in its first stage (``failed_in_step_2``), each
+    resume fails in the next one (so every stage is resumed from a failure once; one run instead of one a stage, for
+    CI time), and the last resume completes. Nothing of a failed stage is stored, no judge prompt is paid twice, and
+    the stored results are the uninterrupted reference's."""
     ref_home, _ = reference
-    home = tmp_path / "home"
+    home = _continue(failed_in_step_2, tmp_path)
     with judge_server() as srv:
         o = {**tiny_overrides(sft_policy), **openai_judge(srv.base_url)}
         for i, stage in enumerate(Arbor.stage_names()):
-            monkeypatch.setenv("ARBOR_FAULT", f"2:{stage}")
-            with pytest.raises(InjectedFault):
-                _train(home, RUN, o, resume=i > 0)
+            if i > 0:  # the first stage's failure is the copied run's
+                monkeypatch.setenv("ARBOR_FAULT", f"2:{stage}")
+                with pytest.raises(InjectedFault):
+                    _train(home, RUN, o, resume=True)
             assert not any(s["stage"] == stage and s["step"] == 2 for s in table("stage_runs", RUN, home)
                            if s["status"] == "completed"), stage
             done = {s["stage"] for s in table("stage_runs", RUN, home) if s["step"] == 2 and s["status"] == "completed"}
             assert done == set(Arbor.stage_names()[:i]), (stage, done)  # the earlier stages, resumed, are kept
         monkeypatch.delenv("ARBOR_FAULT")
         _train(home, RUN, o, resume=True)
-        assert max(srv.counts.values()) == 1, "a judge prompt reached the server twice"
+        assert srv.counts and max(_paid(failed_in_step_2, srv).values()) == 1, "a judge prompt reached the server twice"
     assert comparable_events(RUN, home) == comparable_events(RUN, ref_home)
     assert shaped_rewards(RUN, home) == shaped_rewards(RUN, ref_home)
     assert [r["loss"] for r in sorted(table("steps", RUN, home), key=lambda r: r["step"])] == pytest.approx(
         [r["loss"] for r in sorted(table("steps", RUN, ref_home), key=lambda r: r["step"])], abs=1e-6)
 
 
-def test_resume_after_sigkill_mid_stage(reference, sft_policy: Path, tmp_path: Path, prefect_harness) -> None:
+def test_resume_after_sigkill_mid_stage(reference, failed_in_step_2, sft_policy: Path, tmp_path: Path,
+                                        prefect_harness) -> None:
+    """The run (``failed_in_step_2``) is resumed by ``arbor train --resume`` and SIGKILLed in the middle of step 2's
+    score stage; nothing of the stage is stored, the next resume completes, no judge prompt is paid twice, and the
+    stored results are the reference's."""
     ref_home, _ = reference
-    home = tmp_path / "home"
+    home = _continue(failed_in_step_2, tmp_path)
     with judge_server() as srv:
         o = {**tiny_overrides(sft_policy), **openai_judge(srv.base_url)}
         sets = [f"--set={k}={v}" for k, v in o.items()]
@@ -130,31 +171,31 @@ def test_resume_after_sigkill_mid_stage(reference, sft_policy: Path, tmp_path: P
                "PREFECT_API_URL": str(PREFECT_API_URL.value())}
         log = tmp_path / "killed.log"
         with open(log, "w") as out:
-            proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "--run-id", RUN, *sets], env=env,
+            proc = subprocess.run([sys.executable, "-m", "arbor.cli", "train", "--resume", RUN, *sets], env=env,
                                   stdout=out, stderr=subprocess.STDOUT, timeout=600)
         assert proc.returncode == -9, log.read_text()[-2000:]  # SIGKILLed mid-stage
         assert not any(s["stage"] == "score" and s["step"] == 2 for s in table("stage_runs", RUN, home))
         _train(home, RUN, o, resume=True)
-        assert max(srv.counts.values()) == 1
+        assert srv.counts and max(_paid(failed_in_step_2, srv).values()) == 1
     assert comparable_events(RUN, home) == comparable_events(RUN, ref_home)
     assert shaped_rewards(RUN, home) == shaped_rewards(RUN, ref_home)
 
 
-def test_a_damaged_stage_stops_the_resume_and_redo_recomputes_it(reference, sft_policy: Path, tmp_path: Path,
-                                                                  prefect_harness,
+def test_a_damaged_stage_stops_the_resume_and_redo_recomputes_it(reference, failed_in_step_2, sft_policy: Path,
+                                                                  tmp_path: Path, prefect_harness,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """Step 2 fails before shaping; one flipped byte in step 2's stored score file then stops the
-    resume naming the file and the remedy, and ``--resume R --redo 2:score`` discards score and what followed it,
+    """Step 2 (resumed from ``failed_in_step_2``) fails before shaping; one flipped byte in step 2's stored score
+    file then stops the resume naming the file and the remedy, and ``--resume R --redo 2:score`` discards score and what followed it,
     recomputes them (the judge's cache answers: no prompt reaches the server twice) and ends as the reference."""
     from arbor.storage.parquet import StageCorrupt, stage_path
 
     ref_home, _ = reference
-    home = tmp_path / "home"
+    home = _continue(failed_in_step_2, tmp_path)
     with judge_server() as srv:
         o = {**tiny_overrides(sft_policy), **openai_judge(srv.base_url)}
         monkeypatch.setenv("ARBOR_FAULT", "2:shape")
         with pytest.raises(InjectedFault):
-            _train(home, RUN, o)
+            _train(home, RUN, o, resume=True)
         monkeypatch.delenv("ARBOR_FAULT")
         path = Path(stage_path("rubric_activations", run_id=RUN, step=2, stage="score", home=home))
         data = bytearray(path.read_bytes())
@@ -175,7 +216,7 @@ def test_a_damaged_stage_stops_the_resume_and_redo_recomputes_it(reference, sft_
                               env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "redo: discarded 3 stored stages of run ref from step 2 (score on)" in proc.stderr
-        assert max(srv.counts.values()) == 1, "a judge prompt reached the server twice"
+        assert srv.counts and max(_paid(failed_in_step_2, srv).values()) == 1, "a judge prompt reached the server twice"
     assert comparable_events(RUN, home) == comparable_events(RUN, ref_home)
     assert shaped_rewards(RUN, home) == shaped_rewards(RUN, ref_home)
 
@@ -200,7 +241,9 @@ def test_export_and_warm_start_rubric_pool(reference, sft_policy: Path, tmp_path
     pool = tmp_path / "pool.json"
     pool.write_text(json.dumps(data))
     home = tmp_path / "home"
-    _train(home, "warm", tiny_overrides(sft_policy, **{"run.steps": 1, "memory.init_from": str(pool)}))
+    # one step of 4 prompts x K=4 (the warm start is loaded and activated whatever the batch)
+    _train(home, "warm", tiny_overrides(sft_policy, **{"run.steps": 1, "rollout.batch_size": 4,
+                                                       "memory.init_from": str(pool)}))
     events = table("rubric_events", "warm", home)
     loaded = [e["title"] for e in sorted(events, key=lambda e: e["seq"]) if e["event"] == "consolidated"
               and e["step"] == 1 and (e["reason"] or "").startswith("warm start")]

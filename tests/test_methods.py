@@ -1,5 +1,5 @@
 """The paper's comparisons as one config switch: every method runs tiny steps (ARBOR and DAPO two, the
-others one) on the same prompts and seeds; DAPO drops exactly the zero-variance groups; RaR rubrics never leave their group; no-memory keeps P empty."""
+others one; 4 prompts x K=4 a step) on the same prompts and seeds; DAPO drops exactly the zero-variance groups; RaR rubrics never leave their group; no-memory keeps P empty."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ pytestmark = pytest.mark.slow
 METHODS = ("arbor", "grpo", "dapo", "rar", "no-memory")
 TWO_STEPS = ("arbor", "dapo")
 PLUGIN = "examples.length_penalty:LengthPenaltyGRPO"  # a user's method by import path (docs/methods.md)
+BATCH = 4  # rollout.batch_size of every run here (tiny_overrides' 8 halved, for CI time)
+
+
+def _overrides(sft_policy: Path, **extra) -> dict:
+    return tiny_overrides(sft_policy, **{"rollout.batch_size": BATCH, **extra})
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +31,9 @@ def runs(prefect_harness, sft_policy: Path, tmp_path_factory: pytest.TempPathFac
     os.environ["ARBOR_HOME"] = str(home)
     for m in METHODS:  # two steps where step 2 differs in kind (ARBOR's rubrics activate, DAPO refills); one else
         steps = 2 if m in TWO_STEPS else 1
-        arbor_train(profile="tiny-cpu", overrides=tiny_overrides(sft_policy, **{"run.method": m, "run.steps": steps}),
+        arbor_train(profile="tiny-cpu", overrides=_overrides(sft_policy, **{"run.method": m, "run.steps": steps}),
                     run_id=m)
-    arbor_train(profile="tiny-cpu", overrides=tiny_overrides(sft_policy, **{"run.method": PLUGIN, "run.steps": 1}),
+    arbor_train(profile="tiny-cpu", overrides=_overrides(sft_policy, **{"run.method": PLUGIN, "run.steps": 1}),
                 run_id="plugin")
     return home
 
@@ -38,9 +43,6 @@ def _groups(rows: list[dict]) -> dict[tuple[int, int], list[dict]]:
     for r in sorted(rows, key=lambda r: r["sample"]):
         out.setdefault((r["step"], r["group"]), []).append(r)
     return out
-
-
-BATCH = 8  # tiny_overrides: rollout.batch_size
 
 
 def test_methods_share_prompts_and_seeds(runs: Path) -> None:
@@ -153,8 +155,8 @@ def test_trainer_as_supervised_process_group(runs: Path, sft_policy: Path, tmp_p
     home = tmp_path / "home"
     os.environ["ARBOR_HOME"] = str(home)
     try:
-        arbor_train(profile="tiny-cpu", overrides=tiny_overrides(sft_policy, **{"run.method": "dapo",
-                                                                                 "train.service": True}),
+        arbor_train(profile="tiny-cpu", overrides=_overrides(sft_policy, **{"run.method": "dapo",
+                                                                              "train.service": True}),
                     run_id="dapo")
     finally:
         os.environ["ARBOR_HOME"] = str(runs)

@@ -42,3 +42,34 @@ def test_a_stop_lost_in_a_finalizer_is_raised_at_the_next_boundary() -> None:
     assert "Exception ignored" in out.stderr and "RunStopped" in out.stderr, out.stderr  # the raise was lost
     assert out.stdout.splitlines() == ["survived the signal", f"raised SIGTERM {128 + signal.SIGTERM} True"], out
     assert out.returncode == 3
+
+
+DEFERRED = textwrap.dedent("""
+    import os, signal, sys
+    from arbor.runtime import stop
+
+    stop.install(lambda s: f"stopped: {s.cause}")
+    kept = None
+    try:
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGINT)  # lands inside the block: recorded, not raised
+            for _ in range(100000):
+                pass
+            kept = "the handle"  # what the block keeps (a started process) is kept
+            print("the block ran to its end", flush=True)
+    except stop.RunStopped as s:
+        print(f"raised at the block's end: {s.cause} {s.code}; kept {kept}", flush=True)
+        sys.exit(3)
+    print("nothing raised", flush=True)
+""")
+
+
+def test_a_stop_inside_deferred_is_raised_at_the_blocks_end() -> None:
+    """``stop.deferred`` (the temporary API server's spawn: its handle kept before a stop can leave it behind): a
+    real SIGINT inside the block lets the block finish, then raises the stop once, with the signal's cause."""
+    out = subprocess.run([sys.executable, "-c", DEFERRED], capture_output=True, text=True, timeout=60,
+                         env={"ARBOR_STOP_DEADLINE_S": "30", "PATH": "/usr/bin:/bin"})
+    assert out.stdout.splitlines() == ["the block ran to its end",
+                                       f"raised at the block's end: SIGINT (Ctrl-C) {128 + signal.SIGINT}; kept "
+                                       "the handle"], (out.stdout, out.stderr)
+    assert out.returncode == 3

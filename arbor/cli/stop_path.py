@@ -23,7 +23,9 @@ def _on_stop_path(line: Callable[[Any], str], home: Path, body: Callable[[], _T]
     previous = stop.install(line)  # from here on, one stop path
     api, watches = None, []
     try:
-        api, watches = _own_prefect_api(home)  # a group signal cannot take the API from the run
+        api, watches = _prefect_api(home)  # a group signal cannot take the API from the run
+        if api is not None:  # held here before it starts: a stop from now on stops it
+            _start_own_api(api)
         from arbor.runtime.quiet import quiet
 
         quiet()  # again, now that Prefect's log handlers exist
@@ -40,13 +42,11 @@ def _on_stop_path(line: Callable[[Any], str], home: Path, body: Callable[[], _T]
             w.stop()
 
 
-def _own_prefect_api(home: Path) -> tuple[Any, list[Any]]:
-    """Start Prefect's temporary API server ourselves when no API is configured (``PREFECT_API_URL``), in its own
-    session, watched (its death stops the run naming it) and stopped when this process exits. An API configured
-    elsewhere is watched through its port (``arbor.runtime.liveness``: gone for a bounded time, the run stops naming it).
-    Returns (the temporary server or None, the port watches)."""
-    import atexit
-
+def _prefect_api(home: Path) -> tuple[Any, list[Any]]:
+    """Prefect's temporary API server, not started yet, when no API is configured (``PREFECT_API_URL``:
+    ``_start_own_api`` starts it); an API configured elsewhere is watched through its port
+    (``arbor.runtime.liveness``: gone for a bounded time, the run stops naming it). Returns (the temporary server or
+    None, the port watches)."""
     from prefect.settings import get_current_settings
 
     from arbor.runtime import stop
@@ -60,13 +60,21 @@ def _own_prefect_api(home: Path) -> tuple[Any, list[Any]]:
         return None, [watch_endpoint("Prefect's API", url, stop.request, **slow)]
     from arbor.runtime.api_server import TemporaryApi
 
-    api = TemporaryApi(home / "logs" / "prefect-api.log",
-                       float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"]))
+    return TemporaryApi(home / "logs" / "prefect-api.log",
+                        float(os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])), []
+
+
+def _start_own_api(api: Any) -> None:
+    """Start the temporary server in its own session, watched (its death stops the run naming it) and stopped
+    when this process exits, however it exits (the stop path's ``os._exit`` skips ``atexit``: it stops it itself)."""
+    import atexit
+
+    from arbor.runtime import stop
+
     atexit.register(api.stop)  # registered before Prefect's own exit handlers, so it runs after them
+    stop.on_hard_stop(lambda _s: api.stop(grace_s=1.0))
     os.environ["PREFECT_API_URL"] = api.start()  # for processes the run starts
     api.watch(stop.request)
-    stop.on_hard_stop(lambda _s: api.stop(grace_s=1.0))
-    return api, []
 
 
 def _api_settings(api: Any) -> Any:

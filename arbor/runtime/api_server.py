@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from arbor.runtime import stop
 from arbor.runtime.liveness import Watch, watch_process
 
 
@@ -47,7 +48,9 @@ class TemporaryApi:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
+    def _spawn(self) -> None:
+        """Start the server and keep its handle in ``self.proc`` before a stop can be raised (``stop.deferred``):
+        a Ctrl-C that lands while the process starts finds it to stop instead of leaving it behind."""
         import prefect
         from prefect.settings import get_current_settings
 
@@ -56,8 +59,8 @@ class TemporaryApi:
                "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)}
         env.pop("PREFECT_API_URL", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            return subprocess.Popen(
+        with open(self.log_path, "ab") as log, stop.deferred():
+            self.proc = subprocess.Popen(
                 [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent), "--factory",
                  "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
                  "--log-level", "error", "--lifespan", "on"],
@@ -69,13 +72,13 @@ class TemporaryApi:
         import httpx
 
         try:
-            self.proc = self._spawn()
+            self._spawn()
             deadline = time.monotonic() + self.startup_timeout_s
             with httpx.Client(timeout=2.0) as client:
                 while True:
                     code = self.proc.poll()
                     if code == 3:  # uvicorn could not bind: the port was taken meanwhile
-                        self.proc = self._spawn()
+                        self._spawn()
                     elif code is not None:
                         raise ApiServerError(f"Prefect's temporary API server exited with status {code} while "
                                              f"starting (log: {self.log_path})")

@@ -20,7 +20,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ class _State:
     signalled: bool = False
     code: int = 1
     raised: bool = False
+    deferring: int = 0  # inside ``deferred()``: a signal is recorded, its raise waits for the block's end
     reported: bool = False
     line: Callable[[RunStopped], str] | None = None
     run_id: str | None = None
@@ -111,15 +113,32 @@ def on_hard_stop(fn: Callable[[RunStopped], None]) -> Callable[[], None]:
     return lambda: _state.on_hard_stop.remove(fn) if fn in _state.on_hard_stop else None
 
 
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold the raise of a stop asked for inside the block until its end (main thread; a few statements only:
+    starting a process and keeping its handle, so that the stop path finds it to stop). The deadline runs as ever."""
+    _state.deferring += 1
+    try:
+        yield
+    finally:
+        _state.deferring -= 1
+    if not _state.deferring and (pending := current()) is not None and not _state.raised:
+        _state.raised = True
+        raise pending
+
+
 def _on_signal(signum: int, frame: Any) -> None:
     with _state.lock:
         first = _state.cause is None
         if first:
             _state.cause, _state.signalled, _state.code = _NAMES.get(signum, f"signal {signum}"), True, 128 + signum
+        hold = _state.deferring > 0 and first  # raised at the end of ``deferred()``
         raise_now = not _state.raised
-        _state.raised = True
+        _state.raised = _state.raised or not hold
     if first:
         _start_deadline(DEADLINE_S)
+    if hold:
+        return
     elif not raise_now:  # a second signal while unwinding: the user wants out now
         hard_stop()
     raise RunStopped(_state.cause or "", signalled=_state.signalled, code=_state.code)
@@ -169,4 +188,4 @@ def hard_stop() -> None:
 
 
 __all__ = ["RunStopped", "install", "uninstall", "installed", "rearm", "request", "report", "current", "raise_pending",
-           "on_hard_stop", "set_run", "run_id", "hard_stop"]
+           "deferred", "on_hard_stop", "set_run", "run_id", "hard_stop"]

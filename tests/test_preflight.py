@@ -14,14 +14,15 @@ from arbor.preflight import PreflightError, check, require
 
 
 def test_qwen3_8b_on_a_cpu_box_lists_everything_missing() -> None:
+    """``require`` raises with every item ``check`` lists (one check: each unreachable endpoint costs a timeout)."""
     cfg = load_config("qwen3-8b")
-    missing = "\n".join(check(cfg, gpu_count=0, env={}))
+    with pytest.raises(PreflightError, match="cannot start here") as e:
+        require(cfg, gpu_count=0, env={})
+    missing = str(e.value)
     assert "policy.model: 'Qwen/Qwen3-8B'" in missing  # not a local path, not in the local HF cache
     assert "cluster:" in missing and "this machine has 0" in missing
     assert cfg.judge.api_key_env in missing
     assert cfg.search.api_key_env in missing
-    with pytest.raises(PreflightError, match="cannot start here"):
-        require(cfg, gpu_count=0, env={})
 
 
 def test_vllm_executable_is_looked_up_where_the_flow_will_start_it(tmp_path) -> None:
@@ -207,15 +208,14 @@ def test_cpu_profile_check_does_not_import_torch() -> None:
 def test_paper_profiles_on_a_cpu_box_list_what_is_missing(profile: str, own: list[str]) -> None:
     """Each preflights like the qwen3 profiles: GPUs, the model and its own needs reported as missing, not raised."""
     cfg = load_config(profile)
-    missing = check(cfg, gpu_count=0, env={})
-    text = "\n".join(missing)
+    with pytest.raises(PreflightError, match=f"profile '{profile}' cannot start here") as e:
+        require(cfg, gpu_count=0, env={})  # one check (``require`` raises what ``check`` lists)
+    text = str(e.value)
     assert f"policy.model: '{cfg.policy.model}'" in text  # not a local path, not in the local HF cache
     assert "cluster:" in text and "this machine has 0" in text
     assert cfg.search.api_key_env in text
     for item in own:
         assert item in text, text
-    with pytest.raises(PreflightError, match=f"profile '{profile}' cannot start here"):
-        require(cfg, gpu_count=0, env={})
 
 
 def _checkpoint(path, protocol: str | None) -> str:

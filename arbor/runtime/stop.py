@@ -132,14 +132,14 @@ def _on_signal(signum: int, frame: Any) -> None:
         first = _state.cause is None
         if first:
             _state.cause, _state.signalled, _state.code = _NAMES.get(signum, f"signal {signum}"), True, 128 + signum
-        hold = _state.deferring > 0 and first  # raised at the end of ``deferred()``
+        hold = _state.deferring > 0 and not _state.raised  # raised at the end of ``deferred()``
         raise_now = not _state.raised
         _state.raised = _state.raised or not hold
     if first:
         _start_deadline(DEADLINE_S)
     if hold:
         return
-    elif not raise_now:  # a second signal while unwinding: the user wants out now
+    if not raise_now:  # a second signal while unwinding: the user wants out now
         hard_stop()
     raise RunStopped(_state.cause or "", signalled=_state.signalled, code=_state.code)
 

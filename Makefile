@@ -92,13 +92,17 @@ VLLM_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.33.0,vllm-c
 vllm-env: .venv-vllm/.installed
 	@echo "vLLM: $(CURDIR)/.venv-vllm/bin/vllm (found for cluster.vllm_executable: vllm; nothing to set)"
 
-# llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (278 s on an
-# idle two-core machine), in an environment of its own (it pins fastapi apart from prefect)
+# llama.cpp's OpenAI-compatible server for a local real judge (`arbor judge serve`): compiled from source (133 s on an
+# idle two-core machine; 276 s before tools/llama_cpp_lean.cmake), in an environment of its own (it pins fastapi
+# apart from prefect)
 # A portable x86-64-v3 build, not -march=native: the native build segfaulted in its first decode on one of these VMs
 # (a CPU with AMX; the cause was not isolated), the portable one decodes. No wheel cache: the flags are not in its key.
 # LLAVA_BUILD=OFF: no multimodal library (llama.cpp's tools/mtmd, 54 sources the text-only judge never loads).
-JUDGE_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF
-.venv-judge/.installed: constraints-judge.txt
+# tools/llama_cpp_lean.cmake: no compile of llama.cpp's `common` library, which the Python server never loads (531 ->
+# 235 CPU-s; the server's replies byte-identical, its speed the same).
+JUDGE_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF \
+  -DCMAKE_PROJECT_llama_cpp_INCLUDE=$(CURDIR)/tools/llama_cpp_lean.cmake
+.venv-judge/.installed: constraints-judge.txt tools/llama_cpp_lean.cmake
 	$(PY) -m venv .venv-judge
 	CMAKE_ARGS="$(JUDGE_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q --no-cache-dir \
 	  -c constraints-judge.txt "llama-cpp-python[server]==0.3.36"

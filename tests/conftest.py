@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import os
 import shutil
 import tempfile
@@ -22,7 +21,6 @@ os.environ.setdefault("PREFECT_UI_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist
     os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"arbor-tests-prefect-{_worker}-")  # each worker's own
-    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
     # The cores shared out between the workers, inherited by every process a test starts. Left at torch's default
     # (every core), two workers' OpenMP threads spin on each other: a small forward/backward/AdamW loop ran at
     # 2.2 it/s with two threads and 47.8 it/s with one, on two cores loaded by another job.
@@ -34,6 +32,13 @@ if _worker := os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist
 # The suite's peak under pytest's base temporary folder, measured with pyproject's retention settings:
 # 7.6 GiB (the module- and session-scoped workspaces of the training tests; stop 65's CI ran out of disk with none).
 DISK_NEEDED_GIB = 8.0
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A worker removes its Prefect home when it ends (an xdist worker exits without running ``atexit`` handlers:
+    CI's disk kept one folder per worker per run)."""
+    if _worker:
+        shutil.rmtree(os.environ["PREFECT_HOME"], ignore_errors=True)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

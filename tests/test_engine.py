@@ -78,3 +78,41 @@ def test_a_single_process_moves_off_a_taken_port(monkeypatch: pytest.MonkeyPatch
         init_single_process_env()
         assert os.environ["MASTER_PORT"] != str(port) and _port_free(int(os.environ["MASTER_PORT"]))
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"]) == ("0", "1", "0")
+
+
+@pytest.mark.slow
+def test_a_zero3_engine_trains_without_compiling_deepspeeds_shm_op(tmp_path: Path) -> None:
+    """A fresh process with an empty extension cache loads a model under ZeRO-3 (zero.Init starts the process group),
+    builds the engine and takes an AdamW step: DeepSpeed compiles nothing (it compiled its shm all-reduce op here,
+    ~60 CPU-s per environment, for an inference path training never calls), and the step moves the weights."""
+    import subprocess
+    import sys
+
+    cache = tmp_path / "extensions"
+    cache.mkdir()
+    code = """
+import torch
+from pathlib import Path
+from arbor.tasks.env.policy import build_tiny_policy
+from arbor.tasks.training.engine import build_engine, deepspeed_config, init_single_process_env, load_model
+init_single_process_env()
+ds = deepspeed_config(zero_stage=3, bf16=False, grad_clip=1.0)
+model = load_model(build_tiny_policy(home=Path(HOME)), bf16=False, ds_config=ds, gradient_checkpointing="none")
+engine = build_engine(model, ds_config=ds, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), schedule="constant",
+                      warmup_steps=0, total_steps=1)
+import torch.distributed as dist
+from deepspeed.comm import comm
+ids = torch.tensor([[5, 6, 7, 8]])
+lm = engine.module.lm
+before = sum(float(p.ds_tensor.sum()) for p in lm.parameters())
+loss = lm(input_ids=ids, labels=ids).loss
+engine.backward(loss)
+engine.step()
+after = sum(float(p.ds_tensor.sum()) for p in lm.parameters())
+print("backend", dist.get_backend(), "shm op", comm.cdb.shm_comm_op, "moved", before != after)
+""".replace("HOME", repr(str(tmp_path / "home")))
+    got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TORCH_EXTENSIONS_DIR": str(cache)},
+                         capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert "backend gloo shm op None moved True" in got.stdout, got.stdout[-2000:]
+    assert list(cache.iterdir()) == []  # no op built, no build folder made

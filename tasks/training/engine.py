@@ -8,13 +8,10 @@ their engines here. CPU (CI): one process, DeepSpeed's CPU accelerator, ZeRO-2 (
 
 from __future__ import annotations
 
-import fcntl
-import glob
 import json
 import math
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,88 +60,18 @@ def init_single_process_env(port: int | None = None) -> None:
     os.environ.setdefault("LOCAL_RANK", "0")
 
 
-def prebuild_deepspeed_ops() -> list[str]:
-    """Load the ops DeepSpeed's CPU accelerator builds on first use (the shm comm op), compiling them if needed.
+def skip_shm_comm_op() -> None:
+    """Keep DeepSpeed from compiling its shared-memory all-reduce op when a process group starts.
 
-    Run once at set-up (``python -m arbor.tasks.training.train --prebuild-ops``), and by ``build_engine`` before
-    ``deepspeed.initialize``, which then finds the op loaded in this process. The build is cached in
-    ``TORCH_EXTENSIONS_DIR``, which importing arbor points at a folder of this torch installation's own
-    (``arbor.torch_extensions_dir``); loading holds ``extension_lock``. On a GPU machine nothing is needed (NCCL;
-    torch AdamW).
-    """
+    On CPU, ``deepspeed.comm.torch.TorchBackend`` JIT-compiles ``deepspeed_shm_comm`` in every new environment
+    (``build_shm_op``: ~60 CPU-s, a C++ build against torch's headers) and keeps it for ``inference_all_reduce``
+    only, which training never calls: gradients go through ``torch.distributed`` (gloo) either way. DeepSpeed
+    skips an op its ``__compatible_ops__`` marks incompatible and keeps edits to that dict, so marking it here,
+    before ``deepspeed.initialize`` / ``init_distributed``, leaves nothing to compile, lock or go stale
+    (docs/decisions/deepspeeds-shm-op-not-built.md). On GPUs the op does not exist (NCCL)."""
     import deepspeed.ops
-    from deepspeed.accelerator import get_accelerator
 
-    built = []
-    if get_accelerator().device_name() == "cpu":
-        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
-        if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
-            with extension_lock():
-                path = os.environ.get("PATH", "")
-                os.environ["PATH"] = ninja_first(path)
-                try:
-                    builder.load()
-                finally:
-                    os.environ["PATH"] = path
-            built.append(builder.absolute_name())
-    return built
-
-
-def ninja_first(path: str) -> str:
-    """``PATH`` with the ninja of the ``ninja`` package DeepSpeed depends on first, so every process builds with the
-    same ninja. torch runs whichever ``ninja`` PATH finds, and two versions invalidate each other's ``.ninja_log``
-    (a 1.11 from the system and the venv's 1.13 rebuilt the op in turn, 60-190 s each)."""
-    first = ninja_bin_dir()
-    if not first:
-        return path
-    return os.pathsep.join([first, *[p for p in path.split(os.pathsep) if p and p != first]])
-
-
-def ninja_bin_dir() -> str:
-    """The folder of the ``ninja`` package's own binary, found from its installed files ("" if not installed).
-
-    ``ninja.BIN_DIR`` looks in the running interpreter's scripts folder, so an environment that reaches the package
-    through a ``.pth`` line (a venv with the wheel installed beside this one's packages) gets "", and PATH then found
-    the system's 1.11 (the installed-wheel test rebuilt the op, and the next run rebuilt it back)."""
-    from importlib import metadata
-
-    try:
-        dist = metadata.distribution("ninja")
-    except metadata.PackageNotFoundError:
-        return ""
-    for f in dist.files or []:
-        if f.name == "ninja" and f.parent.name == "bin":
-            found = Path(dist.locate_file(f))
-            if found.is_file() and os.access(found, os.X_OK):
-                return str(found.parent.resolve())
-    return ""
-
-
-@contextmanager
-def extension_lock(root: str | None = None) -> Iterator[list[str]]:
-    """Hold an OS lock on arbor's torch extension cache while an op is loaded; yields the stale markers removed.
-
-    torch serialises extension builds with a marker file (``<op>/lock``, ``torch.utils.file_baton``) that each load
-    creates, even of an op already built, and removes when done. A process killed meanwhile leaves it behind, and
-    every later load then waits for it forever: a run killed during DeepSpeed's start-up made each later run hang
-    without a word. An ``flock`` is released by the kernel when its holder dies. Every arbor
-    process loads ops in arbor's own cache (``arbor-py3XY-*``) under this lock, so a marker found there while it is
-    held is stale and is removed. A cache the user named (TORCH_EXTENSIONS_DIR set) may be shared with other
-    programs: there nothing is removed."""
-    root = root if root is not None else os.environ.get("TORCH_EXTENSIONS_DIR", "")
-    if not root or not os.path.basename(os.path.normpath(root)).startswith("arbor-"):
-        yield []
-        return
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, "arbor.lock"), "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        try:
-            stale = sorted(glob.glob(os.path.join(root, "*", "lock")))
-            for marker in stale:
-                os.remove(marker)
-            yield stale
-        finally:
-            fcntl.flock(held, fcntl.LOCK_UN)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def read_deepspeed_json(path: str | None) -> dict[str, Any]:
@@ -241,6 +168,7 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     if ds_config["zero_optimization"]["stage"] == 3 and importlib.util.find_spec("accelerate") is not None:
         from transformers.integrations import HfDeepSpeedConfig
 
+        skip_shm_comm_op()  # zero.Init starts the process group while the weights load
         keep_alive = HfDeepSpeedConfig(ds_config)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.bfloat16 if bf16 else torch.float32)
     del keep_alive
@@ -278,7 +206,7 @@ def build_engine(
     import deepspeed
 
     init_single_process_env()
-    prebuild_deepspeed_ops()  # loaded under extension_lock: deepspeed.initialize then finds it loaded
+    skip_shm_comm_op()
     head = PolicyHead(model, temperature)
     register_head_weight(head, ds_config)
     trainable = [p for p in head.parameters() if p.requires_grad]

@@ -35,8 +35,8 @@ from arbor.tasks.training.engine import (
     init_single_process_env,
     load_model,
     merge,
-    prebuild_deepspeed_ops,
     read_deepspeed_json,
+    skip_shm_comm_op,
 )
 from arbor.tasks.training.packing import make_micro, pack_micro_batches, packing_mode, row_layout
 from arbor.tasks.training.recompute import MemoryBudget
@@ -278,7 +278,7 @@ def init_group(cfg: ArborConfig) -> None:
 
     import deepspeed
 
-    prebuild_deepspeed_ops()  # the shm op under engine.extension_lock, before init_distributed asks for it
+    skip_shm_comm_op()  # before init_distributed would compile it
     deepspeed.init_distributed(timeout=timedelta(seconds=seconds))
 
 

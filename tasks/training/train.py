@@ -39,7 +39,6 @@ from arbor.tasks.training.engine import (
     init_single_process_env,
     load_model,
     merge,
-    prebuild_deepspeed_ops,
     read_deepspeed_json,
     register_head_weight,
     synchronize,
@@ -437,19 +436,3 @@ class Trainer:
         self.policy_version = int(state["policy_version"])
         self.data_position = dict(state.get("data_position") or {})
         return self.step
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description="training utilities")
-    ap.add_argument("--prebuild-ops", action="store_true", help="compile DeepSpeed's CPU ops once (set-up step)")
-    args = ap.parse_args(argv)
-    if args.prebuild_ops:
-        init_single_process_env()
-        print("built:", ", ".join(prebuild_deepspeed_ops()) or "nothing to build on this accelerator")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

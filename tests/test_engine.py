@@ -84,20 +84,22 @@ def test_a_single_process_moves_off_a_taken_port(monkeypatch: pytest.MonkeyPatch
 def test_a_zero3_engine_trains_without_compiling_deepspeeds_shm_op(tmp_path: Path) -> None:
     """A fresh process with an empty extension cache loads a model under ZeRO-3 (zero.Init starts the process group),
     builds the engine and takes an AdamW step: DeepSpeed compiles nothing (it compiled its shm all-reduce op here,
-    ~60 CPU-s per environment, for an inference path training never calls), and the step moves the weights."""
+    ~60 CPU-s per environment, for an inference path training never calls), the step moves the weights, and neither
+    mlflow was loaded on the way (engine.UNUSED_IMPORTS), though it imports afterwards."""
     import subprocess
     import sys
 
+    from arbor.tasks.env.policy import build_tiny_policy
+
     cache = tmp_path / "extensions"
     cache.mkdir()
+    policy = build_tiny_policy(home=tmp_path / "home")  # here: building it is not what the process measures
     code = """
 import torch
-from pathlib import Path
-from arbor.tasks.env.policy import build_tiny_policy
 from arbor.tasks.training.engine import build_engine, deepspeed_config, init_single_process_env, load_model
 init_single_process_env()
 ds = deepspeed_config(zero_stage=3, bf16=False, grad_clip=1.0)
-model = load_model(build_tiny_policy(home=Path(HOME)), bf16=False, ds_config=ds, gradient_checkpointing="none")
+model = load_model(POLICY, bf16=False, ds_config=ds, gradient_checkpointing="none")
 engine = build_engine(model, ds_config=ds, lr=1e-2, weight_decay=0.0, betas=(0.9, 0.999), schedule="constant",
                       warmup_steps=0, total_steps=1)
 import torch.distributed as dist
@@ -110,9 +112,14 @@ engine.backward(loss)
 engine.step()
 after = sum(float(p.ds_tensor.sum()) for p in lm.parameters())
 print("backend", dist.get_backend(), "shm op", comm.cdb.shm_comm_op, "moved", before != after)
-""".replace("HOME", repr(str(tmp_path / "home")))
+import sys
+print("mlflow loaded", "mlflow" in sys.modules)
+import mlflow
+print("importable", mlflow.__name__)
+""".replace("POLICY", repr(str(policy)))
     got = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TORCH_EXTENSIONS_DIR": str(cache)},
                          capture_output=True, text=True, timeout=600)
     assert got.returncode == 0, got.stderr[-3000:]
     assert "backend gloo shm op None moved True" in got.stdout, got.stdout[-2000:]
+    assert "mlflow loaded False" in got.stdout and "importable mlflow" in got.stdout
     assert list(cache.iterdir()) == []  # no op built, no build folder made

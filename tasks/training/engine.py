@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,36 @@ def init_single_process_env(port: int | None = None) -> None:
     os.environ.setdefault("LOCAL_RANK", "0")
 
 
+# A module DeepSpeed imports that arbor never uses: `import deepspeed` loads mlflow (~1.5 CPU-s in every training
+# process, measured) for its autotuner's logging; arbor runs no DeepSpeed autotuning, and its own tracking imports
+# mlflow when a run asks for it. (DeepSpeed's Muon module, ~1.6 CPU-s, is imported by its ZeRO optimizers
+# unguarded, so it stays.)
+UNUSED_IMPORTS = ("mlflow",)
+
+
+@contextmanager
+def without_unused_imports() -> Iterator[None]:
+    """Within the block, importing a module of ``UNUSED_IMPORTS`` that is not loaded yet raises ImportError (a
+    ``None`` in ``sys.modules``), which DeepSpeed's autotuner catches; afterwards it imports as usual."""
+    blocked = [name for name in UNUSED_IMPORTS if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+def deepspeed_module() -> Any:
+    """``deepspeed``, imported without ``UNUSED_IMPORTS`` the first time; every arbor path that starts DeepSpeed comes
+    through here first (``skip_shm_comm_op``)."""
+    with without_unused_imports():
+        import deepspeed
+    return deepspeed
+
+
 def skip_shm_comm_op() -> None:
     """Keep DeepSpeed from compiling its shared-memory all-reduce op when a process group starts.
 
@@ -69,9 +101,7 @@ def skip_shm_comm_op() -> None:
     skips an op its ``__compatible_ops__`` marks incompatible and keeps edits to that dict, so marking it here,
     before ``deepspeed.initialize`` / ``init_distributed``, leaves nothing to compile, lock or go stale
     (docs/decisions/deepspeeds-shm-op-not-built.md). On GPUs the op does not exist (NCCL)."""
-    import deepspeed.ops
-
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed_module().ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def read_deepspeed_json(path: str | None) -> dict[str, Any]:
@@ -164,6 +194,7 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     p = Path(model_path)
     if not (p / "config.json").exists():
         raise FileNotFoundError(f"{p}: not an HF model directory (no config.json)")
+    deepspeed_module()  # before transformers' loading code reaches deepspeed through accelerate
     keep_alive = None
     if ds_config["zero_optimization"]["stage"] == 3 and importlib.util.find_spec("accelerate") is not None:
         from transformers.integrations import HfDeepSpeedConfig
@@ -203,8 +234,6 @@ def build_engine(
     engine steps it at each update). ``engine.module.lm`` is the HF model. RL passes the rollout temperature; SFT
     (maximum likelihood) keeps 1. The optimizer gets the trainable parameters only (with LoRA: the adapters; the
     frozen weights get no Adam state and no weight decay)."""
-    import deepspeed
-
     init_single_process_env()
     skip_shm_comm_op()
     head = PolicyHead(model, temperature)
@@ -214,7 +243,8 @@ def build_engine(
         raise ValueError("build_engine: the model has no trainable parameter")
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(schedule, warmup_steps, total_steps))
-    engine, _, _, _ = deepspeed.initialize(model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+    engine, _, _, _ = deepspeed_module().initialize(model=head, optimizer=optimizer, lr_scheduler=scheduler,
+                                                    config=ds_config)
     return engine
 
 

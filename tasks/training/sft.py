@@ -32,6 +32,7 @@ from arbor.tasks.training import checkpoint as ckpt
 from arbor.tasks.training.engine import (
     build_engine,
     deepspeed_config,
+    deepspeed_module,
     init_single_process_env,
     load_model,
     merge,
@@ -276,10 +277,8 @@ def init_group(cfg: ArborConfig) -> None:
         return
     from datetime import timedelta
 
-    import deepspeed
-
     skip_shm_comm_op()  # before init_distributed would compile it
-    deepspeed.init_distributed(timeout=timedelta(seconds=seconds))
+    deepspeed_module().init_distributed(timeout=timedelta(seconds=seconds))
 
 
 def sft_fault_point(update: int) -> None:

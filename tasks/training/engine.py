@@ -85,23 +85,19 @@ def without_unused_imports() -> Iterator[None]:
 
 
 def deepspeed_module() -> Any:
-    """``deepspeed``, imported without ``UNUSED_IMPORTS`` the first time; every arbor path that starts DeepSpeed comes
-    through here first (``skip_shm_comm_op``)."""
-    with without_unused_imports():
-        import deepspeed
-    return deepspeed
-
-
-def skip_shm_comm_op() -> None:
-    """Keep DeepSpeed from compiling its shared-memory all-reduce op when a process group starts.
+    """``deepspeed`` as arbor starts it; every path that starts DeepSpeed (``load_model``, ``build_engine``, the SFT
+    group, ARCO's rubric model) asks here first. Imported without ``UNUSED_IMPORTS``, and with its shared-memory
+    all-reduce op marked incompatible, so that no process group compiles it.
 
     On CPU, ``deepspeed.comm.torch.TorchBackend`` JIT-compiles ``deepspeed_shm_comm`` in every new environment
     (``build_shm_op``: ~60 CPU-s, a C++ build against torch's headers) and keeps it for ``inference_all_reduce``
-    only, which training never calls: gradients go through ``torch.distributed`` (gloo) either way. DeepSpeed
-    skips an op its ``__compatible_ops__`` marks incompatible and keeps edits to that dict, so marking it here,
-    before ``deepspeed.initialize`` / ``init_distributed``, leaves nothing to compile, lock or go stale
+    only, which training never calls: gradients go through ``torch.distributed`` (gloo) either way. DeepSpeed skips
+    an op its ``__compatible_ops__`` marks incompatible and keeps edits to that dict
     (docs/decisions/deepspeeds-shm-op-not-built.md). On GPUs the op does not exist (NCCL)."""
-    deepspeed_module().ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    with without_unused_imports():
+        import deepspeed
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
 
 
 def read_deepspeed_json(path: str | None) -> dict[str, Any]:
@@ -194,12 +190,11 @@ def load_model(model_path: str | Path, *, bf16: bool, ds_config: dict[str, Any],
     p = Path(model_path)
     if not (p / "config.json").exists():
         raise FileNotFoundError(f"{p}: not an HF model directory (no config.json)")
-    deepspeed_module()  # before transformers' loading code reaches deepspeed through accelerate
+    deepspeed_module()  # before transformers' loading code reaches it through accelerate, or zero.Init starts a group
     keep_alive = None
     if ds_config["zero_optimization"]["stage"] == 3 and importlib.util.find_spec("accelerate") is not None:
         from transformers.integrations import HfDeepSpeedConfig
 
-        skip_shm_comm_op()  # zero.Init starts the process group while the weights load
         keep_alive = HfDeepSpeedConfig(ds_config)
     model = AutoModelForCausalLM.from_pretrained(p, dtype=torch.bfloat16 if bf16 else torch.float32)
     del keep_alive
@@ -235,7 +230,6 @@ def build_engine(
     (maximum likelihood) keeps 1. The optimizer gets the trainable parameters only (with LoRA: the adapters; the
     frozen weights get no Adam state and no weight decay)."""
     init_single_process_env()
-    skip_shm_comm_op()
     head = PolicyHead(model, temperature)
     register_head_weight(head, ds_config)
     trainable = [p for p in head.parameters() if p.requires_grad]

@@ -37,7 +37,6 @@ from arbor.tasks.training.engine import (
     load_model,
     merge,
     read_deepspeed_json,
-    skip_shm_comm_op,
 )
 from arbor.tasks.training.packing import make_micro, pack_micro_batches, packing_mode, row_layout
 from arbor.tasks.training.recompute import MemoryBudget
@@ -277,7 +276,6 @@ def init_group(cfg: ArborConfig) -> None:
         return
     from datetime import timedelta
 
-    skip_shm_comm_op()  # before init_distributed would compile it
     deepspeed_module().init_distributed(timeout=timedelta(seconds=seconds))
 
 

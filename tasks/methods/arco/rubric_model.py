@@ -236,7 +236,6 @@ class RubricModelTrainer:
             deepspeed_config,
             deepspeed_module,
             init_single_process_env,
-            skip_shm_comm_op,
         )
 
         init_single_process_env()
@@ -259,7 +258,6 @@ class RubricModelTrainer:
         opt = torch.optim.AdamW([{"params": adapters, "lr": self.ac.lr}, {"params": head, "lr": self.ac.head_lr}],
                                 weight_decay=self.ac.weight_decay)
         ds = deepspeed_config(zero_stage=0, bf16=False, grad_clip=self.ac.grad_clip)
-        skip_shm_comm_op()
         self.engine, self.optimizer, _, _ = deepspeed_module().initialize(model=model, optimizer=opt, config=ds)
         self.version = 0  # mu updates applied (one per RL step)
         self.reference_taken = False

@@ -18,7 +18,7 @@ from arbor.llm.answers import answer_problem, template_of
 from arbor.llm.openai_backend import _role_schema
 from arbor.paths import PROJECT_ROOT
 from arbor.tasks.env.policy import shipped_gguf
-from arbor.tasks.env.serving import Supervised, llama_judge_spec
+from arbor.tasks.env.serving import Supervised, llama_judge_spec, served_gguf
 
 pytestmark = pytest.mark.slow
 
@@ -50,9 +50,11 @@ def llama_judge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The server, up for the module: its /v1 URL."""
     if not JUDGE_PYTHON.is_file():
         pytest.fail(f"{JUDGE_PYTHON} not found: `make judge-env` builds llama.cpp's server (`make test` does)")
-    spec = llama_judge_spec(str(JUDGE_PYTHON), shipped_gguf("smollm2"), port=_free_port(), alias="smollm2",
-                            n_ctx=4096, threads=2)
-    log = tmp_path_factory.mktemp("llama") / "server.log"
+    where = tmp_path_factory.mktemp("llama")
+    gguf = served_gguf(str(JUDGE_PYTHON), shipped_gguf("smollm2"), where)  # as `arbor judge serve` serves it
+    # one thread: the other pytest worker has the other core (two threads each waited on the other's sleep)
+    spec = llama_judge_spec(str(JUDGE_PYTHON), gguf, port=_free_port(), alias="smollm2", n_ctx=4096, threads=1)
+    log = where / "server.log"
     server = Supervised(spec, startup_timeout_s=180, max_restarts=0, log_path=str(log))
     server.start()
     try:

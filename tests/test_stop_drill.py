@@ -421,7 +421,7 @@ def test_a_dead_judge_server_ends_the_run_naming_it(served) -> None:
     import socket
 
     from arbor.tasks.env.policy import shipped_gguf
-    from arbor.tasks.env.serving import Supervised, llama_judge_spec
+    from arbor.tasks.env.serving import Supervised, llama_judge_spec, served_gguf
 
     if not JUDGE_PYTHON.is_file():
         pytest.fail(f"{JUDGE_PYTHON} not found: `make judge-env` builds llama.cpp's server (`make test` does)")
@@ -430,7 +430,8 @@ def test_a_dead_judge_server_ends_the_run_naming_it(served) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    spec = llama_judge_spec(str(JUDGE_PYTHON), shipped_gguf("smollm2"), port=port, alias="smollm2", n_ctx=2048)
+    gguf = served_gguf(str(JUDGE_PYTHON), shipped_gguf("smollm2"), root)  # as `arbor judge serve` serves it
+    spec = llama_judge_spec(str(JUDGE_PYTHON), gguf, port=port, alias="smollm2", n_ctx=2048)
     spec = dataclasses.replace(spec, env={**spec.env, "ARBOR_DRILL_CASE": case})  # the case's mark
     server = Supervised(spec, startup_timeout_s=180, max_restarts=0, log_path=str(root / "judge.log"))
     server.start()

@@ -49,9 +49,9 @@ def judge_serve_cmd(
     import signal
     import subprocess
 
-    from arbor.paths import PROJECT_ROOT
+    from arbor.paths import PROJECT_ROOT, arbor_home
     from arbor.tasks.env.policy import PolicyLoadError, shipped_gguf
-    from arbor.tasks.env.serving import ServerDied, Supervised, llama_judge_spec
+    from arbor.tasks.env.serving import ServerDied, Supervised, llama_judge_spec, served_gguf
 
     exe = python.expanduser().absolute() if python is not None else PROJECT_ROOT / JUDGE_PYTHON
     if not exe.is_file():
@@ -71,6 +71,11 @@ def judge_serve_cmd(
     if not gguf.is_file():
         _fail(f"--model {model}: no such file")
     alias = model if not model.endswith(".gguf") else gguf.stem
+    if not model.endswith(".gguf"):  # the shipped Q4_1, served as Q8_0 (converted once into the workspace)
+        try:
+            gguf = served_gguf(str(exe), gguf, arbor_home())
+        except RuntimeError as e:
+            _fail(f"--model {model}: {e}")
     spec = llama_judge_spec(str(exe), gguf, port=port, alias=alias, n_ctx=n_ctx, threads=threads)
     server = Supervised(spec, startup_timeout_s=startup_timeout, max_restarts=0)
     signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop is a clean stop too

@@ -70,8 +70,9 @@ def judge_serve_cmd(
         _fail(f"--model {model}: {e}")
     if not gguf.is_file():
         _fail(f"--model {model}: no such file")
-    alias = model if not model.endswith(".gguf") else gguf.stem
+    alias = gguf.stem
     if not model.endswith(".gguf"):  # the shipped Q4_1, served as Q8_0 (converted once into the workspace)
+        alias = model
         try:
             gguf = served_gguf(str(exe), gguf, arbor_home())
         except RuntimeError as e:

@@ -112,7 +112,8 @@ def llama_judge_spec(python: str, gguf: Path, *, port: int, alias: str, n_ctx: i
 
 # llama.cpp's fast CPU matrix kernels (llamafile's sgemm, the AVX2 repacks) take Q8_0 and Q4_0 weights, not the
 # shipped file's Q4_1, which prefill then multiplies through the generic dot products. Q8_0 holds each Q4_1 weight
-# (a 4-bit level times a block scale, plus a block minimum) to within half of an 8-bit step: the same model.
+# (a 4-bit level times a block scale, plus a block minimum) to within 0.56 of an 8-bit step (half a step of
+# rounding, plus the fp16 block scale's error): the same model.
 SERVED_FTYPE, SERVED_SUFFIX = 7, "Q8_0"  # LLAMA_FTYPE_MOSTLY_Q8_0 (llama.h)
 _REQUANTIZE = ("import sys, llama_cpp; p = llama_cpp.llama_model_quantize_default_params(); p.ftype = int(sys.argv[3]);"
                " p.allow_requantize = True; p.nthread = 1;"
@@ -123,13 +124,9 @@ def served_gguf(python: str, gguf: Path, home: Path) -> Path:
     """The shipped Q4_1 ``gguf`` requantized once to Q8_0 by llama.cpp's own quantizer (run in the judge's
     environment, ``python``), kept as ``home/models/<stem>-Q8_0-<sha12>.gguf``; about a second. A file already in
     Q8_0 or another layout is served as it is: this is for the shipped model only (``arbor judge serve``)."""
-    import hashlib
+    from arbor.tasks.env.search import file_sha256
 
-    digest = hashlib.sha256()
-    with open(gguf, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    out = home / "models" / f"{gguf.stem}-{SERVED_SUFFIX}-{digest.hexdigest()[:12]}.gguf"
+    out = home / "models" / f"{gguf.stem}-{SERVED_SUFFIX}-{file_sha256(gguf)[:12]}.gguf"
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

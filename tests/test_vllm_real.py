@@ -251,3 +251,18 @@ def test_a_killed_server_is_reported_in_one_line_and_its_group_is_stopped(served
     server.stop()
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def test_the_launchers_version_is_what_vllms_own_cli_prints() -> None:
+    """``.venv-vllm/bin/vllm --version`` answers without building vLLM's parser (preflight asks it once per check);
+    vLLM's own CLI, run over the same version answer, prints the same line."""
+    import subprocess
+
+    short = subprocess.run([str(VLLM), "--version"], capture_output=True, text=True, timeout=60)
+    python = VLLM.parent / "python"
+    own = subprocess.run([str(python), "-c", "import runpy, sys; sys.argv = ['vllm', '--version']; "
+                          f"g = runpy.run_path({str(VLLM)!r}); "  # the launcher's answer installed, main guarded
+                          "from vllm.entrypoints.cli.main import main; main()"],
+                         capture_output=True, text=True, timeout=300)
+    assert short.returncode == own.returncode == 0, (short.stderr[-500:], own.stderr[-500:])
+    assert short.stdout == own.stdout.splitlines(keepends=True)[-1] and short.stdout.endswith("+cpu\n")

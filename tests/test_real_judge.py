@@ -27,12 +27,13 @@ KEY_ENV = "ARBOR_LOCAL_JUDGE_KEY"
 # one step of each method that asks a judge, so that every judge role's prompt is answered by the real judge once:
 # no-memory asks ARBOR's induction and pairwise roles and SS-GRPO RubricEM's stage roles, so each is covered by the
 # method that asks a superset (CI time). Co-ReAct guides GRPO's rollouts with the judge's step rubrics: it asks
-# # three calls a turn, so two trajectories of one question are enough to ask every one of its roles; so does
-# RubricEM, which judges every stage of every trajectory (its step took 219 s with 2 questions x 4).
+# three calls a turn, so two trajectories of one question are enough to ask every one of its roles; so do ARCO (the
+# teacher labels each trajectory's steps) and RubricEM, which judges every stage of every trajectory (its step took
+# 219 s with 2 questions x 4).
 METHODS: dict[str, dict[str, Any]] = {
     "arbor": {"run.method": "arbor"},
-    "rar": {"run.method": "rar"},
-    "arco": {"run.method": "arco", "arco.warmup_steps": 1, "rollout.batch_size": 1},  # the teacher labels step 1
+    "rar": {"run.method": "rar"},  # 2 x 4: with 1 x 2 its one rubric list failed, and no rating was asked
+    "arco": {"run.method": "arco", "arco.warmup_steps": 1, "rollout.batch_size": 1, "rollout.k": 2},  # teacher: step 1
     "rubricem": {"run.method": "rubricem", **STAGED, "rollout.batch_size": 1, "rollout.k": 2},
     "co-react": {"run.method": "grpo", "guidance.mode": "co-react", "guidance.source": "judge",
                  "rollout.batch_size": 1, "rollout.k": 2},

@@ -254,15 +254,21 @@ def test_a_killed_server_is_reported_in_one_line_and_its_group_is_stopped(served
 
 
 def test_the_launchers_version_is_what_vllms_own_cli_prints() -> None:
-    """``.venv-vllm/bin/vllm --version`` answers without building vLLM's parser (preflight asks it once per check);
+    """``.venv-vllm/bin/vllm --version`` answers without importing vLLM's CLI (preflight asks it once per check);
     vLLM's own CLI, run over the same version answer, prints the same line."""
     import subprocess
 
-    short = subprocess.run([str(VLLM), "--version"], capture_output=True, text=True, timeout=60)
-    python = VLLM.parent / "python"
-    own = subprocess.run([str(python), "-c", "import runpy, sys; sys.argv = ['vllm', '--version']; "
-                          f"g = runpy.run_path({str(VLLM)!r}); "  # the launcher's answer installed, main guarded
+    python = str(VLLM.parent / "python")
+    short = subprocess.run([python, "-c", "import runpy, sys; sys.argv = ['vllm', '--version']\n"
+                            f"try: runpy.run_path({str(VLLM)!r}, run_name='__main__')\n"  # as the command runs it
+                            "except SystemExit as e: assert e.code == 0, e.code\n"
+                            "print('cli imported:', 'vllm.entrypoints.cli.main' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60)
+    own = subprocess.run([python, "-c", "import runpy, sys; sys.argv = ['vllm', '--version']; "
+                          f"runpy.run_path({str(VLLM)!r}); "  # the launcher's answer installed, its main guarded
                           "from vllm.entrypoints.cli.main import main; main()"],
                          capture_output=True, text=True, timeout=300)
     assert short.returncode == own.returncode == 0, (short.stderr[-500:], own.stderr[-500:])
-    assert short.stdout == own.stdout.splitlines(keepends=True)[-1] and short.stdout.endswith("+cpu\n")
+    version, imported = short.stdout.splitlines(keepends=True)
+    assert imported == "cli imported: False\n"
+    assert version == own.stdout.splitlines(keepends=True)[-1] and version.endswith("+cpu\n")

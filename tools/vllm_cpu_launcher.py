@@ -27,14 +27,13 @@ def _answer(name: str) -> str:
 
 importlib.metadata.version = _answer
 
-if __name__ == "__main__" and sys.argv[1:] in (["--version"], ["-v"]):
-    # what vLLM's CLI prints for these (0.32.0, vllm/entrypoints/cli/main.py lines 95-99: argparse's version action
-    # over ``importlib.metadata.version("vllm")``), without the seconds of imports that building its parser costs:
-    # arbor's preflight asks this once per check
-    print(_answer("vllm"))
-    sys.exit(0)
-
 if __name__ == "__main__":
+    if sys.argv[1:] in (["--version"], ["-v"]):
+        # what vLLM's CLI prints for these (0.32.0, vllm/entrypoints/cli/main.py lines 95-99: argparse's version
+        # action over ``importlib.metadata.version("vllm")``), without the seconds of imports that building its
+        # parser costs: arbor's preflight asks this once per check
+        print(_answer("vllm"))
+        sys.exit(0)
     from vllm.entrypoints.cli.main import main
 
     sys.exit(main())
